@@ -1,0 +1,1 @@
+//! The embedded log store. (Being implemented.)

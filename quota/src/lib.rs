@@ -1,0 +1,1 @@
+//! Tenant limits and credit primitives.
