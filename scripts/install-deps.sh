@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Install the Debian packages that the Python conformance suite, the Python
+# black-box tests and CI need. Idempotent: packages already present are not
+# touched, and nothing is installed when everything is there.
+#
+# Services are never started as a side effect of installing: a package's
+# postinst would start rabbitmq-server through invoke-rc.d, so while we install
+# we put a policy-rc.d in place that forbids it (exit 101), and restore
+# whatever was there before. scripts/start-rabbitmq.sh starts RabbitMQ
+# explicitly when a caller wants it.
+set -euo pipefail
+
+PACKAGES=(
+    rabbitmq-server   # the reference broker for conformance/
+    amqp-tools        # amqp-publish / amqp-consume for quick manual checks
+    python3           # Debian's python: the venv is built on it if no other python3 is on PATH
+    python3-venv
+    python3-pip
+    procps            # pgrep/pkill/ps used by service scripts
+    netcat-openbsd    # port probes in shell scripts
+    ca-certificates
+)
+
+log() { echo "install-deps: $*" >&2; }
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    # dpkg-query prints "install ok installed" only for fully installed packages.
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    if [[ "$status" != "install ok installed" ]]; then
+        missing+=("$pkg")
+    fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    log "all packages present"
+    exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=(sudo)
+    else
+        log "ERROR: missing packages (${missing[*]}) and not root (no sudo)"
+        exit 1
+    fi
+else
+    SUDO=()
+fi
+
+log "installing: ${missing[*]}"
+
+POLICY=/usr/sbin/policy-rc.d
+backup=""
+if [[ -e $POLICY ]]; then
+    backup=$(mktemp)
+    "${SUDO[@]}" cp -p "$POLICY" "$backup"
+fi
+restore_policy() {
+    if [[ -n "$backup" ]]; then
+        "${SUDO[@]}" cp -p "$backup" "$POLICY"
+        rm -f "$backup"
+    else
+        "${SUDO[@]}" rm -f "$POLICY"
+    fi
+}
+trap restore_policy EXIT
+printf '#!/bin/sh\n# installed by scripts/install-deps.sh: do not start services on install\nexit 101\n' \
+    | "${SUDO[@]}" tee "$POLICY" >/dev/null
+"${SUDO[@]}" chmod 755 "$POLICY"
+
+export DEBIAN_FRONTEND=noninteractive
+# A stale or empty package list makes apt-get install fail with "Unable to
+# locate package"; refresh once and retry in that case.
+if ! "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"; then
+    log "install failed; running apt-get update and retrying"
+    "${SUDO[@]}" apt-get update
+    "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+log "done"
