@@ -1,1 +1,9 @@
-//! Sans-IO protocol adapters.
+//! Sans-IO protocol adapters for Weir.
+//!
+//! An adapter takes the bytes a client sent and returns the bytes to write back
+//! plus the normalized operations for the engine. It never touches a socket and
+//! holds no engine state, so every protocol is testable without a network.
+//!
+//! * [`amqp`]: AMQP 0-9-1 (RabbitMQ's dialect), framed with `amq-protocol`.
+
+pub mod amqp;

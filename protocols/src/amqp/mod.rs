@@ -1,0 +1,14 @@
+//! AMQP 0-9-1, as RabbitMQ speaks it.
+//!
+//! * [`codec`]: cutting frames from bytes, writing frames (hot-path frames by hand).
+//! * [`connection`]: the per-connection state machine (handshake, channels,
+//!   content assembly, protocol errors) producing [`connection::Event`]s.
+//! * [`reply`]: reply codes.
+
+pub mod codec;
+pub mod connection;
+pub mod reply;
+
+pub use amq_protocol::protocol::{self as methods, AMQPClass};
+pub use amq_protocol::types;
+pub use connection::{Connection, Event, Publish, ServerConfig};
