@@ -1,1 +1,647 @@
-//! The embedded log store. (Being implemented.)
+//! The embedded log store: one shared append-only log in segment files, group
+//! committed by a single writer thread.
+//!
+//! Layout under the store directory:
+//!
+//! * `log/00000001.seg`, `log/00000002.seg`, …: segments, each a sequence of
+//!   framed records (see [`record`](self) for the format);
+//! * `meta.checkpoint`: the metadata map, its version and the next message id,
+//!   written before a segment holding metadata records is deleted.
+//!
+//! Appends encode records into an in-memory pending buffer under one mutex and
+//! get their [`Location`]s immediately; the writer thread drains the buffer,
+//! writes and fsyncs it once per round and completes the round's waiters.
+//! Reads are served from the pending buffer until the data reaches the kernel,
+//! then with `pread` through a cached handle per segment.
+//!
+//! Space is reclaimed by deleting the *oldest* segments once nothing in them is
+//! live; [`Store::compaction_candidates`] names sparse old segments whose
+//! survivors the engine should relocate so that can happen.
+
+mod checkpoint;
+mod record;
+mod recovery;
+mod segment;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use crate::{
+    Location, MessageData, MessageId, Op, Recovered, SegmentId, Store, StoreError, StoreStats,
+    StoredMessage, Waiter,
+};
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+use record::{MessageKind, Record, FRAME_HEADER};
+use segment::{ReadCache, SegmentInfo};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// How many sealed segments [`Store::compaction_candidates`] names at most.
+const MAX_COMPACTION_CANDIDATES: usize = 4;
+/// How many of the oldest sealed segments it looks at.
+const COMPACTION_WINDOW: usize = 16;
+
+/// Options of [`LogStore::open`].
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    /// A segment is sealed and a new one started when the next record would
+    /// make it larger than this. Also the largest record accepted. At most
+    /// `u32::MAX` (locations hold 32-bit offsets). Default 64 MiB.
+    pub segment_size: u64,
+    /// Fsync (fdatasync) every commit round, and directories after creating,
+    /// renaming or deleting files. Default `true`; `false` is for tests and
+    /// benchmarks that measure everything but the disk.
+    pub sync: bool,
+    /// A sealed segment whose live fraction ((partition, id) pairs still live
+    /// over pairs ever placed in it) is below this is a compaction candidate.
+    /// Default 0.5.
+    pub compact_below: f64,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            segment_size: 64 << 20,
+            sync: true,
+            compact_below: 0.5,
+        }
+    }
+}
+
+/// A run of encoded records bound for one segment, starting at `offset`.
+pub(crate) struct Chunk {
+    segment: SegmentId,
+    offset: u32,
+    buf: Vec<u8>,
+}
+
+/// State guarded by the append mutex.
+pub(crate) struct State {
+    /// Encoded, not yet taken by the writer. Contiguous, in log order.
+    pending: Vec<Chunk>,
+    /// Waiters of the appends in `pending`, in order.
+    waiters: Vec<Waiter>,
+    /// Taken by the writer, not yet handed to the kernel.
+    inflight: Option<Arc<Vec<Chunk>>>,
+    /// The segment appends go to.
+    head: SegmentId,
+    /// Bytes assigned in `head`.
+    head_size: u64,
+    /// Every retained segment, the head included.
+    segments: BTreeMap<SegmentId, SegmentInfo>,
+    /// Metadata as of the last append.
+    meta: BTreeMap<Vec<u8>, Vec<u8>>,
+    meta_version: u64,
+    /// What the durable checkpoint covers.
+    ckpt_version: u64,
+    ckpt_next_id: u64,
+    /// The writer should look for reclaimable segments even with no data.
+    reclaim_hint: bool,
+    closing: bool,
+    failed: bool,
+    /// Recycled chunk buffers.
+    spare: Vec<Vec<u8>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    appended_bytes: AtomicU64,
+    syncs: AtomicU64,
+    segments: AtomicU64,
+    disk_bytes: AtomicU64,
+    reclaimed: AtomicU64,
+}
+
+/// Everything the store and its writer thread share.
+pub(crate) struct Shared {
+    dir: PathBuf,
+    log_dir: PathBuf,
+    opts: LogOptions,
+    state: Mutex<State>,
+    /// Wakes the writer.
+    wake: Condvar,
+    next_id: AtomicU64,
+    /// `pack_pos(segment, end)` of the last byte handed to the kernel: every
+    /// record before it can be read from disk.
+    written: AtomicU64,
+    reads: ReadCache,
+    stats: Stats,
+    #[cfg(test)]
+    fail_next_write: std::sync::atomic::AtomicBool,
+}
+
+pub(crate) fn pack_pos(segment: SegmentId, end: u64) -> u64 {
+    debug_assert!(end <= u64::from(u32::MAX));
+    (u64::from(segment) << 32) | end
+}
+
+/// The embedded, segmented, group-committed log store.
+pub struct LogStore {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    recovered: Mutex<Option<Recovered>>,
+}
+
+impl std::fmt::Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore")
+            .field("dir", &self.shared.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogStore {
+    /// Opens (creating if needed) the store in `dir`, recovers its state and
+    /// starts the writer thread. The recovered state is available once through
+    /// [`Store::take_recovered`].
+    pub fn open(dir: &Path, opts: LogOptions) -> Result<Arc<LogStore>, StoreError> {
+        let invalid = |msg: &str| {
+            StoreError::io(
+                "invalid LogOptions",
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, msg.to_string()),
+            )
+        };
+        if opts.segment_size < 4096 || opts.segment_size > u64::from(u32::MAX) {
+            return Err(invalid("segment_size must be in 4096..=u32::MAX"));
+        }
+        if !(0.0..=1.0).contains(&opts.compact_below) {
+            return Err(invalid("compact_below must be in 0..=1"));
+        }
+        let log_dir = dir.join("log");
+        std::fs::create_dir_all(&log_dir)
+            .map_err(|e| StoreError::io(format!("creating {}", log_dir.display()), e))?;
+
+        let rec = recovery::recover(dir, &log_dir, opts.sync)?;
+        let head = rec.segments.keys().next_back().map_or(1, |last| last + 1);
+        let mut segments = rec.segments;
+        let stats = Stats::default();
+        stats
+            .segments
+            .store(segments.len() as u64, Ordering::Relaxed);
+        stats
+            .disk_bytes
+            .store(segments.values().map(|s| s.size).sum(), Ordering::Relaxed);
+        // Anything already reclaimable (everything settled before the last
+        // shutdown) goes on the writer's first round.
+        let reclaim_hint = segments.values().next().is_some_and(|s| s.live == 0);
+        // Always start a fresh head segment: the old last segment may just
+        // have been truncated, and sealing it keeps the writer simple.
+        segments.insert(head, SegmentInfo::default());
+
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            log_dir: log_dir.clone(),
+            opts,
+            state: Mutex::new(State {
+                pending: Vec::new(),
+                waiters: Vec::new(),
+                inflight: None,
+                head,
+                head_size: 0,
+                segments,
+                meta: rec.meta,
+                meta_version: rec.recovered.meta_version,
+                ckpt_version: rec.checkpoint.version,
+                ckpt_next_id: rec.checkpoint.next_id,
+                reclaim_hint,
+                closing: false,
+                failed: false,
+                spare: Vec::new(),
+            }),
+            wake: Condvar::new(),
+            next_id: AtomicU64::new(rec.next_id),
+            written: AtomicU64::new(pack_pos(head, 0)),
+            reads: ReadCache::new(log_dir),
+            stats,
+            #[cfg(test)]
+            fail_next_write: std::sync::atomic::AtomicBool::new(false),
+        });
+        let w = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("weir-log-writer".into())
+            .spawn(move || writer::run(w))
+            .map_err(|e| StoreError::io("spawning the log writer thread", e))?;
+        Ok(Arc::new(LogStore {
+            shared,
+            writer: Mutex::new(Some(handle)),
+            recovered: Mutex::new(Some(rec.recovered)),
+        }))
+    }
+
+    /// The largest record (framing included) an append accepts.
+    fn max_record(&self) -> usize {
+        self.shared.opts.segment_size as usize
+    }
+
+    /// Makes the next write round fail, to test the failure path.
+    #[cfg(test)]
+    pub(crate) fn inject_write_failure(&self) {
+        self.shared.fail_next_write.store(true, Ordering::SeqCst);
+    }
+
+    fn is_written(&self, loc: Location) -> bool {
+        let w = self.shared.written.load(Ordering::Acquire);
+        let (seg, end) = ((w >> 32) as SegmentId, w & u64::from(u32::MAX));
+        loc.segment < seg
+            || (loc.segment == seg && u64::from(loc.offset) + u64::from(loc.len) <= end)
+    }
+
+    /// The raw bytes (framing included) of the record at `loc`.
+    fn read_raw(&self, loc: Location) -> Result<Vec<u8>, StoreError> {
+        if (loc.len as usize) <= FRAME_HEADER || loc.len as usize > self.max_record() {
+            return Err(StoreError::NotFound(loc));
+        }
+        if !self.is_written(loc) {
+            let st = self.shared.state.lock();
+            let found = st
+                .pending
+                .iter()
+                .chain(st.inflight.iter().flat_map(|c| c.iter()))
+                .find_map(|c| {
+                    if c.segment != loc.segment || loc.offset < c.offset {
+                        return None;
+                    }
+                    let start = (loc.offset - c.offset) as usize;
+                    c.buf.get(start..start + loc.len as usize)
+                });
+            if let Some(b) = found {
+                return Ok(b.to_vec());
+            }
+            // Not in memory: the writer handed it to the kernel meanwhile
+            // (it clears `inflight` only after advancing `written`), or the
+            // location is bogus and the disk read will say so.
+        }
+        self.shared.reads.read(loc)
+    }
+
+    /// Reads and decodes the message record at `loc`.
+    fn read_message(&self, loc: Location) -> Result<(Bytes, MessageIndex), StoreError> {
+        let raw = Bytes::from(self.read_raw(loc)?);
+        let corrupt = |reason: String| StoreError::Corrupt {
+            segment: loc.segment,
+            offset: u64::from(loc.offset),
+            reason,
+        };
+        let (payload, total) = record::split_frame(&raw).map_err(|e| match e {
+            record::FrameError::Truncated => StoreError::NotFound(loc),
+            record::FrameError::Corrupt(r) => corrupt(r),
+        })?;
+        if total != loc.len as usize {
+            return Err(corrupt(format!(
+                "record length {total} does not match location length {}",
+                loc.len
+            )));
+        }
+        match record::decode_payload(payload).map_err(corrupt)? {
+            Record::Message(m) => {
+                let d = m.data().map_err(|r| corrupt(r.to_string()))?;
+                let idx = MessageIndex {
+                    id: m.id,
+                    exchange: range_of(&raw, d.exchange.as_bytes()),
+                    routing_key: range_of(&raw, d.routing_key.as_bytes()),
+                    header: range_of(&raw, d.header),
+                    body: range_of(&raw, d.body),
+                    attrs: d.attrs,
+                };
+                Ok((raw, idx))
+            }
+            _ => Err(StoreError::NotFound(loc)),
+        }
+    }
+
+    fn stop_writer(&self) {
+        self.shared.state.lock().closing = true;
+        self.shared.wake.notify_one();
+        let handle = self.writer.lock().take();
+        if let Some(h) = handle {
+            // Called from a waiter on the writer thread itself: it exits on its
+            // own after this round; joining would deadlock.
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// Where the fields of a decoded message record sit in its buffer.
+struct MessageIndex {
+    id: MessageId,
+    exchange: std::ops::Range<usize>,
+    routing_key: std::ops::Range<usize>,
+    header: std::ops::Range<usize>,
+    body: std::ops::Range<usize>,
+    attrs: crate::MessageAttrs,
+}
+
+fn range_of(whole: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - whole.as_ptr() as usize;
+    debug_assert!(start + part.len() <= whole.len());
+    start..start + part.len()
+}
+
+impl MessageIndex {
+    fn data<'a>(&self, raw: &'a [u8]) -> MessageData<'a> {
+        // Both were validated as UTF-8 when the index was built.
+        MessageData {
+            exchange: std::str::from_utf8(&raw[self.exchange.clone()]).unwrap_or_default(),
+            routing_key: std::str::from_utf8(&raw[self.routing_key.clone()]).unwrap_or_default(),
+            header: &raw[self.header.clone()],
+            body: &raw[self.body.clone()],
+            attrs: self.attrs,
+        }
+    }
+}
+
+/// Encoded size (framing included) of one op; relocations use their source.
+fn encoded_len(op: &Op<'_>, source: Option<&MessageData<'_>>) -> usize {
+    FRAME_HEADER
+        + match op {
+            Op::Publish {
+                partitions, data, ..
+            } => record::message_payload_len(partitions.len(), data),
+            Op::Settle { .. } => record::SETTLE_PAYLOAD_LEN,
+            Op::Relocate { .. } => {
+                record::message_payload_len(1, source.expect("relocate has a source"))
+            }
+            Op::PutMeta { key, value } => record::put_meta_payload_len(key, value),
+            Op::DeleteMeta { key } => record::del_meta_payload_len(key),
+        }
+}
+
+impl State {
+    /// Assigns the next `len` bytes of the log, rolling to a new segment when
+    /// the head would outgrow `segment_size`, and returns the buffer to encode
+    /// into.
+    fn place(&mut self, len: usize, segment_size: u64) -> (Location, &mut Vec<u8>) {
+        let len64 = len as u64;
+        if self.head_size > 0 && self.head_size + len64 > segment_size {
+            self.head += 1;
+            self.head_size = 0;
+            let prev = self.segments.insert(self.head, SegmentInfo::default());
+            assert!(prev.is_none(), "segment {} assigned twice", self.head);
+        }
+        assert!(
+            self.head_size + len64 <= u64::from(u32::MAX),
+            "segment offset overflows a location"
+        );
+        let loc = Location {
+            segment: self.head,
+            offset: self.head_size as u32,
+            len: len as u32,
+        };
+        self.head_size += len64;
+        if let Some(info) = self.segments.get_mut(&self.head) {
+            info.size += len64;
+        }
+        let reuse = matches!(self.pending.last(), Some(c) if c.segment == loc.segment);
+        if !reuse {
+            let buf = self.spare.pop().unwrap_or_default();
+            self.pending.push(Chunk {
+                segment: loc.segment,
+                offset: loc.offset,
+                buf,
+            });
+        }
+        let chunk = self.pending.last_mut().expect("a chunk was just ensured");
+        debug_assert_eq!(chunk.offset as usize + chunk.buf.len(), loc.offset as usize);
+        (loc, &mut chunk.buf)
+    }
+
+    fn head_info(&mut self) -> &mut SegmentInfo {
+        self.segments
+            .get_mut(&self.head)
+            .expect("the head segment is always tracked")
+    }
+
+    /// Accounts that one (partition, id) pair no longer lives at `loc`.
+    fn unlive(&mut self, loc: Location) {
+        if let Some(info) = self.segments.get_mut(&loc.segment) {
+            debug_assert!(
+                info.live > 0,
+                "live count underflow in segment {}",
+                loc.segment
+            );
+            info.live = info.live.saturating_sub(1);
+        }
+    }
+}
+
+impl Store for LogStore {
+    fn allocate_ids(&self, n: u64) -> MessageId {
+        self.shared.next_id.fetch_add(n, Ordering::SeqCst)
+    }
+
+    fn append(
+        &self,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+        waiter: Option<Waiter>,
+    ) -> Result<(), StoreError> {
+        // Relocations copy an existing record: read the sources before taking
+        // the append lock, since that may mean disk I/O.
+        let mut sources = Vec::new();
+        for op in ops {
+            if let Op::Relocate { id, from, .. } = op {
+                let (raw, idx) = self.read_message(*from)?;
+                if idx.id != *id {
+                    return Err(StoreError::Corrupt {
+                        segment: from.segment,
+                        offset: u64::from(from.offset),
+                        reason: format!("relocate of {id} found message {}", idx.id),
+                    });
+                }
+                sources.push((raw, idx));
+            }
+        }
+        let source_data: Vec<MessageData<'_>> =
+            sources.iter().map(|(raw, idx)| idx.data(raw)).collect();
+
+        // Validate the whole batch first so a rejected op leaves nothing behind.
+        let mut total = 0usize;
+        let mut src = source_data.iter();
+        for op in ops {
+            let source = if matches!(op, Op::Relocate { .. }) {
+                src.next()
+            } else {
+                None
+            };
+            if let Op::Publish { partitions, .. } = op {
+                if partitions.is_empty() || partitions.len() > u32::MAX as usize {
+                    return Err(StoreError::io(
+                        "append",
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            "publish needs 1..=u32::MAX partitions",
+                        ),
+                    ));
+                }
+            }
+            let len = encoded_len(op, source);
+            if len > self.max_record() {
+                return Err(StoreError::TooLarge(len));
+            }
+            total += len;
+        }
+
+        let segment_size = self.shared.opts.segment_size;
+        let mut st = self.shared.state.lock();
+        if st.closing || st.failed {
+            return Err(StoreError::Closed);
+        }
+        let was_idle = st.pending.is_empty() && st.waiters.is_empty();
+        let mut src = source_data.iter();
+        for op in ops {
+            match op {
+                Op::Publish {
+                    id,
+                    partitions,
+                    data,
+                } => {
+                    let len = encoded_len(op, None);
+                    let (loc, buf) = st.place(len, segment_size);
+                    let n =
+                        record::encode_message(buf, MessageKind::Publish, *id, partitions, data);
+                    debug_assert_eq!(n, len);
+                    let info = st.head_info();
+                    info.live += partitions.len() as u64;
+                    info.placed += partitions.len() as u64;
+                    info.max_id = info.max_id.max(*id);
+                    // Ids the engine did not get from us must still never be
+                    // handed out again.
+                    self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    locations.push(loc);
+                }
+                Op::Settle {
+                    partition,
+                    id,
+                    location,
+                } => {
+                    let (_, buf) = st.place(encoded_len(op, None), segment_size);
+                    record::encode_settle(buf, *partition, *id);
+                    st.unlive(*location);
+                }
+                Op::Relocate {
+                    partition,
+                    id,
+                    from,
+                } => {
+                    let data = src.next().expect("one source per relocate");
+                    let len = encoded_len(op, Some(data));
+                    let (loc, buf) = st.place(len, segment_size);
+                    record::encode_message(buf, MessageKind::Relocate, *id, &[*partition], data);
+                    let info = st.head_info();
+                    info.live += 1;
+                    info.placed += 1;
+                    info.max_id = info.max_id.max(*id);
+                    st.unlive(*from);
+                    locations.push(loc);
+                }
+                Op::PutMeta { key, value } => {
+                    let version = st.meta_version + 1;
+                    let (_, buf) = st.place(encoded_len(op, None), segment_size);
+                    record::encode_put_meta(buf, version, key, value);
+                    st.meta_version = version;
+                    st.meta.insert(key.to_vec(), value.to_vec());
+                    st.head_info().max_meta_version = version;
+                }
+                Op::DeleteMeta { key } => {
+                    let version = st.meta_version + 1;
+                    let (_, buf) = st.place(encoded_len(op, None), segment_size);
+                    record::encode_del_meta(buf, version, key);
+                    st.meta_version = version;
+                    st.meta.remove(*key);
+                    st.head_info().max_meta_version = version;
+                }
+            }
+        }
+        if let Some(w) = waiter {
+            st.waiters.push(w);
+        }
+        let wake = was_idle && !(st.pending.is_empty() && st.waiters.is_empty());
+        drop(st);
+        self.shared
+            .stats
+            .appended_bytes
+            .fetch_add(total as u64, Ordering::Relaxed);
+        // The writer only sleeps when there is nothing pending, so it needs a
+        // wake-up only on the empty → non-empty transition.
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        let (raw, idx) = self.read_message(location)?;
+        let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&raw[r]).into_owned();
+        Ok(StoredMessage {
+            id: idx.id,
+            exchange: text(idx.exchange.clone()),
+            routing_key: text(idx.routing_key.clone()),
+            header: raw.slice(idx.header.clone()),
+            body: raw.slice(idx.body.clone()),
+            attrs: idx.attrs,
+        })
+    }
+
+    fn take_recovered(&self) -> Recovered {
+        self.recovered.lock().take().unwrap_or_default()
+    }
+
+    fn compaction_candidates(&self) -> Vec<SegmentId> {
+        let threshold = self.shared.opts.compact_below;
+        let st = self.shared.state.lock();
+        let sealed = || st.segments.iter().filter(|(&id, _)| id < st.head);
+        let mut out = Vec::new();
+        // Head-of-line rule: only the oldest segments can be deleted, so a
+        // dense old segment holding back a mostly dead log is worth moving
+        // even though its own live fraction is high.
+        let (live, placed) =
+            sealed().fold((0u64, 0u64), |(l, p), (_, s)| (l + s.live, p + s.placed));
+        if let Some((&oldest, info)) = sealed().next() {
+            if info.live > 0 && placed > 0 && (live as f64) < threshold * placed as f64 {
+                out.push(oldest);
+            }
+        }
+        for (&id, info) in sealed().take(COMPACTION_WINDOW) {
+            if out.len() >= MAX_COMPACTION_CANDIDATES {
+                break;
+            }
+            if info.live > 0 && info.live_fraction() < threshold && !out.contains(&id) {
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    fn stats(&self) -> StoreStats {
+        let s = &self.shared.stats;
+        StoreStats {
+            appended_bytes: s.appended_bytes.load(Ordering::Relaxed),
+            syncs: s.syncs.load(Ordering::Relaxed),
+            segments: s.segments.load(Ordering::Relaxed),
+            disk_bytes: s.disk_bytes.load(Ordering::Relaxed),
+            reclaimed_segments: s.reclaimed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn close(&self) -> Result<(), StoreError> {
+        self.stop_writer();
+        if self.shared.state.lock().failed {
+            Err(StoreError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        self.stop_writer();
+    }
+}

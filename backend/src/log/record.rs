@@ -1,0 +1,476 @@
+//! Record framing and payload encoding.
+//!
+//! Every record on disk is framed as
+//!
+//! ```text
+//! [u32 LE payload_len][u32 LE crc32c(payload)][payload: payload_len bytes]
+//! ```
+//!
+//! and every payload starts with a one-byte record type. All integers are
+//! little-endian; variable-length fields are `[u32 LE len][bytes]`.
+//!
+//! | type | payload after the type byte |
+//! |---|---|
+//! | 1 publish  | id u64, priority u8, expires_at_ms u64, n u32, n × partition u64, exchange, routing key, header, body |
+//! | 2 settle   | partition u64, id u64 |
+//! | 3 relocate | same layout as publish, with exactly one partition |
+//! | 4 put-meta | version u64, key, value |
+//! | 5 del-meta | version u64, key |
+//!
+//! Decoding is bounds-checked everywhere and never panics on bad input: a
+//! torn or corrupt record must be reported, not crash recovery.
+
+use crate::{MessageAttrs, MessageData, MessageId, PartitionId};
+
+/// Bytes of framing in front of every payload.
+pub(crate) const FRAME_HEADER: usize = 8;
+
+const T_PUBLISH: u8 = 1;
+const T_SETTLE: u8 = 2;
+const T_RELOCATE: u8 = 3;
+const T_PUT_META: u8 = 4;
+const T_DEL_META: u8 = 5;
+
+/// Whether a message record is the original publish or a relocated copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MessageKind {
+    Publish,
+    Relocate,
+}
+
+/// A decoded payload, borrowing from the buffer it was decoded from.
+#[derive(Debug)]
+pub(crate) enum Record<'a> {
+    /// A publish or relocate record.
+    Message(MessageRecord<'a>),
+    Settle {
+        partition: PartitionId,
+        id: MessageId,
+    },
+    PutMeta {
+        version: u64,
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    DeleteMeta {
+        version: u64,
+        key: &'a [u8],
+    },
+}
+
+/// The fields of a publish or relocate record.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MessageRecord<'a> {
+    pub kind: MessageKind,
+    pub id: MessageId,
+    /// `n × u64 LE`, already length-checked to be a multiple of 8.
+    partitions_raw: &'a [u8],
+    pub exchange: &'a [u8],
+    pub routing_key: &'a [u8],
+    pub header: &'a [u8],
+    pub body: &'a [u8],
+    pub attrs: MessageAttrs,
+}
+
+impl<'a> MessageRecord<'a> {
+    /// The partitions this record is live in.
+    pub fn partitions(&self) -> impl Iterator<Item = PartitionId> + 'a {
+        self.partitions_raw.chunks_exact(8).map(|c| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            PartitionId(u64::from_le_bytes(b))
+        })
+    }
+
+    /// Number of partitions listed.
+    pub fn partition_count(&self) -> usize {
+        self.partitions_raw.len() / 8
+    }
+
+    /// The message content as the engine handed it over. Fails (returns the
+    /// reason) if exchange or routing key are not UTF-8.
+    pub fn data(&self) -> Result<MessageData<'a>, &'static str> {
+        Ok(MessageData {
+            exchange: std::str::from_utf8(self.exchange).map_err(|_| "exchange is not utf-8")?,
+            routing_key: std::str::from_utf8(self.routing_key)
+                .map_err(|_| "routing key is not utf-8")?,
+            header: self.header,
+            body: self.body,
+            attrs: self.attrs,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Encoding
+
+fn var_len(b: &[u8]) -> usize {
+    4 + b.len()
+}
+
+/// Payload length of a message record with `n` partitions.
+pub(crate) fn message_payload_len(n: usize, data: &MessageData<'_>) -> usize {
+    1 + 8
+        + 1
+        + 8
+        + 4
+        + 8 * n
+        + var_len(data.exchange.as_bytes())
+        + var_len(data.routing_key.as_bytes())
+        + var_len(data.header)
+        + var_len(data.body)
+}
+
+/// Payload length of a settle record.
+pub(crate) const SETTLE_PAYLOAD_LEN: usize = 1 + 8 + 8;
+
+/// Payload length of a put-meta record.
+pub(crate) fn put_meta_payload_len(key: &[u8], value: &[u8]) -> usize {
+    1 + 8 + var_len(key) + var_len(value)
+}
+
+/// Payload length of a delete-meta record.
+pub(crate) fn del_meta_payload_len(key: &[u8]) -> usize {
+    1 + 8 + var_len(key)
+}
+
+fn put_var(buf: &mut Vec<u8>, b: &[u8]) {
+    // Lengths were checked against the record limit (< u32::MAX) before encoding.
+    debug_assert!(b.len() <= u32::MAX as usize);
+    buf.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    buf.extend_from_slice(b);
+}
+
+/// Reserves the frame header, runs `f` to write the payload, then patches
+/// length and checksum in. Returns the total record length (framing included).
+fn framed(buf: &mut Vec<u8>, expected_payload: usize, f: impl FnOnce(&mut Vec<u8>)) -> usize {
+    let start = buf.len();
+    buf.reserve(FRAME_HEADER + expected_payload);
+    buf.extend_from_slice(&[0u8; FRAME_HEADER]);
+    f(buf);
+    let payload_len = buf.len() - start - FRAME_HEADER;
+    debug_assert_eq!(
+        payload_len, expected_payload,
+        "payload length precomputation is wrong"
+    );
+    let crc = crc32c::crc32c(&buf[start + FRAME_HEADER..]);
+    buf[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    FRAME_HEADER + payload_len
+}
+
+/// Appends a framed publish (or relocate) record to `buf`.
+pub(crate) fn encode_message(
+    buf: &mut Vec<u8>,
+    kind: MessageKind,
+    id: MessageId,
+    partitions: &[PartitionId],
+    data: &MessageData<'_>,
+) -> usize {
+    debug_assert!(kind == MessageKind::Publish || partitions.len() == 1);
+    let expected = message_payload_len(partitions.len(), data);
+    framed(buf, expected, |buf| {
+        buf.push(match kind {
+            MessageKind::Publish => T_PUBLISH,
+            MessageKind::Relocate => T_RELOCATE,
+        });
+        buf.extend_from_slice(&id.to_le_bytes());
+        buf.push(data.attrs.priority);
+        buf.extend_from_slice(&data.attrs.expires_at_ms.to_le_bytes());
+        buf.extend_from_slice(&(partitions.len() as u32).to_le_bytes());
+        for p in partitions {
+            buf.extend_from_slice(&p.0.to_le_bytes());
+        }
+        put_var(buf, data.exchange.as_bytes());
+        put_var(buf, data.routing_key.as_bytes());
+        put_var(buf, data.header);
+        put_var(buf, data.body);
+    })
+}
+
+/// Appends a framed settle record to `buf`.
+pub(crate) fn encode_settle(buf: &mut Vec<u8>, partition: PartitionId, id: MessageId) -> usize {
+    framed(buf, SETTLE_PAYLOAD_LEN, |buf| {
+        buf.push(T_SETTLE);
+        buf.extend_from_slice(&partition.0.to_le_bytes());
+        buf.extend_from_slice(&id.to_le_bytes());
+    })
+}
+
+/// Appends a framed put-meta record to `buf`.
+pub(crate) fn encode_put_meta(buf: &mut Vec<u8>, version: u64, key: &[u8], value: &[u8]) -> usize {
+    framed(buf, put_meta_payload_len(key, value), |buf| {
+        buf.push(T_PUT_META);
+        buf.extend_from_slice(&version.to_le_bytes());
+        put_var(buf, key);
+        put_var(buf, value);
+    })
+}
+
+/// Appends a framed delete-meta record to `buf`.
+pub(crate) fn encode_del_meta(buf: &mut Vec<u8>, version: u64, key: &[u8]) -> usize {
+    framed(buf, del_meta_payload_len(key), |buf| {
+        buf.push(T_DEL_META);
+        buf.extend_from_slice(&version.to_le_bytes());
+        put_var(buf, key);
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Decoding
+
+/// Why a frame could not be taken from a buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FrameError {
+    /// The buffer ends inside the frame (a torn write, or a short read).
+    Truncated,
+    /// The frame is complete but its content is wrong.
+    Corrupt(String),
+}
+
+/// Splits the frame at the start of `buf`, verifying the checksum. Returns the
+/// payload and the frame's total length.
+pub(crate) fn split_frame(buf: &[u8]) -> Result<(&[u8], usize), FrameError> {
+    if buf.len() < FRAME_HEADER {
+        return Err(FrameError::Truncated);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    if len == 0 {
+        // Every payload has at least a type byte; zeros are what a torn or
+        // preallocated tail looks like.
+        return Err(FrameError::Corrupt("zero-length record".into()));
+    }
+    let total = FRAME_HEADER
+        .checked_add(len)
+        .ok_or_else(|| FrameError::Corrupt("length overflow".into()))?;
+    if buf.len() < total {
+        return Err(FrameError::Truncated);
+    }
+    let payload = &buf[FRAME_HEADER..total];
+    let actual = crc32c::crc32c(payload);
+    if actual != crc {
+        return Err(FrameError::Corrupt(format!(
+            "checksum mismatch (stored {crc:#010x}, computed {actual:#010x})"
+        )));
+    }
+    Ok((payload, total))
+}
+
+/// A bounds-checked cursor over a payload.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.buf.len() < n {
+            return Err(format!(
+                "payload too short: need {n}, have {}",
+                self.buf.len()
+            ));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn var(&mut self) -> Result<&'a [u8], String> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn finish(self) -> Result<(), String> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} trailing bytes", self.buf.len()))
+        }
+    }
+}
+
+/// Decodes a payload (as returned by [`split_frame`]).
+pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
+    let mut r = Reader { buf: payload };
+    let t = r.u8()?;
+    let rec = match t {
+        T_PUBLISH | T_RELOCATE => {
+            let kind = if t == T_PUBLISH {
+                MessageKind::Publish
+            } else {
+                MessageKind::Relocate
+            };
+            let id = r.u64()?;
+            let priority = r.u8()?;
+            let expires_at_ms = r.u64()?;
+            let n = r.u32()? as usize;
+            let partitions_raw = r.take(
+                n.checked_mul(8)
+                    .ok_or_else(|| "partition count overflow".to_string())?,
+            )?;
+            if n == 0 {
+                return Err("message record without partitions".into());
+            }
+            if kind == MessageKind::Relocate && n != 1 {
+                return Err(format!("relocate record with {n} partitions"));
+            }
+            let exchange = r.var()?;
+            let routing_key = r.var()?;
+            let header = r.var()?;
+            let body = r.var()?;
+            Record::Message(MessageRecord {
+                kind,
+                id,
+                partitions_raw,
+                exchange,
+                routing_key,
+                header,
+                body,
+                attrs: MessageAttrs {
+                    priority,
+                    expires_at_ms,
+                },
+            })
+        }
+        T_SETTLE => Record::Settle {
+            partition: PartitionId(r.u64()?),
+            id: r.u64()?,
+        },
+        T_PUT_META => Record::PutMeta {
+            version: r.u64()?,
+            key: r.var()?,
+            value: r.var()?,
+        },
+        T_DEL_META => Record::DeleteMeta {
+            version: r.u64()?,
+            key: r.var()?,
+        },
+        other => return Err(format!("unknown record type {other}")),
+    };
+    r.finish()?;
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data<'a>(body: &'a [u8]) -> MessageData<'a> {
+        MessageData {
+            exchange: "ex",
+            routing_key: "rk.1",
+            header: b"hdr",
+            body,
+            attrs: MessageAttrs {
+                priority: 3,
+                expires_at_ms: 99,
+            },
+        }
+    }
+
+    #[test]
+    fn roundtrip_all_types() {
+        let mut buf = Vec::new();
+        let parts = [PartitionId(1), PartitionId(7)];
+        let l1 = encode_message(&mut buf, MessageKind::Publish, 42, &parts, &data(b"hello"));
+        let l2 = encode_settle(&mut buf, PartitionId(7), 42);
+        let l3 = encode_put_meta(&mut buf, 5, b"k", b"v");
+        let l4 = encode_del_meta(&mut buf, 6, b"k");
+        assert_eq!(buf.len(), l1 + l2 + l3 + l4);
+
+        let (p, n) = split_frame(&buf).unwrap();
+        assert_eq!(n, l1);
+        match decode_payload(p).unwrap() {
+            Record::Message(m) => {
+                assert_eq!(m.kind, MessageKind::Publish);
+                assert_eq!(m.id, 42);
+                assert_eq!(m.partitions().collect::<Vec<_>>(), parts);
+                let d = m.data().unwrap();
+                assert_eq!(d.exchange, "ex");
+                assert_eq!(d.routing_key, "rk.1");
+                assert_eq!(d.body, b"hello");
+                assert_eq!(d.attrs.priority, 3);
+                assert_eq!(d.attrs.expires_at_ms, 99);
+            }
+            other => panic!("{other:?}"),
+        }
+        let (p, _) = split_frame(&buf[l1..]).unwrap();
+        assert!(matches!(
+            decode_payload(p).unwrap(),
+            Record::Settle {
+                partition: PartitionId(7),
+                id: 42
+            }
+        ));
+        let (p, _) = split_frame(&buf[l1 + l2..]).unwrap();
+        assert!(matches!(
+            decode_payload(p).unwrap(),
+            Record::PutMeta {
+                version: 5,
+                key: b"k",
+                value: b"v"
+            }
+        ));
+        let (p, _) = split_frame(&buf[l1 + l2 + l3..]).unwrap();
+        assert!(matches!(
+            decode_payload(p).unwrap(),
+            Record::DeleteMeta {
+                version: 6,
+                key: b"k"
+            }
+        ));
+    }
+
+    #[test]
+    fn truncated_and_corrupt_frames_are_reported() {
+        let mut buf = Vec::new();
+        encode_message(
+            &mut buf,
+            MessageKind::Publish,
+            1,
+            &[PartitionId(1)],
+            &data(b"x"),
+        );
+        for cut in 0..buf.len() {
+            assert_eq!(
+                split_frame(&buf[..cut]),
+                Err(FrameError::Truncated),
+                "cut {cut}"
+            );
+        }
+        for i in 4..buf.len() {
+            let mut bad = buf.clone();
+            bad[i] ^= 0x40;
+            assert!(
+                matches!(split_frame(&bad), Err(FrameError::Corrupt(_))),
+                "flip {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn decoder_never_panics_on_garbage() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..20_000 {
+            let n = rng.gen_range(0..64);
+            let mut b: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            if !b.is_empty() {
+                b[0] = rng.gen_range(0..7);
+            }
+            let _ = decode_payload(&b);
+            let _ = split_frame(&b);
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The single writer thread: group commit and segment reclamation.
+//!
+//! Each round it takes everything appended since the previous round, writes it
+//! with one `write` per segment touched (normally one), issues one
+//! `fdatasync`, then completes the round's waiters in order. Only then does it
+//! reclaim segments that became empty, because reclamation relies on the
+//! settles that emptied them being durable.
+
+use super::checkpoint;
+use super::segment::{segment_path, sync_dir};
+use super::{pack_pos, Chunk, Shared};
+use crate::{SegmentId, StoreError, Waiter};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The file currently appended to.
+struct Current {
+    id: SegmentId,
+    file: File,
+    /// Written since the last fsync.
+    dirty: bool,
+}
+
+/// What one round does.
+struct Round {
+    chunks: Arc<Vec<Chunk>>,
+    waiters: Vec<Waiter>,
+    reclaim: Option<Reclaim>,
+}
+
+/// Segments to delete after this round's data is durable.
+struct Reclaim {
+    segments: Vec<SegmentId>,
+    /// An encoded checkpoint (with its version and next id) to make durable
+    /// first, when the segments hold metadata or ids the current checkpoint
+    /// does not cover.
+    checkpoint: Option<(u64, u64, Vec<u8>)>,
+}
+
+/// Runs the writer until the store closes or a write fails.
+pub(crate) fn run(shared: Arc<Shared>) {
+    let mut cur: Option<Current> = None;
+    while let Some(round) = next_round(&shared) {
+        if let Err(err) = write_round(&shared, &mut cur, &round.chunks) {
+            fail(&shared, round.waiters, err);
+            return;
+        }
+        {
+            // Everything in the round is in the kernel now (and `written` says
+            // so), so readers no longer need the in-memory copy.
+            let mut st = shared.state.lock();
+            st.inflight = None;
+            if let Ok(chunks) = Arc::try_unwrap(round.chunks) {
+                for mut c in chunks {
+                    if st.spare.len() < 4 && c.buf.capacity() <= 4 << 20 {
+                        c.buf.clear();
+                        st.spare.push(c.buf);
+                    }
+                }
+            }
+        }
+        for w in round.waiters {
+            call_waiter(w, Ok(()));
+        }
+        if let Some(r) = round.reclaim {
+            reclaim(&shared, r);
+        }
+    }
+}
+
+fn call_waiter(w: Waiter, result: Result<(), StoreError>) {
+    // A panicking waiter must not take the writer down with it: every later
+    // append would then hang unacknowledged.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w(result))).is_err() {
+        tracing::error!("a log store waiter panicked");
+    }
+}
+
+/// Waits for work and takes it. `None` when the store is closing and drained.
+fn next_round(shared: &Shared) -> Option<Round> {
+    let mut st = shared.state.lock();
+    loop {
+        if !st.pending.is_empty() || !st.waiters.is_empty() || st.reclaim_hint {
+            break;
+        }
+        if st.closing {
+            return None;
+        }
+        shared.wake.wait(&mut st);
+    }
+    st.reclaim_hint = false;
+    let chunks = Arc::new(std::mem::take(&mut st.pending));
+    if !chunks.is_empty() {
+        debug_assert!(st.inflight.is_none());
+        st.inflight = Some(chunks.clone());
+    }
+    let waiters = std::mem::take(&mut st.waiters);
+
+    // Reclaimable: the oldest sealed segments with nothing live. Every settle
+    // or relocate that emptied them is in this round or an earlier one, so it
+    // is durable by the time we delete. Never skip a non-empty segment: a
+    // settle in a later segment may refer to a message in an earlier one.
+    let mut segments = Vec::new();
+    let mut need_checkpoint = false;
+    for (&id, info) in st.segments.iter() {
+        if id >= st.head || info.live > 0 {
+            break;
+        }
+        need_checkpoint |= info.max_meta_version > st.ckpt_version
+            || (info.max_id != 0 && info.max_id >= st.ckpt_next_id);
+        segments.push(id);
+    }
+    let reclaim = (!segments.is_empty()).then(|| {
+        let checkpoint = need_checkpoint.then(|| {
+            let next_id = shared.next_id.load(Ordering::SeqCst);
+            (
+                st.meta_version,
+                next_id,
+                checkpoint::encode(st.meta_version, next_id, &st.meta),
+            )
+        });
+        Reclaim {
+            segments,
+            checkpoint,
+        }
+    });
+    Some(Round {
+        chunks,
+        waiters,
+        reclaim,
+    })
+}
+
+fn write_round(
+    shared: &Shared,
+    cur: &mut Option<Current>,
+    chunks: &[Chunk],
+) -> Result<(), StoreError> {
+    #[cfg(test)]
+    if shared
+        .fail_next_write
+        .swap(false, std::sync::atomic::Ordering::SeqCst)
+        && !chunks.is_empty()
+    {
+        return Err(StoreError::io(
+            "injected failure",
+            std::io::Error::other("injected"),
+        ));
+    }
+    let sync = shared.opts.sync;
+    let mut created = false;
+    for chunk in chunks {
+        if cur.as_ref().map(|c| c.id) != Some(chunk.segment) {
+            if let Some(old) = cur.take() {
+                // Seal the previous segment durably before its successor
+                // exists: recovery treats damage in any but the last segment
+                // as real corruption, which is only sound if rolls are ordered.
+                if sync && old.dirty {
+                    old.file
+                        .sync_data()
+                        .map_err(|e| StoreError::io(format!("fsync segment {}", old.id), e))?;
+                    shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            debug_assert_eq!(chunk.offset, 0, "a new segment file starts at 0");
+            let path = segment_path(&shared.log_dir, chunk.segment);
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
+            shared.stats.segments.fetch_add(1, Ordering::Relaxed);
+            created = true;
+            *cur = Some(Current {
+                id: chunk.segment,
+                file,
+                dirty: false,
+            });
+        }
+        let c = cur.as_mut().expect("current segment was just set");
+        c.file.write_all(&chunk.buf).map_err(|e| {
+            StoreError::io(
+                format!("writing segment {} at {}", chunk.segment, chunk.offset),
+                e,
+            )
+        })?;
+        c.dirty = true;
+        let end = u64::from(chunk.offset) + chunk.buf.len() as u64;
+        shared
+            .written
+            .store(pack_pos(chunk.segment, end), Ordering::Release);
+        shared
+            .stats
+            .disk_bytes
+            .fetch_add(chunk.buf.len() as u64, Ordering::Relaxed);
+    }
+    if let Some(c) = cur.as_mut() {
+        if c.dirty && sync {
+            c.file
+                .sync_data()
+                .map_err(|e| StoreError::io(format!("fsync segment {}", c.id), e))?;
+            shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        c.dirty = false;
+    }
+    if created && sync {
+        sync_dir(&shared.log_dir)?;
+    }
+    Ok(())
+}
+
+/// After a failed write or fsync nothing may be acknowledged any more: the
+/// kernel may have dropped the dirty pages, so a later successful fsync would
+/// not mean the earlier data is on disk.
+fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
+    tracing::error!(error = %err, "log writer failed; the store refuses further appends");
+    let msg = err.to_string();
+    {
+        let mut st = shared.state.lock();
+        st.failed = true;
+        st.inflight = None;
+        st.pending.clear();
+        waiters.append(&mut st.waiters);
+    }
+    for w in waiters {
+        call_waiter(
+            w,
+            Err(StoreError::io(
+                "log writer failed",
+                std::io::Error::other(msg.clone()),
+            )),
+        );
+    }
+}
+
+fn reclaim(shared: &Shared, r: Reclaim) {
+    if let Some((version, next_id, encoded)) = r.checkpoint {
+        if let Err(e) = checkpoint::store(&shared.dir, &encoded, shared.opts.sync) {
+            // Without a durable checkpoint the segments' metadata is still
+            // needed; keep them and retry on a later round.
+            tracing::warn!(error = %e, "writing meta.checkpoint failed; not reclaiming");
+            return;
+        }
+        let mut st = shared.state.lock();
+        st.ckpt_version = version;
+        st.ckpt_next_id = next_id;
+    }
+    let mut removed = Vec::new();
+    for &id in &r.segments {
+        shared.reads.forget(id);
+        let path = segment_path(&shared.log_dir, id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                // Stop here: deletion must stay a prefix.
+                tracing::warn!(error = %e, segment = id, "deleting log segment failed");
+                break;
+            }
+        }
+        // A reader may have reopened it between forget and remove.
+        shared.reads.forget(id);
+        removed.push(id);
+    }
+    if removed.is_empty() {
+        return;
+    }
+    if shared.opts.sync {
+        if let Err(e) = sync_dir(&shared.log_dir) {
+            tracing::warn!(error = %e, "fsync of the log directory after reclamation failed");
+        }
+    }
+    let mut st = shared.state.lock();
+    for id in removed {
+        if let Some(info) = st.segments.remove(&id) {
+            shared.stats.disk_bytes.fetch_sub(
+                info.size
+                    .min(shared.stats.disk_bytes.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
+        }
+        shared.stats.segments.fetch_sub(1, Ordering::Relaxed);
+        shared.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
+}
