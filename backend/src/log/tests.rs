@@ -1,1 +1,888 @@
-//! Tests of the log store.
+//! Tests of the log store as a whole: append, read, durability callbacks,
+//! recovery, torn tails, reclamation and a randomized model check.
+
+use super::*;
+use crate::{MessageAttrs, PartitionId, RecoveredMessage};
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const P1: PartitionId = PartitionId(1);
+const P2: PartitionId = PartitionId(2);
+const P3: PartitionId = PartitionId(3);
+
+fn small() -> LogOptions {
+    LogOptions {
+        segment_size: 4096,
+        ..LogOptions::default()
+    }
+}
+
+fn data(body: &[u8]) -> MessageData<'_> {
+    MessageData {
+        exchange: "ex",
+        routing_key: "rk",
+        header: b"h",
+        body,
+        attrs: MessageAttrs {
+            priority: 1,
+            expires_at_ms: 7,
+        },
+    }
+}
+
+/// Appends and waits until durable.
+fn append_sync(store: &LogStore, ops: &[Op<'_>]) -> Vec<Location> {
+    let (tx, rx) = mpsc::channel();
+    let mut locs = Vec::new();
+    store
+        .append(
+            ops,
+            &mut locs,
+            Some(Box::new(move |r| {
+                let _ = tx.send(r);
+            })),
+        )
+        .unwrap();
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("waiter called")
+        .expect("durable");
+    locs
+}
+
+/// Waits until everything before is durable and the reclamation planned by
+/// earlier rounds has run (a round reclaims after completing its waiters).
+fn barrier(store: &LogStore) {
+    append_sync(store, &[]);
+    append_sync(store, &[]);
+}
+
+fn publish(store: &LogStore, parts: &[PartitionId], body: &[u8]) -> (MessageId, Location) {
+    let id = store.allocate_ids(1);
+    let locs = append_sync(
+        store,
+        &[Op::Publish {
+            id,
+            partitions: parts,
+            data: data(body),
+        }],
+    );
+    (id, locs[0])
+}
+
+fn settle(store: &LogStore, p: PartitionId, id: MessageId, location: Location) {
+    append_sync(
+        store,
+        &[Op::Settle {
+            partition: p,
+            id,
+            location,
+        }],
+    );
+}
+
+fn ids_of(rec: &Recovered, p: PartitionId) -> Vec<MessageId> {
+    rec.partitions
+        .get(&p)
+        .map(|v| v.iter().map(|m| m.id).collect())
+        .unwrap_or_default()
+}
+
+fn seg_files(dir: &Path) -> Vec<SegmentId> {
+    segment::list_segments(&dir.join("log")).unwrap()
+}
+
+#[test]
+fn append_read_roundtrip_pending_and_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    assert!(store.take_recovered().partitions.is_empty());
+
+    // Park the writer inside a waiter so the next append stays pending.
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let id1 = store.allocate_ids(1);
+    let mut locs = Vec::new();
+    store
+        .append(
+            &[Op::Publish {
+                id: id1,
+                partitions: &[P1],
+                data: data(b"first"),
+            }],
+            &mut locs,
+            Some(Box::new(move |r| {
+                r.unwrap();
+                entered_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+            })),
+        )
+        .unwrap();
+    entered_rx.recv().unwrap();
+    let id2 = store.allocate_ids(1);
+    assert!(id2 > id1);
+    store
+        .append(
+            &[Op::Publish {
+                id: id2,
+                partitions: &[P1, P2],
+                data: data(b"second"),
+            }],
+            &mut locs,
+            None,
+        )
+        .unwrap();
+    assert!(
+        !store.is_written(locs[1]),
+        "second record must still be pending"
+    );
+    let m = store.read(locs[1]).unwrap();
+    assert_eq!(
+        (m.id, &m.body[..], &m.header[..]),
+        (id2, &b"second"[..], &b"h"[..])
+    );
+    assert_eq!((m.exchange.as_str(), m.routing_key.as_str()), ("ex", "rk"));
+    assert_eq!(m.attrs.expires_at_ms, 7);
+    release_tx.send(()).unwrap();
+    barrier(&store);
+
+    // Both on disk now.
+    assert!(store.is_written(locs[1]));
+    assert_eq!(&store.read(locs[0]).unwrap().body[..], b"first");
+    assert_eq!(&store.read(locs[1]).unwrap().body[..], b"second");
+    // A bogus location is an error, not a panic.
+    let bogus = Location {
+        segment: 99,
+        offset: 0,
+        len: 40,
+    };
+    assert!(matches!(store.read(bogus), Err(StoreError::NotFound(_))));
+    let misaligned = Location {
+        offset: locs[0].offset + 1,
+        ..locs[0]
+    };
+    assert!(store.read(misaligned).is_err());
+    store.close().unwrap();
+    assert!(matches!(
+        store.append(&[], &mut Vec::new(), None),
+        Err(StoreError::Closed)
+    ));
+}
+
+#[test]
+fn waiter_fires_only_after_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let id = store.allocate_ids(1);
+    let mut locs = Vec::new();
+    let s2 = store.clone();
+    let seg_path = segment::segment_path(&dir.path().join("log"), 1);
+    store
+        .append(
+            &[Op::Publish {
+                id,
+                partitions: &[P1],
+                data: data(&[7u8; 300]),
+            }],
+            &mut locs,
+            Some(Box::new(move |r| {
+                // Observed from inside the callback: the fsync already happened
+                // and the bytes are in the file.
+                let syncs = s2.stats().syncs;
+                let len = std::fs::metadata(&seg_path).map(|m| m.len()).unwrap_or(0);
+                tx.send((r.is_ok(), syncs, len)).unwrap();
+            })),
+        )
+        .unwrap();
+    let (ok, syncs, len) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(ok);
+    assert!(syncs >= 1);
+    assert!(len >= u64::from(locs[0].offset + locs[0].len));
+}
+
+#[test]
+fn failed_write_fails_waiters_and_closes_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    publish(&store, &[P1], b"ok");
+    store.inject_write_failure();
+    let (tx, rx) = mpsc::channel();
+    let id = store.allocate_ids(1);
+    store
+        .append(
+            &[Op::Publish {
+                id,
+                partitions: &[P1],
+                data: data(b"lost"),
+            }],
+            &mut Vec::new(),
+            Some(Box::new(move |r| tx.send(r.is_ok()).unwrap())),
+        )
+        .unwrap();
+    assert!(!rx.recv_timeout(Duration::from_secs(20)).unwrap());
+    assert!(matches!(
+        store.append(&[], &mut Vec::new(), None),
+        Err(StoreError::Closed)
+    ));
+    assert!(store.close().is_err());
+}
+
+#[test]
+fn restart_recovers_meta_and_live_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c);
+    {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        append_sync(
+            &store,
+            &[
+                Op::PutMeta {
+                    key: b"q1",
+                    value: b"v1",
+                },
+                Op::PutMeta {
+                    key: b"q2",
+                    value: b"v2",
+                },
+                Op::DeleteMeta { key: b"q1" },
+            ],
+        );
+        a = publish(&store, &[P1, P2], b"a");
+        b = publish(&store, &[P1], b"b");
+        c = publish(&store, &[P2, P3], b"c");
+        settle(&store, P1, a.0, a.1);
+        settle(&store, P3, c.0, c.1);
+        // Appended without a waiter: close must still make it durable.
+        store
+            .append(
+                &[Op::PutMeta {
+                    key: b"q3",
+                    value: b"v3",
+                }],
+                &mut Vec::new(),
+                None,
+            )
+            .unwrap();
+        store.close().unwrap();
+    }
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let rec = store.take_recovered();
+    assert_eq!(rec.meta_version, 4);
+    let meta: Vec<_> = rec.meta.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    assert_eq!(
+        meta,
+        vec![(&b"q2"[..], &b"v2"[..]), (&b"q3"[..], &b"v3"[..])]
+    );
+    assert_eq!(ids_of(&rec, P1), vec![b.0]);
+    assert_eq!(ids_of(&rec, P2), vec![a.0, c.0]);
+    assert!(!rec.partitions.contains_key(&P3));
+    let rm = rec.partitions[&P2][0];
+    assert_eq!(
+        rm,
+        RecoveredMessage {
+            id: a.0,
+            location: a.1,
+            size: 2,
+            attrs: MessageAttrs {
+                priority: 1,
+                expires_at_ms: 7
+            }
+        }
+    );
+    assert_eq!(&store.read(c.1).unwrap().body[..], b"c");
+    assert_eq!(rec.truncated_bytes, 0);
+    // Handed over once.
+    assert!(store.take_recovered().partitions.is_empty());
+    assert!(store.allocate_ids(1) > c.0);
+}
+
+#[test]
+fn relocation_moves_one_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let (id, old, new);
+    {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        (id, old) = publish(&store, &[P1, P2], b"payload");
+        new = append_sync(
+            &store,
+            &[Op::Relocate {
+                partition: P1,
+                id,
+                from: old,
+            }],
+        )[0];
+        assert_ne!(new, old);
+        let m = store.read(new).unwrap();
+        assert_eq!((m.id, &m.body[..]), (id, &b"payload"[..]));
+        assert_eq!(m.attrs.priority, 1);
+        // A relocate of a relocated copy works too (the source is a relocate record).
+        let again = append_sync(
+            &store,
+            &[Op::Relocate {
+                partition: P1,
+                id,
+                from: new,
+            }],
+        )[0];
+        assert_eq!(&store.read(again).unwrap().body[..], b"payload");
+        // The engine must name the right message.
+        assert!(store
+            .append(
+                &[Op::Relocate {
+                    partition: P1,
+                    id: id + 1,
+                    from: old,
+                }],
+                &mut Vec::new(),
+                None,
+            )
+            .is_err());
+        settle(&store, P2, id, old);
+        store.close().unwrap();
+        let rec_loc = again;
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        let rec = store.take_recovered();
+        assert_eq!(rec.partitions[&P1].len(), 1);
+        assert_eq!(rec.partitions[&P1][0].location, rec_loc);
+        assert!(!rec.partitions.contains_key(&P2));
+    }
+}
+
+/// Writes three messages, closes, and returns the last record's location.
+fn three_messages(dir: &Path) -> Vec<Location> {
+    let store = LogStore::open(dir, LogOptions::default()).unwrap();
+    let mut locs = Vec::new();
+    for body in [&b"one"[..], b"two", b"three"] {
+        locs.push(publish(&store, &[P1], body).1);
+    }
+    store.close().unwrap();
+    locs
+}
+
+#[test]
+fn torn_tail_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let locs = three_messages(dir.path());
+    let path = segment::segment_path(&dir.path().join("log"), locs[2].segment);
+    let full = std::fs::metadata(&path).unwrap().len();
+    let keep = u64::from(locs[2].offset) + 5;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(keep)
+        .unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let rec = store.take_recovered();
+    assert_eq!(rec.truncated_bytes, 5);
+    assert_eq!(rec.partitions[&P1].len(), 2);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        u64::from(locs[2].offset)
+    );
+    assert!(full > keep);
+    // The store keeps working after the truncation.
+    let (id, loc) = publish(&store, &[P1], b"four");
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let rec = store.take_recovered();
+    assert_eq!(rec.truncated_bytes, 0);
+    assert_eq!(rec.partitions[&P1].last().unwrap().id, id);
+    assert_eq!(&store.read(loc).unwrap().body[..], b"four");
+}
+
+#[test]
+fn corrupt_last_record_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let locs = three_messages(dir.path());
+    let path = segment::segment_path(&dir.path().join("log"), locs[2].segment);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let i = locs[2].offset as usize + locs[2].len as usize - 2;
+    bytes[i] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let rec = store.take_recovered();
+    assert_eq!(rec.truncated_bytes, u64::from(locs[2].len));
+    assert_eq!(rec.partitions[&P1].len(), 2);
+    assert_eq!(&store.read(locs[1]).unwrap().body[..], b"two");
+}
+
+#[test]
+fn corruption_in_an_older_segment_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = None;
+    {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        for _ in 0..40 {
+            let (_, loc) = publish(&store, &[P1], &[1u8; 300]);
+            first.get_or_insert(loc);
+        }
+        store.close().unwrap();
+    }
+    assert!(seg_files(dir.path()).len() >= 3);
+    let first = first.unwrap();
+    let path = segment::segment_path(&dir.path().join("log"), first.segment);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[first.offset as usize + 20] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    match LogStore::open(dir.path(), small()) {
+        Err(StoreError::Corrupt { segment, .. }) => assert_eq!(segment, first.segment),
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    // A missing middle segment is refused as well.
+    std::fs::write(&path, std::fs::read(&path).unwrap()).unwrap();
+    std::fs::remove_file(segment::segment_path(&dir.path().join("log"), 2)).unwrap();
+    assert!(matches!(
+        LogStore::open(dir.path(), small()),
+        Err(StoreError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn reclamation_deletes_oldest_settled_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut survivors = Vec::new();
+    {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        append_sync(
+            &store,
+            &[Op::PutMeta {
+                key: b"queue",
+                value: b"declared",
+            }],
+        );
+        let mut msgs = Vec::new();
+        for i in 0..60u32 {
+            let p = if i >= 30 && i % 10 == 9 { P2 } else { P1 };
+            msgs.push((p, publish(&store, &[p], &[i as u8; 200])));
+        }
+        let before = seg_files(dir.path());
+        assert!(before.len() >= 4, "{before:?}");
+        // Settle everything in P1; P2 keeps a few messages spread over the log.
+        let mut ops = Vec::new();
+        for (p, (id, loc)) in &msgs {
+            if *p == P1 {
+                ops.push(Op::Settle {
+                    partition: *p,
+                    id: *id,
+                    location: *loc,
+                });
+            } else {
+                survivors.push((*id, *loc));
+            }
+        }
+        append_sync(&store, &ops);
+        barrier(&store);
+        // Only the prefix before the first survivor's segment can go.
+        let after = seg_files(dir.path());
+        assert_eq!(after[0], survivors[0].1.segment, "{before:?} -> {after:?}");
+        assert!(store.stats().reclaimed_segments >= 1);
+        assert!(dir.path().join("meta.checkpoint").exists());
+
+        // Settle the oldest survivors: more segments become reclaimable, and
+        // none is deleted out of order.
+        for (id, loc) in survivors.drain(..2) {
+            settle(&store, P2, id, loc);
+        }
+        barrier(&store);
+        assert_eq!(seg_files(dir.path())[0], survivors[0].1.segment);
+        store.close().unwrap();
+    }
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let rec = store.take_recovered();
+    assert_eq!(
+        ids_of(&rec, P2),
+        survivors.iter().map(|s| s.0).collect::<Vec<_>>()
+    );
+    assert!(!rec.partitions.contains_key(&P1));
+    assert_eq!(
+        rec.meta.get(&b"queue"[..]).map(|v| &v[..]),
+        Some(&b"declared"[..])
+    );
+    assert_eq!(rec.meta_version, 1);
+    for (id, loc) in &survivors {
+        assert_eq!(store.read(*loc).unwrap().id, *id);
+    }
+}
+
+#[test]
+fn ids_keep_increasing_after_everything_is_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut last = 0;
+    for round in 0..3 {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        let rec = store.take_recovered();
+        assert!(rec.partitions.is_empty());
+        assert_eq!(rec.meta.len(), usize::from(round > 0));
+        if round == 0 {
+            append_sync(
+                &store,
+                &[Op::PutMeta {
+                    key: b"k",
+                    value: b"v",
+                }],
+            );
+        }
+        for _ in 0..30 {
+            let (id, loc) = publish(&store, &[P1], &[0u8; 300]);
+            assert!(id > last, "id {id} after {last}");
+            last = id;
+            settle(&store, P1, id, loc);
+        }
+        barrier(&store);
+        store.close().unwrap();
+        // Reopening reclaims whatever the last round left behind.
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        barrier(&store);
+        // Everything was settled: no segment survives (the new head has no
+        // file until something is written to it).
+        assert!(seg_files(dir.path()).is_empty());
+        store.close().unwrap();
+    }
+}
+
+#[test]
+fn compaction_candidates_and_relocation_free_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let mut msgs = Vec::new();
+    for i in 0..80u32 {
+        msgs.push(publish(&store, &[P1], &[i as u8; 200]));
+    }
+    assert!(store.compaction_candidates().is_empty());
+    // Settle all but every 8th message.
+    let mut live: BTreeMap<MessageId, Location> = BTreeMap::new();
+    let mut ops = Vec::new();
+    for (i, (id, loc)) in msgs.iter().enumerate() {
+        if i % 8 == 0 {
+            live.insert(*id, *loc);
+        } else {
+            ops.push(Op::Settle {
+                partition: P1,
+                id: *id,
+                location: *loc,
+            });
+        }
+    }
+    append_sync(&store, &ops);
+    let before = seg_files(dir.path()).len();
+    // Compact like the engine would, until nothing is left to do.
+    for _ in 0..20 {
+        let cands = store.compaction_candidates();
+        if cands.is_empty() {
+            break;
+        }
+        let moving: Vec<(MessageId, Location)> = live
+            .iter()
+            .filter(|(_, l)| cands.contains(&l.segment))
+            .map(|(i, l)| (*i, *l))
+            .collect();
+        assert!(!moving.is_empty());
+        let ops: Vec<Op<'_>> = moving
+            .iter()
+            .map(|(id, from)| Op::Relocate {
+                partition: P1,
+                id: *id,
+                from: *from,
+            })
+            .collect();
+        let new = append_sync(&store, &ops);
+        for ((id, _), loc) in moving.iter().zip(new) {
+            live.insert(*id, loc);
+        }
+        barrier(&store);
+    }
+    let after = seg_files(dir.path()).len();
+    assert!(after < before, "{before} -> {after}");
+    for (id, loc) in &live {
+        assert_eq!(store.read(*loc).unwrap().id, *id);
+    }
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let rec = store.take_recovered();
+    let got: Vec<_> = rec.partitions[&P1]
+        .iter()
+        .map(|m| (m.id, m.location))
+        .collect();
+    assert_eq!(got, live.into_iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn oversized_and_invalid_ops_are_rejected_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let big = vec![0u8; 5000];
+    let mut locs = Vec::new();
+    let r = store.append(
+        &[
+            Op::PutMeta {
+                key: b"k",
+                value: b"v",
+            },
+            Op::Publish {
+                id: 1,
+                partitions: &[P1],
+                data: data(&big),
+            },
+        ],
+        &mut locs,
+        None,
+    );
+    assert!(matches!(r, Err(StoreError::TooLarge(_))));
+    let r = store.append(
+        &[Op::Publish {
+            id: 1,
+            partitions: &[],
+            data: data(b"x"),
+        }],
+        &mut locs,
+        None,
+    );
+    assert!(r.is_err());
+    assert!(locs.is_empty());
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert!(store.take_recovered().meta.is_empty());
+}
+
+/// Random publishes, settles, relocations, metadata changes and reopens,
+/// checked against a plain model of what must be live.
+#[test]
+fn randomized_ops_match_model_across_reopens() {
+    for seed in 0..4u64 {
+        randomized(seed);
+    }
+}
+
+fn randomized(seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogOptions {
+        segment_size: 4096,
+        sync: false,
+        compact_below: 0.5,
+    };
+    let parts = [P1, P2, P3, PartitionId(4)];
+    // (partition, id) -> (location, body)
+    let mut live: BTreeMap<(PartitionId, MessageId), (Location, Vec<u8>)> = BTreeMap::new();
+    let mut meta: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut meta_version = 0u64;
+    let mut last_id = 0;
+    let mut store = LogStore::open(dir.path(), opts.clone()).unwrap();
+    store.take_recovered();
+    for step in 0..1500 {
+        let r = rng.gen_range(0..100);
+        if r < 40 {
+            let n = rng.gen_range(1..=3);
+            let mut ps: Vec<PartitionId> = parts.to_vec();
+            ps.sort_by_key(|_| rng.gen::<u32>());
+            ps.truncate(n);
+            let len = rng.gen_range(0..400);
+            let body: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            let id = store.allocate_ids(rng.gen_range(1..3));
+            assert!(id > last_id);
+            last_id = id;
+            let mut locs = Vec::new();
+            store
+                .append(
+                    &[Op::Publish {
+                        id,
+                        partitions: &ps,
+                        data: data(&body),
+                    }],
+                    &mut locs,
+                    None,
+                )
+                .unwrap();
+            for p in ps {
+                live.insert((p, id), (locs[0], body.clone()));
+            }
+        } else if r < 70 && !live.is_empty() {
+            let k = *live.keys().nth(rng.gen_range(0..live.len())).unwrap();
+            let (loc, _) = live.remove(&k).unwrap();
+            store
+                .append(
+                    &[Op::Settle {
+                        partition: k.0,
+                        id: k.1,
+                        location: loc,
+                    }],
+                    &mut Vec::new(),
+                    None,
+                )
+                .unwrap();
+        } else if r < 78 && !live.is_empty() {
+            let k = *live.keys().nth(rng.gen_range(0..live.len())).unwrap();
+            let from = live[&k].0;
+            let mut locs = Vec::new();
+            store
+                .append(
+                    &[Op::Relocate {
+                        partition: k.0,
+                        id: k.1,
+                        from,
+                    }],
+                    &mut locs,
+                    None,
+                )
+                .unwrap();
+            live.get_mut(&k).unwrap().0 = locs[0];
+        } else if r < 85 {
+            let key = vec![rng.gen_range(0..8u8)];
+            meta_version += 1;
+            if rng.gen_bool(0.7) {
+                let value = vec![rng.gen(); rng.gen_range(0..20)];
+                store
+                    .append(
+                        &[Op::PutMeta {
+                            key: &key,
+                            value: &value,
+                        }],
+                        &mut Vec::new(),
+                        None,
+                    )
+                    .unwrap();
+                meta.insert(key, value);
+            } else {
+                store
+                    .append(&[Op::DeleteMeta { key: &key }], &mut Vec::new(), None)
+                    .unwrap();
+                meta.remove(&key);
+            }
+        } else if r < 90 {
+            // Compact like the engine.
+            let cands = store.compaction_candidates();
+            let moving: Vec<_> = live
+                .iter()
+                .filter(|(_, (l, _))| cands.contains(&l.segment))
+                .map(|(k, (l, _))| (*k, *l))
+                .collect();
+            let ops: Vec<Op<'_>> = moving
+                .iter()
+                .map(|((p, id), from)| Op::Relocate {
+                    partition: *p,
+                    id: *id,
+                    from: *from,
+                })
+                .collect();
+            let mut locs = Vec::new();
+            store.append(&ops, &mut locs, None).unwrap();
+            for ((k, _), loc) in moving.iter().zip(locs) {
+                live.get_mut(k).unwrap().0 = loc;
+            }
+        } else if r < 93 {
+            store.close().unwrap();
+            drop(store);
+            store = LogStore::open(dir.path(), opts.clone()).unwrap();
+            let rec = store.take_recovered();
+            check(&store, &rec, &live, &meta, meta_version, step);
+        } else {
+            // Spot-check reads (pending or on disk).
+            if let Some(((_, id), (loc, body))) = live.iter().next() {
+                let m = store.read(*loc).unwrap();
+                assert_eq!((m.id, &m.body[..]), (*id, &body[..]));
+            }
+        }
+    }
+    store.close().unwrap();
+    drop(store);
+    let store = LogStore::open(dir.path(), opts).unwrap();
+    let rec = store.take_recovered();
+    check(&store, &rec, &live, &meta, meta_version, usize::MAX);
+    assert!(store.allocate_ids(1) > last_id);
+    // The run is long enough that compaction and reclamation took part.
+    assert!(
+        seg_files(dir.path())[0] > 1,
+        "seed {seed}: nothing was reclaimed"
+    );
+}
+
+fn check(
+    store: &LogStore,
+    rec: &Recovered,
+    live: &BTreeMap<(PartitionId, MessageId), (Location, Vec<u8>)>,
+    meta: &BTreeMap<Vec<u8>, Vec<u8>>,
+    meta_version: u64,
+    step: usize,
+) {
+    assert_eq!(&rec.meta, meta, "meta at step {step}");
+    assert_eq!(
+        rec.meta_version, meta_version,
+        "meta version at step {step}"
+    );
+    assert_eq!(rec.truncated_bytes, 0);
+    let mut expect: HashMap<PartitionId, Vec<(MessageId, Location)>> = HashMap::new();
+    for ((p, id), (loc, _)) in live {
+        expect.entry(*p).or_default().push((*id, *loc));
+    }
+    let got: HashMap<PartitionId, Vec<(MessageId, Location)>> = rec
+        .partitions
+        .iter()
+        .map(|(p, v)| (*p, v.iter().map(|m| (m.id, m.location)).collect()))
+        .collect();
+    assert_eq!(got, expect, "live messages at step {step}");
+    for ((_, id), (loc, body)) in live {
+        let m = store.read(*loc).unwrap();
+        assert_eq!((m.id, &m.body[..]), (*id, &body[..]), "read at step {step}");
+    }
+}
+
+/// Append throughput with 256-byte bodies and concurrent appenders, each
+/// waiting for durability before its next publish (like a confirming
+/// publisher), to show group commit at work. Run with
+/// `cargo test --release -p weir-backend -- --ignored --nocapture bench_`.
+#[test]
+#[ignore]
+fn bench_group_commit_throughput() {
+    for sync in [true, false] {
+        for appenders in [1usize, 4, 16, 64] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = LogStore::open(
+                dir.path(),
+                LogOptions {
+                    sync,
+                    ..LogOptions::default()
+                },
+            )
+            .unwrap();
+            let per = if appenders == 1 {
+                2000
+            } else {
+                20_000 / appenders
+            };
+            let body = [42u8; 256];
+            let start = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for t in 0..appenders {
+                    let store = &store;
+                    s.spawn(move || {
+                        let parts = [PartitionId(t as u64)];
+                        for _ in 0..per {
+                            let id = store.allocate_ids(1);
+                            append_sync(
+                                store,
+                                &[Op::Publish {
+                                    id,
+                                    partitions: &parts,
+                                    data: data(&body),
+                                }],
+                            );
+                        }
+                    });
+                }
+            });
+            let secs = start.elapsed().as_secs_f64();
+            let total = appenders * per;
+            let st = store.stats();
+            println!(
+                "sync={sync} appenders={appenders:3} msgs={total:6} {:10.0} msgs/s syncs={:6} msgs/sync={:6.1}",
+                total as f64 / secs,
+                st.syncs,
+                total as f64 / st.syncs.max(1) as f64
+            );
+            store.close().unwrap();
+        }
+    }
+}
