@@ -10,6 +10,15 @@ import pika.exceptions as px
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
+def open_connection(url):
+    p = pika.URLParameters(url)
+    # Bound connection setup against a broker that accepts but stays silent.
+    p.socket_timeout = 5
+    p.stack_timeout = 10
+    p.connection_attempts = 1
+    return pika.BlockingConnection(p)
+
+
 def confirming_channel(conn):
     ch = conn.channel()
     ch.confirm_delivery()  # basic_publish now returns only after basic.ack

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import uuid
 
-import pika
 import pytest
 
+from amqp_helpers import open_connection
 from weirproc import Weir
 
 EXTERNAL_URL = os.environ.get("WEIR_TEST_URL")
@@ -55,21 +55,13 @@ def amqp_url(tmp_path_factory):
                 pass  # stop() already killed it
 
 
-def _params(url: str) -> pika.URLParameters:
-    p = pika.URLParameters(url)
-    p.socket_timeout = 5
-    p.stack_timeout = 10
-    p.connection_attempts = 1
-    return p
-
-
 @pytest.fixture
 def connect(amqp_url):
     """connect(url=None) -> BlockingConnection; all closed at teardown."""
     conns = []
 
     def _connect(url=None):
-        c = pika.BlockingConnection(_params(url or amqp_url))
+        c = open_connection(url or amqp_url)
         conns.append(c)
         return c
 
