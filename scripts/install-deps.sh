@@ -15,7 +15,6 @@ PACKAGES=(
     amqp-tools        # amqp-publish / amqp-consume for quick manual checks
     python3           # Debian's python: the venv is built on it if no other python3 is on PATH
     python3-venv
-    python3-pip
     procps            # pgrep/pkill/ps used by service scripts
     netcat-openbsd    # port probes in shell scripts
     ca-certificates
