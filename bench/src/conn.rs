@@ -1,0 +1,325 @@
+//! A minimal AMQP 0-9-1 connection: framing over a tokio `TcpStream`, the connection handshake and
+//! synchronous channel methods.
+//!
+//! Frames are encoded and decoded with `amq-protocol`'s codec (`gen_frame` / `parse_frame`); this module
+//! only owns the buffers and the socket. There is exactly one channel per connection (channel 1),
+//! because every load role (publisher, consumer) gets its own TCP connection anyway.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, ProtocolVersion, WriteContext};
+use amq_protocol::protocol::{channel, connection, AMQPClass};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
+use amq_protocol::uri::AMQPUri;
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The channel every connection of the benchmark uses.
+pub const CHANNEL: u16 = 1;
+
+/// Frame header (type, channel, size) plus the frame-end octet.
+const FRAME_OVERHEAD: usize = 8;
+
+/// frame_max we propose when the server leaves it unlimited (0). 128 KiB is RabbitMQ's default.
+const DEFAULT_FRAME_MAX: u32 = 131_072;
+
+/// An error with a human-readable chain of context, e.g. "publisher 1: handshake: connection refused".
+#[derive(Debug)]
+pub struct BenchError(pub String);
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+/// Result alias used across the crate.
+pub type Result<T> = std::result::Result<T, BenchError>;
+
+/// Shorthand to build an error from a message.
+pub fn err<T>(msg: impl Into<String>) -> Result<T> {
+    Err(BenchError(msg.into()))
+}
+
+/// Attach context to any displayable error (`.ctx("connecting")?`).
+pub trait Context<T> {
+    /// Prefix the error with `what`.
+    fn ctx(self, what: impl fmt::Display) -> Result<T>;
+}
+
+impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
+    fn ctx(self, what: impl fmt::Display) -> Result<T> {
+        self.map_err(|e| BenchError(format!("{what}: {e}")))
+    }
+}
+
+/// One AMQP connection with channel 1 open.
+pub struct Conn {
+    stream: TcpStream,
+    /// Bytes read but not yet parsed into frames.
+    rbuf: BytesMut,
+    /// Frames encoded but not yet written; flushed with one `write_all` so a wakeup costs one syscall.
+    pub wbuf: Vec<u8>,
+    /// Negotiated maximum frame size (including the 8 bytes of framing).
+    pub frame_max: u32,
+}
+
+impl Conn {
+    /// Connect, authenticate with PLAIN, tune, open the vhost and open channel 1.
+    pub async fn open(uri: &AMQPUri) -> Result<Conn> {
+        let host = &uri.authority.host;
+        let port = uri.authority.port;
+        let addr: SocketAddr = tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .ctx(format!("resolving {host}:{port}"))?
+            .next()
+            .ok_or_else(|| BenchError(format!("{host}:{port} resolved to no address")))?;
+        let stream = TcpStream::connect(addr)
+            .await
+            .ctx(format!("connecting to {addr}"))?;
+        // Confirms and acks are tiny latency-sensitive frames; Nagle would hold them back.
+        stream.set_nodelay(true).ctx("setting TCP_NODELAY")?;
+        let mut conn = Conn {
+            stream,
+            rbuf: BytesMut::with_capacity(256 * 1024),
+            wbuf: Vec::with_capacity(256 * 1024),
+            frame_max: DEFAULT_FRAME_MAX,
+        };
+        conn.handshake(uri)
+            .await
+            .ctx(format!("handshake with {addr}"))?;
+        Ok(conn)
+    }
+
+    async fn handshake(&mut self, uri: &AMQPUri) -> Result<()> {
+        self.push(&AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1()))?;
+        self.flush().await?;
+
+        let start = match self.recv_method(0).await? {
+            AMQPClass::Connection(connection::AMQPMethod::Start(s)) => s,
+            other => return err(format!("expected connection.start, got {other:?}")),
+        };
+        let mechanisms = String::from_utf8_lossy(start.mechanisms.as_bytes()).into_owned();
+        if !mechanisms.split(' ').any(|m| m == "PLAIN") {
+            return err(format!(
+                "server does not offer PLAIN (offers: {mechanisms})"
+            ));
+        }
+
+        let mut capabilities = FieldTable::default();
+        for cap in ["publisher_confirms", "basic.nack", "consumer_cancel_notify"] {
+            capabilities.insert(ShortString::from(cap), AMQPValue::Boolean(true));
+        }
+        let mut props = FieldTable::default();
+        props.insert(
+            "product".into(),
+            AMQPValue::LongString(LongString::from("weir-bench")),
+        );
+        props.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+        let user = &uri.authority.userinfo;
+        let response = format!("\0{}\0{}", user.username, user.password);
+        self.push_method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+                client_properties: props,
+                mechanism: "PLAIN".into(),
+                response: response.into(),
+                locale: "en_US".into(),
+            })),
+        )?;
+        self.flush().await?;
+
+        let tune = match self.recv_method(0).await? {
+            AMQPClass::Connection(connection::AMQPMethod::Tune(t)) => t,
+            AMQPClass::Connection(connection::AMQPMethod::Secure(_)) => {
+                return err("server sent connection.secure; only PLAIN is supported")
+            }
+            other => return err(format!("expected connection.tune, got {other:?}")),
+        };
+        self.frame_max = match tune.frame_max {
+            0 => DEFAULT_FRAME_MAX,
+            n => n.min(DEFAULT_FRAME_MAX),
+        };
+        if (self.frame_max as usize) < 4096 {
+            return err(format!("server frame_max {} is too small", tune.frame_max));
+        }
+        self.push_method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
+                channel_max: 1,
+                frame_max: self.frame_max,
+                // Heartbeats off: runs last seconds, and a missed heartbeat under saturation would only add
+                // noise. Brokers honour 0 as "disabled".
+                heartbeat: 0,
+            })),
+        )?;
+        self.push_method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
+                virtual_host: uri.vhost.as_str().into(),
+            })),
+        )?;
+        self.flush().await?;
+        match self.recv_method(0).await? {
+            AMQPClass::Connection(connection::AMQPMethod::OpenOk(_)) => {}
+            other => return err(format!("expected connection.open-ok, got {other:?}")),
+        }
+
+        let reply = self
+            .call(AMQPClass::Channel(channel::AMQPMethod::Open(
+                channel::Open {},
+            )))
+            .await
+            .ctx("channel.open")?;
+        match reply {
+            AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)) => Ok(()),
+            other => err(format!("expected channel.open-ok, got {other:?}")),
+        }
+    }
+
+    /// Encode a frame into the write buffer.
+    pub fn push(&mut self, frame: &AMQPFrame) -> Result<()> {
+        let buf = std::mem::take(&mut self.wbuf);
+        let (buf, _) = gen_frame(frame)(WriteContext::from(buf))
+            .ctx("encoding frame")?
+            .into_inner();
+        self.wbuf = buf;
+        Ok(())
+    }
+
+    /// Encode a method frame into the write buffer.
+    pub fn push_method(&mut self, channel: u16, method: AMQPClass) -> Result<()> {
+        self.push(&AMQPFrame::Method(channel, method))
+    }
+
+    /// Write everything buffered in one call.
+    pub async fn flush(&mut self) -> Result<()> {
+        if !self.wbuf.is_empty() {
+            self.stream
+                .write_all(&self.wbuf)
+                .await
+                .ctx("writing to socket")?;
+            self.wbuf.clear();
+        }
+        Ok(())
+    }
+
+    /// Read whatever bytes are available (at least one); errors on EOF.
+    pub async fn fill(&mut self) -> Result<()> {
+        if self.rbuf.capacity() - self.rbuf.len() < 64 * 1024 {
+            self.rbuf.reserve(256 * 1024);
+        }
+        let n = self
+            .stream
+            .read_buf(&mut self.rbuf)
+            .await
+            .ctx("reading from socket")?;
+        if n == 0 {
+            return err("server closed the connection");
+        }
+        Ok(())
+    }
+
+    /// Parse the next complete frame out of the read buffer, if there is one.
+    pub fn next_frame(&mut self) -> Result<Option<AMQPFrame>> {
+        let buf = &self.rbuf[..];
+        if buf.len() < 7 {
+            return Ok(None);
+        }
+        // Check completeness ourselves: cheaper than letting the parser fail with Incomplete, and it
+        // lets us reject an absurd size before waiting forever for it.
+        let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]) as usize;
+        if size + FRAME_OVERHEAD > self.frame_max as usize + 4096 {
+            return err(format!(
+                "frame of {size} bytes exceeds frame_max {}",
+                self.frame_max
+            ));
+        }
+        if buf.len() < size + FRAME_OVERHEAD {
+            return Ok(None);
+        }
+        match parse_frame(buf) {
+            Ok((rest, frame)) => {
+                let used = buf.len() - rest.len();
+                self.rbuf.advance(used);
+                Ok(Some(frame))
+            }
+            Err(e) => err(format!("malformed frame from server: {e}")),
+        }
+    }
+
+    /// Wait for the next frame.
+    pub async fn recv_frame(&mut self) -> Result<AMQPFrame> {
+        loop {
+            if let Some(frame) = self.next_frame()? {
+                return Ok(frame);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Wait for the next method on `channel`, skipping heartbeats; a close from the server becomes an
+    /// error carrying its reply code and text.
+    pub async fn recv_method(&mut self, channel: u16) -> Result<AMQPClass> {
+        loop {
+            match self.recv_frame().await? {
+                AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+                    return err(format!(
+                        "server closed the connection: {} {}",
+                        c.reply_code,
+                        c.reply_text.as_str()
+                    ))
+                }
+                AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
+                    return err(format!(
+                        "server closed the channel: {} {}",
+                        c.reply_code,
+                        c.reply_text.as_str()
+                    ))
+                }
+                AMQPFrame::Method(ch, m) if ch == channel => return Ok(m),
+                AMQPFrame::Heartbeat => {}
+                other => return err(format!("unexpected frame during setup: {other}")),
+            }
+        }
+    }
+
+    /// Send a synchronous method on channel 1 and wait for its reply.
+    pub async fn call(&mut self, method: AMQPClass) -> Result<AMQPClass> {
+        self.push_method(CHANNEL, method)?;
+        self.flush().await?;
+        self.recv_method(CHANNEL).await
+    }
+
+    /// Close the connection politely (so brokers don't log "unexpectedly closed"), waiting at most
+    /// one second and discarding any deliveries or confirms still in flight.
+    pub async fn close(mut self) {
+        let close = AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        }));
+        let polite = async {
+            self.push_method(0, close)?;
+            self.flush().await?;
+            loop {
+                if let AMQPFrame::Method(
+                    0,
+                    AMQPClass::Connection(
+                        connection::AMQPMethod::CloseOk(_) | connection::AMQPMethod::Close(_),
+                    ),
+                ) = self.recv_frame().await?
+                {
+                    return Ok::<(), BenchError>(());
+                }
+            }
+        };
+        // Best effort: the run's figures are already taken, so a failure here changes nothing.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), polite).await;
+    }
+}
