@@ -4,7 +4,7 @@
 //! Layout under the store directory:
 //!
 //! * `log/00000001.seg`, `log/00000002.seg`, …: segments, each a sequence of
-//!   framed records (see [`record`](self) for the format);
+//!   framed records (format described in `record.rs`);
 //! * `meta.checkpoint`: the metadata map, its version and the next message id,
 //!   written before a segment holding metadata records is deleted.
 //!
