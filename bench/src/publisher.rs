@@ -250,7 +250,13 @@ pub async fn run(
 async fn next_tick(pace: &mut Pace) -> Result<()> {
     match pace {
         Pace::Saturated => std::future::pending().await,
-        Pace::Rate { ticks, .. } => ticks.changed().await.ctx("pacer stopped"),
+        Pace::Rate { ticks, .. } => {
+            if ticks.changed().await.is_err() {
+                // The pacer stops at the end of the run; the end-of-run timer takes over from here.
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        }
     }
 }
 
