@@ -1,1 +1,12 @@
-//! The Weir gateway.
+//! The Weir gateway: configuration, listeners, the routing and lease engine,
+//! and the protocol sessions that connect them.
+//!
+//! * [`config`]: settings from file, environment and flags.
+//! * [`engine`]: tenants, exchanges, queues, consumers, leases.
+//! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
+//! * [`server`]: listeners, store opening, graceful shutdown.
+
+pub mod amqp;
+pub mod config;
+pub mod engine;
+pub mod server;

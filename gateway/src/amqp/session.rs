@@ -1,0 +1,924 @@
+//! One AMQP connection's task: socket I/O around the sans-IO adapter, and the
+//! mapping of its events onto the engine.
+//!
+//! The loop reads whatever bytes are there, handles every complete frame in
+//! them, then settles the batch (one store append for its acks, one confirm
+//! per channel), encodes pending deliveries straight into the write buffer and
+//! writes everything with as few syscalls as the socket allows.
+
+use super::channel::{Channel, ChannelConsumer, Lease};
+use super::convert::{table_to_json, LazyHeaders};
+use crate::engine::consumer::{ConnHandle, Consumer, Credit, Delivery, Notice, NO_ACK_WINDOW};
+use crate::engine::exchange::{ExchangeDef, ExchangeKind};
+use crate::engine::message::{now_ms, Entry, Message};
+use crate::engine::meta::DestinationKind;
+use crate::engine::queue::{Partition, Queue};
+use crate::engine::tenant::{QueueDeclare, RouteInput};
+use crate::engine::{DurableWait, Engine, EngineError, Tenant};
+use crate::server::Shared;
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use weir_backend::{Location, MessageData, MessageId, Op, PartitionId, Store};
+use weir_protocols::amqp::codec;
+use weir_protocols::amqp::methods::{basic, confirm, exchange, queue, AMQPClass};
+use weir_protocols::amqp::{reply, Connection, Event, Publish};
+
+/// Stop reading from a client while this much output is unwritten.
+const OUT_HIGH_WATER: usize = 4 << 20;
+/// Stop encoding deliveries while this much output is unwritten.
+const DELIVERY_HIGH_WATER: usize = 1 << 20;
+/// How long a peer gets to answer our connection.close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A store confirmation for a channel's publishes up to `tag`.
+struct StoreConfirm {
+    channel: u16,
+    tag: u64,
+    ok: bool,
+}
+
+/// A failure that ends the connection with a hard AMQP error.
+struct Hard {
+    code: u16,
+    text: String,
+    class_id: u16,
+    method_id: u16,
+}
+
+/// Why handling a method failed.
+enum Failure {
+    /// Close the channel with this code.
+    Channel(u16, String),
+    /// Close the connection.
+    Connection(Hard),
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Self {
+        let text = e.to_string();
+        match e {
+            EngineError::NotFound(_) => Failure::Channel(reply::NOT_FOUND, text),
+            EngineError::AccessRefused(_) => Failure::Channel(reply::ACCESS_REFUSED, text),
+            EngineError::ResourceLocked(_) => Failure::Channel(reply::RESOURCE_LOCKED, text),
+            EngineError::PreconditionFailed(_) => Failure::Channel(reply::PRECONDITION_FAILED, text),
+            EngineError::CommandInvalid(_) => Failure::Connection(Hard { code: reply::COMMAND_INVALID, text, class_id: 0, method_id: 0 }),
+            EngineError::NotImplemented(_) => Failure::Connection(Hard { code: reply::NOT_IMPLEMENTED, text, class_id: 0, method_id: 0 }),
+            EngineError::Store(_) => Failure::Connection(Hard { code: reply::INTERNAL_ERROR, text, class_id: 0, method_id: 0 }),
+        }
+    }
+}
+
+fn hard(code: u16, text: String) -> Failure {
+    Failure::Connection(Hard { code, text: format!("{} - {text}", reply::name(code)), class_id: 0, method_id: 0 })
+}
+
+fn soft(code: u16, text: String) -> Failure {
+    Failure::Channel(code, format!("{} - {text}", reply::name(code)))
+}
+
+/// Serves one accepted AMQP connection until it closes.
+pub async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let _ = stream.set_nodelay(true);
+    let id = shared.engine.next_connection_id();
+    let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
+    let server_cfg = shared.amqp.clone();
+    let mut s = Session {
+        shared: shared.clone(),
+        engine: shared.engine.clone(),
+        store: shared.engine.store().clone(),
+        conn: Connection::new(server_cfg),
+        handle: ConnHandle::new(id),
+        tenant: None,
+        peer,
+        channels: HashMap::new(),
+        confirm_tx,
+        route_buf: Vec::new(),
+        settles: Vec::new(),
+        to_dispatch: Vec::new(),
+        deliveries: Vec::new(),
+        notices: Vec::new(),
+        locs: Vec::with_capacity(1),
+    };
+    tracing::debug!(%peer, connection = id, "AMQP connection accepted");
+    let result = s.run(stream, confirm_rx, shutdown).await;
+    s.release_all();
+    match result {
+        Ok(()) => tracing::debug!(%peer, connection = id, "AMQP connection closed"),
+        Err(e) => tracing::info!(%peer, connection = id, error = %e, "AMQP connection ended"),
+    }
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    engine: Arc<Engine>,
+    store: Arc<dyn Store>,
+    conn: Connection,
+    handle: Arc<ConnHandle>,
+    tenant: Option<Arc<Tenant>>,
+    peer: SocketAddr,
+    channels: HashMap<u16, Channel>,
+    confirm_tx: mpsc::UnboundedSender<StoreConfirm>,
+    route_buf: Vec<Arc<Queue>>,
+    /// Settles gathered in this batch, appended to the store once.
+    settles: Vec<(PartitionId, MessageId, Location)>,
+    /// Partitions whose consumers got credit back in this batch.
+    to_dispatch: Vec<Arc<Partition>>,
+    deliveries: Vec<Delivery>,
+    notices: Vec<Notice>,
+    locs: Vec<Location>,
+}
+
+impl Session {
+    async fn run(
+        &mut self,
+        stream: TcpStream,
+        mut confirm_rx: mpsc::UnboundedReceiver<StoreConfirm>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<()> {
+        let mut input = BytesMut::with_capacity(64 * 1024);
+        let mut last_read = Instant::now();
+        let mut last_write = Instant::now();
+        let mut closing_since: Option<Instant> = None;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut eof = false;
+        loop {
+            // 1. Interpret every complete frame we have.
+            while let Some(ev) = self.conn.poll(&mut input) {
+                self.handle_event(ev).await;
+            }
+            self.end_batch();
+            // 2. Deliveries and notices from the engine.
+            if self.conn.out().len() < DELIVERY_HIGH_WATER && self.conn.is_open() {
+                self.write_deliveries();
+            }
+            // 3. Write what we can without blocking.
+            if !self.conn.out().is_empty() {
+                let n = write_some(&stream, self.conn.out())?;
+                if n > 0 {
+                    last_write = Instant::now();
+                }
+            }
+            if self.conn.is_closing() && closing_since.is_none() {
+                closing_since = Some(Instant::now());
+            }
+            if self.conn.is_finished() && self.conn.out().is_empty() {
+                return Ok(());
+            }
+            if eof {
+                return Ok(());
+            }
+            // 4. Wait for something to do.
+            let want_read = self.conn.out().len() < OUT_HIGH_WATER && !self.conn.is_finished();
+            let want_write = !self.conn.out().is_empty();
+            tokio::select! {
+                r = stream.readable(), if want_read => {
+                    r?;
+                    input.reserve(64 * 1024);
+                    match stream.try_read_buf(&mut input) {
+                        Ok(0) => {
+                            eof = true;
+                            // The peer went away: nothing more can be written.
+                            self.conn.out().clear();
+                            self.conn.abandon();
+                        }
+                        Ok(_) => last_read = Instant::now(),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                r = stream.writable(), if want_write => { r?; }
+                _ = self.handle.notified() => {}
+                Some(c) = confirm_rx.recv() => {
+                    self.on_store_confirm(c);
+                    while let Ok(c) = confirm_rx.try_recv() {
+                        self.on_store_confirm(c);
+                    }
+                }
+                _ = tick.tick() => {
+                    let hb = self.conn.heartbeat() as u64;
+                    if hb > 0 && self.conn.is_open() {
+                        if last_read.elapsed() > Duration::from_secs(hb * 2) {
+                            tracing::info!(peer = %self.peer, "missed heartbeats from client, closing");
+                            return Ok(());
+                        }
+                        if last_write.elapsed() >= Duration::from_secs(hb / 2).max(Duration::from_secs(1)) {
+                            self.conn.send_heartbeat();
+                        }
+                    }
+                    if closing_since.is_some_and(|t| t.elapsed() > CLOSE_TIMEOUT) {
+                        return Ok(());
+                    }
+                }
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        self.release_all();
+                        self.conn.shutdown("broker shutdown");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle_event(&mut self, ev: Event) {
+        match ev {
+            Event::Login { mechanism, username, password } => {
+                if self.shared.authenticate(&username, &password, self.peer) {
+                    self.conn.accept_login();
+                } else {
+                    tracing::info!(peer = %self.peer, user = %username, %mechanism, "login refused");
+                    self.conn.refuse_login(&format!("Login was refused using authentication mechanism {mechanism}."));
+                }
+            }
+            Event::OpenVhost { vhost } => match self.engine.tenant(&vhost) {
+                Some(t) => {
+                    self.tenant = Some(t);
+                    self.conn.accept_open();
+                }
+                None => self.conn.refuse_open(&format!("vhost '{vhost}' not found")),
+            },
+            Event::ChannelOpened(ch) => {
+                self.channels.insert(ch, Channel::default());
+            }
+            Event::ChannelClosed(ch) => self.release_channel(ch),
+            Event::Closed => self.release_all(),
+            Event::Flow { channel, active } => {
+                if let Some(c) = self.channels.get(&channel) {
+                    c.flow_active.store(active, Ordering::Release);
+                    if active {
+                        for cc in c.consumers.values() {
+                            self.to_dispatch.extend(cc.queue.partitions.iter().cloned());
+                        }
+                    }
+                }
+            }
+            Event::Qos { channel, prefetch_size, prefetch_count, global } => {
+                if !self.conn.channel_is_usable(channel) {
+                    return;
+                }
+                if let Some(c) = self.channels.get_mut(&channel) {
+                    if global {
+                        match &c.channel_credit {
+                            Some(cc) => {
+                                cc.max_count.store(prefetch_count as u32, Ordering::Relaxed);
+                                cc.max_bytes.store(prefetch_size, Ordering::Relaxed);
+                            }
+                            None => c.channel_credit = Some(Credit::new(prefetch_count as u32, prefetch_size)),
+                        }
+                    } else {
+                        c.prefetch_count = prefetch_count;
+                        c.prefetch_size = prefetch_size;
+                    }
+                }
+                self.conn.send_method(channel, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})));
+            }
+            Event::Publish { channel, message } => {
+                if !self.conn.channel_is_usable(channel) {
+                    return;
+                }
+                if let Err(f) = self.on_publish(channel, message) {
+                    self.fail(channel, f, 60, 40);
+                }
+            }
+            Event::Ack { channel, delivery_tag, multiple } => {
+                if !self.conn.channel_is_usable(channel) {
+                    return;
+                }
+                if let Err(f) = self.on_settle(channel, delivery_tag, multiple, Settle::Ack) {
+                    self.fail(channel, f, 60, 80);
+                }
+            }
+            Event::Method { channel, method } => {
+                if !self.conn.channel_is_usable(channel) {
+                    return;
+                }
+                let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
+                if let Err(f) = self.on_method(channel, method).await {
+                    self.fail(channel, f, class_id, method_id);
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, channel: u16, f: Failure, class_id: u16, method_id: u16) {
+        match f {
+            Failure::Channel(code, text) => {
+                tracing::debug!(peer = %self.peer, channel, code, %text, "closing channel");
+                self.release_channel(channel);
+                self.conn.close_channel(channel, code, &text, class_id, method_id);
+            }
+            Failure::Connection(h) => {
+                tracing::info!(peer = %self.peer, code = h.code, text = %h.text, "closing connection");
+                self.release_all();
+                let (c, m) = if h.class_id == 0 { (class_id, method_id) } else { (h.class_id, h.method_id) };
+                self.conn.fail(h.code, h.text, c, m);
+            }
+        }
+    }
+
+    fn tenant(&self) -> Result<Arc<Tenant>, Failure> {
+        self.tenant.clone().ok_or_else(|| hard(reply::COMMAND_INVALID, "connection not open".into()))
+    }
+
+    // ----- publishing -----
+
+    fn on_publish(&mut self, ch: u16, p: Publish) -> Result<(), Failure> {
+        if p.immediate {
+            return Err(hard(reply::NOT_IMPLEMENTED, "immediate=true".into()));
+        }
+        let tenant = self.tenant()?;
+        let exchange = std::str::from_utf8(&p.exchange).map_err(|_| hard(reply::SYNTAX_ERROR, "exchange name is not UTF-8".into()))?;
+        let routing_key = std::str::from_utf8(&p.routing_key).map_err(|_| hard(reply::SYNTAX_ERROR, "routing key is not UTF-8".into()))?;
+        let mut queues = std::mem::take(&mut self.route_buf);
+        queues.clear();
+        let headers = LazyHeaders::new(&p.properties);
+        let routed = tenant.route(&RouteInput { exchange, routing_key, headers: &headers }, &mut queues);
+        if let Err(e) = routed {
+            self.route_buf = queues;
+            return Err(e.into());
+        }
+        let Some(c) = self.channels.get_mut(&ch) else {
+            self.route_buf = queues;
+            return Ok(());
+        };
+        if c.confirm {
+            c.publish_tag += 1;
+            c.batch_publishes += 1;
+        }
+        if queues.is_empty() {
+            if p.mandatory {
+                codec::write_return(self.conn.out(), ch, reply::NO_ROUTE, "NO_ROUTE", &p.exchange, &p.routing_key);
+            }
+            self.route_buf = queues;
+            return Ok(());
+        }
+        let id = self.store.allocate_ids(1);
+        let message = Arc::new(Message {
+            id,
+            exchange: p.exchange.clone(),
+            routing_key: p.routing_key.clone(),
+            properties: p.properties.clone(),
+            body: p.body.clone(),
+            persistent: p.persistent,
+            priority: p.priority.unwrap_or(0),
+        });
+        let size = message.size();
+        // Pick each queue's partition, and store once for all durable ones.
+        let mut targets: Vec<(&Arc<Partition>, bool)> = Vec::with_capacity(queues.len());
+        let mut durable_parts: Vec<PartitionId> = Vec::new();
+        for q in &queues {
+            let part = q.partition_for_publish();
+            let stored = message.persistent && part.durable;
+            if stored {
+                durable_parts.push(part.id);
+            }
+            targets.push((part, stored));
+        }
+        let mut location = None;
+        if !durable_parts.is_empty() {
+            self.locs.clear();
+            let data = MessageData {
+                exchange,
+                routing_key,
+                header: &message.properties,
+                body: &message.body,
+                attrs: Default::default(),
+            };
+            let res = self.store.append(&[Op::Publish { id, partitions: &durable_parts, data }], &mut self.locs, None);
+            if let Err(e) = res {
+                self.route_buf = queues;
+                return Err(EngineError::Store(e).into());
+            }
+            location = self.locs.first().copied();
+            debug_assert!(location.is_some(), "store returned no location for a publish");
+            c.batch_needs_store = true;
+        }
+        let now = now_ms();
+        for (part, stored) in targets {
+            part.enqueue(Entry {
+                seq: 0,
+                id,
+                location: if stored { location } else { None },
+                size,
+                redelivered: false,
+                attempts: 0,
+                enqueued_ms: now,
+                message: Some(message.clone()),
+            });
+        }
+        self.route_buf = queues;
+        Ok(())
+    }
+
+    fn on_store_confirm(&mut self, c: StoreConfirm) {
+        let Some(ch) = self.channels.get_mut(&c.channel) else { return };
+        ch.store_confirms_pending = ch.store_confirms_pending.saturating_sub(1);
+        if self.conn.channel_is_usable(c.channel) {
+            codec::write_confirm(self.conn.out(), c.channel, c.tag, true, !c.ok);
+        }
+    }
+
+    /// Closes the input batch: settles acked messages in the store with one
+    /// append, confirms each channel's publishes with one `multiple` ack (after
+    /// the store's fsync when any was persistent), and lets partitions whose
+    /// consumers got credit back deliver again.
+    fn end_batch(&mut self) {
+        if !self.settles.is_empty() {
+            let ops: Vec<Op> = self
+                .settles
+                .iter()
+                .map(|(p, id, l)| Op::Settle { partition: *p, id: *id, location: *l })
+                .collect();
+            if let Err(e) = self.store.append(&ops, &mut Vec::new(), None) {
+                tracing::error!(error = %e, "store refused settles");
+            }
+            self.settles.clear();
+        }
+        for (&id, c) in self.channels.iter_mut() {
+            if c.batch_publishes == 0 {
+                continue;
+            }
+            let tag = c.publish_tag;
+            if c.batch_needs_store || c.store_confirms_pending > 0 {
+                // Ordered behind every earlier append: fires once they are all durable.
+                let tx = self.confirm_tx.clone();
+                c.store_confirms_pending += 1;
+                let waiter: weir_backend::Waiter = Box::new(move |r| {
+                    let _ = tx.send(StoreConfirm { channel: id, tag, ok: r.is_ok() });
+                });
+                if let Err(e) = self.store.append(&[], &mut Vec::new(), Some(waiter)) {
+                    tracing::error!(error = %e, "store refused a confirm barrier");
+                    c.store_confirms_pending -= 1;
+                    codec::write_confirm(self.conn.out(), id, tag, true, true);
+                }
+            } else {
+                codec::write_confirm(self.conn.out(), id, tag, true, false);
+            }
+            c.batch_publishes = 0;
+            c.batch_needs_store = false;
+        }
+        for p in std::mem::take(&mut self.to_dispatch) {
+            p.dispatch();
+        }
+    }
+
+    // ----- consuming -----
+
+    fn write_deliveries(&mut self) {
+        self.handle.drain(&mut self.deliveries, &mut self.notices);
+        for n in std::mem::take(&mut self.notices) {
+            match n {
+                Notice::ConsumerCancelled { channel, tag } => {
+                    if let Some(c) = self.channels.get_mut(&channel) {
+                        if c.consumers.remove(&tag).is_some() && self.conn.channel_is_usable(channel) {
+                            let tag = String::from_utf8_lossy(&tag).into_owned();
+                            self.conn.send_method(
+                                channel,
+                                AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel { consumer_tag: tag.as_str().into(), nowait: true })),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let frame_max = self.conn.frame_max();
+        let deliveries = std::mem::take(&mut self.deliveries);
+        let mut unsend: Vec<(Arc<Partition>, Entry)> = Vec::new();
+        for d in deliveries {
+            let usable = self.conn.channel_is_usable(d.consumer.channel)
+                && !d.consumer.cancelled.load(Ordering::Acquire)
+                && self.channels.contains_key(&d.consumer.channel);
+            if !usable {
+                d.consumer.release(d.entry.size);
+                unsend.push((d.partition, d.entry));
+                continue;
+            }
+            let message = match &d.entry.message {
+                Some(m) => m.clone(),
+                None => match self.read_back(&d.entry) {
+                    Some(m) => m,
+                    None => {
+                        // Unreadable: settle it rather than loop on it forever.
+                        d.consumer.release(d.entry.size);
+                        d.partition.settled(&d.entry, false);
+                        continue;
+                    }
+                },
+            };
+            let Some(c) = self.channels.get_mut(&d.consumer.channel) else { continue };
+            c.delivery_tag += 1;
+            let tag = c.delivery_tag;
+            let out = self.conn.out();
+            codec::write_deliver(out, d.consumer.channel, &d.consumer.tag, tag, d.entry.redelivered, &message.exchange, &message.routing_key);
+            codec::write_content(out, d.consumer.channel, &message.properties, &message.body, frame_max);
+            if d.consumer.no_ack {
+                d.consumer.release(d.entry.size);
+                d.partition.settled(&d.entry, true);
+                if let (true, Some(l)) = (d.partition.durable, d.entry.location) {
+                    self.settles.push((d.partition.id, d.entry.id, l));
+                }
+                self.to_dispatch.push(d.partition.clone());
+            } else {
+                c.leases.insert(tag, Lease { partition: d.partition, consumer: Some(d.consumer), entry: d.entry });
+            }
+        }
+        for (p, e) in unsend {
+            if p.is_deleted() {
+                p.settled(&e, false);
+                if let Some(l) = e.location {
+                    self.settles.push((p.id, e.id, l));
+                }
+            } else {
+                p.unsend(std::iter::once(e));
+            }
+        }
+        dedup_partitions(&mut self.to_dispatch);
+        if !self.settles.is_empty() || !self.to_dispatch.is_empty() {
+            self.end_batch();
+        }
+    }
+
+    fn read_back(&self, e: &Entry) -> Option<Arc<Message>> {
+        let loc = e.location?;
+        match self.store.read(loc) {
+            Ok(m) => Some(Arc::new(Message {
+                id: m.id,
+                exchange: Bytes::from(m.exchange.into_bytes()),
+                routing_key: Bytes::from(m.routing_key.into_bytes()),
+                properties: m.header,
+                body: m.body,
+                persistent: true,
+                priority: m.attrs.priority,
+            })),
+            Err(err) => {
+                tracing::error!(error = %err, id = e.id, "cannot read a queued message back from the store");
+                None
+            }
+        }
+    }
+
+    fn on_settle(&mut self, ch: u16, tag: u64, multiple: bool, how: Settle) -> Result<(), Failure> {
+        let Some(c) = self.channels.get_mut(&ch) else { return Ok(()) };
+        let Some(leases) = c.take_leases(tag, multiple) else {
+            return Err(soft(reply::PRECONDITION_FAILED, format!("unknown delivery tag {tag}")));
+        };
+        self.settle_leases(leases, how);
+        Ok(())
+    }
+
+    fn settle_leases(&mut self, leases: Vec<Lease>, how: Settle) {
+        let mut requeue: Vec<(Arc<Partition>, Vec<Entry>)> = Vec::new();
+        for l in leases {
+            if let Some(c) = &l.consumer {
+                c.release(l.entry.size);
+            }
+            let drop_it = match how {
+                Settle::Ack | Settle::Drop => true,
+                Settle::Requeue => l.partition.is_deleted(),
+            };
+            if drop_it {
+                l.partition.settled(&l.entry, matches!(how, Settle::Ack));
+                if let (true, Some(loc)) = (l.partition.durable, l.entry.location) {
+                    self.settles.push((l.partition.id, l.entry.id, loc));
+                }
+                self.to_dispatch.push(l.partition);
+            } else {
+                match requeue.iter_mut().find(|(p, _)| Arc::ptr_eq(p, &l.partition)) {
+                    Some((_, v)) => v.push(l.entry),
+                    None => requeue.push((l.partition, vec![l.entry])),
+                }
+            }
+        }
+        for (p, entries) in requeue {
+            p.requeue(entries);
+        }
+        dedup_partitions(&mut self.to_dispatch);
+    }
+
+    fn release_channel(&mut self, ch: u16) {
+        let Some(mut c) = self.channels.remove(&ch) else { return };
+        let tenant = self.tenant.clone();
+        for (_, cc) in c.consumers.drain() {
+            cc.consumer.cancelled.store(true, Ordering::Release);
+            for p in &cc.queue.partitions {
+                p.remove_consumer(&cc.consumer);
+            }
+            if let Some(t) = &tenant {
+                t.consumer_gone(&cc.queue);
+            }
+        }
+        let leases: Vec<Lease> = std::mem::take(&mut c.leases).into_values().collect();
+        self.settle_leases(leases, Settle::Requeue);
+    }
+
+    fn release_all(&mut self) {
+        let chans: Vec<u16> = self.channels.keys().copied().collect();
+        for ch in chans {
+            self.release_channel(ch);
+        }
+        // Deliveries already queued for us go back too.
+        self.handle.drain(&mut self.deliveries, &mut self.notices);
+        self.notices.clear();
+        for d in std::mem::take(&mut self.deliveries) {
+            d.consumer.release(d.entry.size);
+            d.partition.unsend(std::iter::once(d.entry));
+        }
+        if let Some(t) = self.tenant.take() {
+            t.connection_closed(self.handle.id);
+        }
+        self.end_batch();
+    }
+
+    // ----- other methods -----
+
+    async fn on_method(&mut self, ch: u16, method: AMQPClass) -> Result<(), Failure> {
+        let tenant = self.tenant()?;
+        let conn_id = self.handle.id;
+        match method {
+            AMQPClass::Exchange(m) => match m {
+                exchange::AMQPMethod::Declare(d) => {
+                    let kind = match ExchangeKind::parse(d.kind.as_str()) {
+                        Some(k) => k,
+                        None if d.passive => ExchangeKind::Direct,
+                        None => return Err(hard(reply::COMMAND_INVALID, format!("invalid exchange type '{}'", d.kind.as_str()))),
+                    };
+                    let def = ExchangeDef {
+                        name: d.exchange.as_str().to_string(),
+                        kind,
+                        durable: d.durable,
+                        auto_delete: d.auto_delete,
+                        internal: d.internal,
+                        arguments: table_to_json(&d.arguments),
+                    };
+                    let wait = tenant.declare_exchange(def, d.passive)?;
+                    durable(wait).await?;
+                    if !d.nowait {
+                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})));
+                    }
+                }
+                exchange::AMQPMethod::Delete(d) => {
+                    let wait = tenant.delete_exchange(d.exchange.as_str(), d.if_unused)?;
+                    durable(wait).await?;
+                    if !d.nowait {
+                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})));
+                    }
+                }
+                exchange::AMQPMethod::Bind(b) => {
+                    let wait = tenant.bind(b.source.as_str(), DestinationKind::Exchange, b.destination.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    durable(wait).await?;
+                    if !b.nowait {
+                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})));
+                    }
+                }
+                exchange::AMQPMethod::Unbind(b) => {
+                    let wait = tenant.unbind(b.source.as_str(), DestinationKind::Exchange, b.destination.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    durable(wait).await?;
+                    if !b.nowait {
+                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})));
+                    }
+                }
+                other => return Err(hard(reply::COMMAND_INVALID, format!("unexpected method {other:?}"))),
+            },
+            AMQPClass::Queue(m) => match m {
+                queue::AMQPMethod::Declare(d) => {
+                    let req = QueueDeclare {
+                        name: d.queue.as_str().to_string(),
+                        passive: d.passive,
+                        durable: d.durable,
+                        exclusive: d.exclusive,
+                        auto_delete: d.auto_delete,
+                        arguments: table_to_json(&d.arguments),
+                        connection: conn_id,
+                    };
+                    let (ok, wait) = tenant.declare_queue(req)?;
+                    durable(wait).await?;
+                    if !d.nowait {
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                                queue: ok.name.as_str().into(),
+                                message_count: ok.messages.min(u32::MAX as u64) as u32,
+                                consumer_count: ok.consumers,
+                            })),
+                        );
+                    }
+                }
+                queue::AMQPMethod::Bind(b) => {
+                    let wait = tenant.bind(b.exchange.as_str(), DestinationKind::Queue, b.queue.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    durable(wait).await?;
+                    if !b.nowait {
+                        self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})));
+                    }
+                }
+                queue::AMQPMethod::Unbind(b) => {
+                    let wait = tenant.unbind(b.exchange.as_str(), DestinationKind::Queue, b.queue.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    durable(wait).await?;
+                    self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})));
+                }
+                queue::AMQPMethod::Purge(p) => {
+                    let n = tenant.purge_queue(p.queue.as_str(), conn_id)?;
+                    if !p.nowait {
+                        self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n.min(u32::MAX as u64) as u32 })));
+                    }
+                }
+                queue::AMQPMethod::Delete(d) => {
+                    let (n, wait) = tenant.delete_queue(d.queue.as_str(), d.if_unused, d.if_empty, conn_id)?;
+                    durable(wait).await?;
+                    if !d.nowait {
+                        self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n.min(u32::MAX as u64) as u32 })));
+                    }
+                }
+                other => return Err(hard(reply::COMMAND_INVALID, format!("unexpected method {other:?}"))),
+            },
+            AMQPClass::Basic(m) => self.on_basic(ch, &tenant, m)?,
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
+                if let Some(c) = self.channels.get_mut(&ch) {
+                    c.confirm = true;
+                }
+                if !s.nowait {
+                    self.conn.send_method(ch, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})));
+                }
+            }
+            AMQPClass::Access(_) => {
+                use weir_protocols::amqp::methods::access;
+                self.conn.send_method(ch, AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})));
+            }
+            AMQPClass::Tx(_) => return Err(hard(reply::NOT_IMPLEMENTED, "transactions (tx.*) are not supported; use publisher confirms".into())),
+            other => {
+                return Err(hard(
+                    reply::COMMAND_INVALID,
+                    format!("method {}.{} is not valid here", other.get_amqp_class_id(), other.get_amqp_method_id()),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn on_basic(&mut self, ch: u16, tenant: &Arc<Tenant>, m: basic::AMQPMethod) -> Result<(), Failure> {
+        let conn_id = self.handle.id;
+        match m {
+            basic::AMQPMethod::Consume(c) => {
+                let q = tenant.queue(c.queue.as_str(), conn_id)?;
+                if q.deleted.load(Ordering::Acquire) {
+                    return Err(soft(reply::NOT_FOUND, format!("no queue '{}' in vhost '{}'", q.name(), tenant.name)));
+                }
+                let exclusive_used = q.partitions.iter().any(|p| p.has_exclusive_consumer());
+                if exclusive_used || (c.exclusive && q.consumers.load(Ordering::Acquire) > 0) {
+                    return Err(soft(reply::ACCESS_REFUSED, format!("queue '{}' in vhost '{}' in exclusive use", q.name(), tenant.name)));
+                }
+                let Some(chan) = self.channels.get_mut(&ch) else { return Ok(()) };
+                let tag: Bytes = if c.consumer_tag.as_str().is_empty() {
+                    Bytes::from(format!("amq.ctag-{}-{}", conn_id, chan.consumers.len() + chan.delivery_tag as usize + 1))
+                } else {
+                    Bytes::copy_from_slice(c.consumer_tag.as_str().as_bytes())
+                };
+                if chan.consumers.contains_key(&tag) {
+                    return Err(hard(reply::NOT_ALLOWED, format!("attempt to reuse consumer tag '{}'", String::from_utf8_lossy(&tag))));
+                }
+                let consumer = Arc::new(Consumer {
+                    tag: tag.clone(),
+                    channel: ch,
+                    no_ack: c.no_ack,
+                    exclusive: c.exclusive,
+                    conn: self.handle.clone(),
+                    credit: if c.no_ack { Credit::new(NO_ACK_WINDOW, 0) } else { Credit::new(chan.prefetch_count as u32, chan.prefetch_size) },
+                    channel_credit: if c.no_ack { None } else { chan.channel_credit.clone() },
+                    flow_active: chan.flow_active.clone(),
+                    cancelled: Default::default(),
+                });
+                chan.consumers.insert(tag.clone(), ChannelConsumer { consumer: consumer.clone(), queue: q.clone() });
+                if !c.nowait {
+                    let t = String::from_utf8_lossy(&tag).into_owned();
+                    self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: t.as_str().into() })));
+                }
+                q.consumers.fetch_add(1, Ordering::AcqRel);
+                q.had_consumer.store(true, Ordering::Release);
+                for p in &q.partitions {
+                    p.add_consumer(consumer.clone());
+                }
+            }
+            basic::AMQPMethod::Cancel(c) => {
+                let tag = Bytes::copy_from_slice(c.consumer_tag.as_str().as_bytes());
+                let removed = self.channels.get_mut(&ch).and_then(|chan| chan.consumers.remove(&tag));
+                if let Some(cc) = removed {
+                    cc.consumer.cancelled.store(true, Ordering::Release);
+                    for p in &cc.queue.partitions {
+                        p.remove_consumer(&cc.consumer);
+                    }
+                    tenant.consumer_gone(&cc.queue);
+                }
+                if !c.nowait {
+                    self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk { consumer_tag: c.consumer_tag })));
+                }
+            }
+            basic::AMQPMethod::Get(g) => {
+                let q = tenant.queue(g.queue.as_str(), conn_id)?;
+                let got = q.partitions.iter().find_map(|p| p.get().map(|(e, left)| (p.clone(), e, left)));
+                match got {
+                    None => self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))),
+                    Some((part, entry, _)) => {
+                        let left = q.message_count();
+                        let message = match &entry.message {
+                            Some(m) => m.clone(),
+                            None => match self.read_back(&entry) {
+                                Some(m) => m,
+                                None => return Err(hard(reply::INTERNAL_ERROR, "message unreadable from the store".into())),
+                            },
+                        };
+                        let Some(chan) = self.channels.get_mut(&ch) else { return Ok(()) };
+                        chan.delivery_tag += 1;
+                        let tag = chan.delivery_tag;
+                        let frame_max = self.conn.frame_max();
+                        let out = self.conn.out();
+                        codec::write_get_ok(out, ch, tag, entry.redelivered, &message.exchange, &message.routing_key, left.min(u32::MAX as u64) as u32);
+                        codec::write_content(out, ch, &message.properties, &message.body, frame_max);
+                        if g.no_ack {
+                            self.settle_leases(vec![Lease { partition: part, consumer: None, entry }], Settle::Ack);
+                        } else {
+                            chan.leases.insert(tag, Lease { partition: part, consumer: None, entry });
+                        }
+                    }
+                }
+            }
+            basic::AMQPMethod::Reject(r) => {
+                self.on_settle(ch, r.delivery_tag, false, if r.requeue { Settle::Requeue } else { Settle::Drop })?;
+            }
+            basic::AMQPMethod::Nack(n) => {
+                self.on_settle(ch, n.delivery_tag, n.multiple, if n.requeue { Settle::Requeue } else { Settle::Drop })?;
+            }
+            basic::AMQPMethod::Ack(a) => {
+                self.on_settle(ch, a.delivery_tag, a.multiple, Settle::Ack)?;
+            }
+            basic::AMQPMethod::Recover(r) => {
+                self.recover(ch, r.requeue)?;
+                self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})));
+            }
+            basic::AMQPMethod::RecoverAsync(r) => self.recover(ch, r.requeue)?,
+            other => return Err(hard(reply::COMMAND_INVALID, format!("{other:?} is not valid from a client"))),
+        }
+        Ok(())
+    }
+
+    fn recover(&mut self, ch: u16, requeue: bool) -> Result<(), Failure> {
+        if !requeue {
+            return Err(hard(reply::NOT_IMPLEMENTED, "requeue=false".into()));
+        }
+        if let Some(c) = self.channels.get_mut(&ch) {
+            let leases: Vec<Lease> = std::mem::take(&mut c.leases).into_values().collect();
+            self.settle_leases(leases, Settle::Requeue);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Settle {
+    Ack,
+    Requeue,
+    Drop,
+}
+
+fn dedup_partitions(v: &mut Vec<Arc<Partition>>) {
+    if v.len() < 2 {
+        return;
+    }
+    let mut out: Vec<Arc<Partition>> = Vec::with_capacity(v.len());
+    for p in v.drain(..) {
+        if !out.iter().any(|x| Arc::ptr_eq(x, &p)) {
+            out.push(p);
+        }
+    }
+    *v = out;
+}
+
+async fn durable(wait: Option<DurableWait>) -> Result<(), Failure> {
+    let Some(w) = wait else { return Ok(()) };
+    match w.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(EngineError::Store(e).into()),
+        Err(_) => Err(hard(reply::INTERNAL_ERROR, "store stopped before the change was durable".into())),
+    }
+}
+
+/// Writes as much of `out` as the socket takes now.
+fn write_some(stream: &TcpStream, out: &mut BytesMut) -> std::io::Result<usize> {
+    let mut total = 0;
+    while !out.is_empty() {
+        match stream.try_write(out) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                bytes::Buf::advance(out, n);
+                total += n;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}

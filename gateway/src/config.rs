@@ -1,0 +1,190 @@
+//! Configuration: every setting can come from a flag, an environment variable
+//! (`WEIR_…`) or a TOML file (`--config`, `WEIR_CONFIG`), in that order of
+//! precedence, falling back to a default.
+
+use clap::Parser;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Command line (each flag also reads its environment variable).
+#[derive(Parser, Debug, Default)]
+#[command(name = "weir", version, about = "Weir: a multi-protocol message broker (AMQP 0-9-1 today)")]
+pub struct Cli {
+    /// TOML configuration file.
+    #[arg(long, env = "WEIR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Directory of the embedded store [default: ./weir-data].
+    #[arg(long, env = "WEIR_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// AMQP 0-9-1 listen address [default: 0.0.0.0:5672].
+    #[arg(long, env = "WEIR_AMQP_LISTEN")]
+    pub amqp_listen: Option<SocketAddr>,
+    /// Log filter, tracing's EnvFilter syntax [default: info].
+    #[arg(long, env = "WEIR_LOG")]
+    pub log: Option<String>,
+    /// Fsync the store before confirming [default: true]. Turning it off
+    /// loses confirmed messages on power failure; only for experiments.
+    #[arg(long, env = "WEIR_FSYNC")]
+    pub fsync: Option<bool>,
+    /// Segment size of the embedded log in MiB [default: 64].
+    #[arg(long, env = "WEIR_SEGMENT_MB")]
+    pub segment_mb: Option<u64>,
+    /// Heartbeat interval offered to AMQP clients, seconds [default: 60].
+    #[arg(long, env = "WEIR_HEARTBEAT")]
+    pub heartbeat: Option<u16>,
+    /// Largest AMQP frame accepted, bytes [default: 131072].
+    #[arg(long, env = "WEIR_FRAME_MAX")]
+    pub frame_max: Option<u32>,
+    /// Password of the default user `guest` [default: guest].
+    #[arg(long, env = "WEIR_DEFAULT_PASS")]
+    pub default_pass: Option<String>,
+    /// Allow the default user from non-loopback addresses [default: false].
+    #[arg(long, env = "WEIR_GUEST_REMOTE")]
+    pub guest_remote: Option<bool>,
+}
+
+/// The TOML file: the same settings, all optional.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    data_dir: Option<PathBuf>,
+    amqp_listen: Option<SocketAddr>,
+    log: Option<String>,
+    fsync: Option<bool>,
+    segment_mb: Option<u64>,
+    heartbeat: Option<u16>,
+    frame_max: Option<u32>,
+    default_pass: Option<String>,
+    guest_remote: Option<bool>,
+    #[serde(default)]
+    users: Vec<UserConfig>,
+}
+
+/// An additional user from the configuration file.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// Name.
+    pub name: String,
+    /// Password.
+    pub password: String,
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Store directory.
+    pub data_dir: PathBuf,
+    /// AMQP listen address.
+    pub amqp_listen: SocketAddr,
+    /// Log filter.
+    pub log: String,
+    /// Fsync before confirm.
+    pub fsync: bool,
+    /// Segment size in bytes.
+    pub segment_bytes: u64,
+    /// Heartbeat offered.
+    pub heartbeat: u16,
+    /// frame_max offered.
+    pub frame_max: u32,
+    /// Password of `guest`.
+    pub default_pass: String,
+    /// `guest` allowed from anywhere.
+    pub guest_remote: bool,
+    /// Other users.
+    pub users: Vec<UserConfig>,
+}
+
+/// Configuration errors, reported at startup.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading config file {path}: {source}")]
+    Read {
+        /// Path.
+        path: PathBuf,
+        /// Error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for these settings.
+    #[error("parsing config file {path}: {source}")]
+    Parse {
+        /// Path.
+        path: PathBuf,
+        /// Error.
+        source: toml::de::Error,
+    },
+    /// A value is out of range.
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Merges flags/env over the file over defaults.
+    pub fn load(cli: Cli) -> Result<Self, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+                toml::from_str::<FileConfig>(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?
+            }
+            None => FileConfig::default(),
+        };
+        let cfg = Config {
+            data_dir: cli.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("./weir-data")),
+            amqp_listen: cli
+                .amqp_listen
+                .or(file.amqp_listen)
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 5672))),
+            log: cli.log.or(file.log).unwrap_or_else(|| "info".into()),
+            fsync: cli.fsync.or(file.fsync).unwrap_or(true),
+            segment_bytes: cli.segment_mb.or(file.segment_mb).unwrap_or(64) << 20,
+            heartbeat: cli.heartbeat.or(file.heartbeat).unwrap_or(60),
+            frame_max: cli.frame_max.or(file.frame_max).unwrap_or(131_072),
+            default_pass: cli.default_pass.or(file.default_pass).unwrap_or_else(|| "guest".into()),
+            guest_remote: cli.guest_remote.or(file.guest_remote).unwrap_or(false),
+            users: file.users,
+        };
+        if cfg.frame_max < 4096 {
+            return Err(ConfigError::Invalid(format!("frame_max {} is below the AMQP minimum 4096", cfg.frame_max)));
+        }
+        if cfg.segment_bytes == 0 || cfg.segment_bytes > u32::MAX as u64 {
+            return Err(ConfigError::Invalid("segment_mb must be between 1 and 4095".into()));
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_which_overrides_defaults() {
+        let dir = std::env::temp_dir().join(format!("weir-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("weir.toml");
+        std::fs::write(&path, "data_dir = \"/from/file\"\nheartbeat = 5\n[[users]]\nname = \"a\"\npassword = \"b\"\n")
+            .expect("write config");
+        let cli = Cli {
+            config: Some(path),
+            heartbeat: Some(7),
+            ..Cli::default()
+        };
+        let cfg = Config::load(cli).expect("valid config");
+        assert_eq!(cfg.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(cfg.heartbeat, 7);
+        assert_eq!(cfg.amqp_listen.port(), 5672);
+        assert_eq!(cfg.users.len(), 1);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let dir = std::env::temp_dir().join(format!("weir-config-test2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("weir.toml");
+        std::fs::write(&path, "data_dirr = \"x\"\n").expect("write config");
+        let err = Config::load(Cli { config: Some(path), ..Cli::default() }).unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }));
+    }
+}

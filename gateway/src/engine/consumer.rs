@@ -1,0 +1,196 @@
+//! Consumers, their credit, and the outbox through which a queue hands
+//! deliveries to the connection that owns the consumer.
+
+use super::message::Entry;
+use super::queue::Partition;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// A delivery on its way from a partition to a connection.
+pub struct Delivery {
+    /// Who receives it.
+    pub consumer: Arc<Consumer>,
+    /// Where it came from (for the lease).
+    pub partition: Arc<Partition>,
+    /// The entry.
+    pub entry: Entry,
+}
+
+/// Something the engine tells a connection asynchronously.
+pub enum Notice {
+    /// The consumer's queue was deleted: send basic.cancel.
+    ConsumerCancelled {
+        /// Channel.
+        channel: u16,
+        /// Tag.
+        tag: Bytes,
+    },
+}
+
+/// The engine's handle on one client connection: deliveries and notices are
+/// pushed here by whichever task routed the message, and the connection's task
+/// drains them all at once on one wake-up.
+pub struct ConnHandle {
+    /// Unique connection id (exclusive-queue ownership).
+    pub id: u64,
+    outbox: Mutex<Outbox>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct Outbox {
+    deliveries: Vec<Delivery>,
+    notices: Vec<Notice>,
+}
+
+impl ConnHandle {
+    /// A handle for connection `id`.
+    pub fn new(id: u64) -> Arc<Self> {
+        Arc::new(ConnHandle {
+            id,
+            outbox: Mutex::new(Outbox::default()),
+            notify: Notify::new(),
+        })
+    }
+
+    /// Queues a delivery; the caller wakes the connection with [`Self::wake`]
+    /// once it has pushed everything (one wake-up per batch).
+    pub fn push(&self, d: Delivery) {
+        self.outbox.lock().deliveries.push(d);
+    }
+
+    /// Queues a notice and wakes the connection.
+    pub fn notice(&self, n: Notice) {
+        self.outbox.lock().notices.push(n);
+        self.notify.notify_one();
+    }
+
+    /// Wakes the connection's task.
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Resolves when something was pushed since the last drain.
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+
+    /// Takes everything queued.
+    pub fn drain(&self, deliveries: &mut Vec<Delivery>, notices: &mut Vec<Notice>) {
+        let mut o = self.outbox.lock();
+        deliveries.append(&mut o.deliveries);
+        notices.append(&mut o.notices);
+    }
+}
+
+/// A prefetch window: how many messages and bytes may be delivered and not yet
+/// acknowledged. Shared by a consumer (per-consumer qos) or a whole channel
+/// (global qos). Updated with atomics because partitions on other tasks
+/// acquire it while the owning connection releases it.
+#[derive(Default)]
+pub struct Credit {
+    /// Message limit; 0 = unlimited.
+    pub max_count: AtomicU32,
+    /// Byte limit; 0 = unlimited.
+    pub max_bytes: AtomicU32,
+    count: AtomicU32,
+    bytes: AtomicU64,
+}
+
+impl Credit {
+    /// A window with the given limits.
+    pub fn new(max_count: u32, max_bytes: u32) -> Arc<Self> {
+        let c = Credit::default();
+        c.max_count.store(max_count, Ordering::Relaxed);
+        c.max_bytes.store(max_bytes, Ordering::Relaxed);
+        Arc::new(c)
+    }
+
+    /// Takes room for one message of `size` bytes, or returns false when the
+    /// window is full. As in RabbitMQ, a byte limit never blocks the first
+    /// message in flight.
+    pub fn try_acquire(&self, size: u32) -> bool {
+        let max_count = self.max_count.load(Ordering::Relaxed);
+        let prev = self.count.fetch_add(1, Ordering::AcqRel);
+        if max_count != 0 && prev >= max_count {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        let max_bytes = self.max_bytes.load(Ordering::Relaxed) as u64;
+        let prev_bytes = self.bytes.fetch_add(size as u64, Ordering::AcqRel);
+        if max_bytes != 0 && prev > 0 && prev_bytes + size as u64 > max_bytes {
+            self.bytes.fetch_sub(size as u64, Ordering::AcqRel);
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Returns room for one message of `size` bytes.
+    pub fn release(&self, size: u32) {
+        let prev = self.count.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(prev > 0, "credit released more than acquired");
+        self.bytes.fetch_sub(size as u64, Ordering::AcqRel);
+    }
+
+    /// Messages in flight.
+    pub fn in_flight(&self) -> u32 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// Deliveries an auto-ack consumer may have queued but not yet written, so a
+/// fast queue cannot fill a slow connection's memory.
+pub const NO_ACK_WINDOW: u32 = 2000;
+
+/// A subscription of one channel to one queue.
+pub struct Consumer {
+    /// The tag the client knows it by.
+    pub tag: Bytes,
+    /// The channel it lives on.
+    pub channel: u16,
+    /// Auto-ack: deliveries are settled when written.
+    pub no_ack: bool,
+    /// Exclusive consumer.
+    pub exclusive: bool,
+    /// The owning connection.
+    pub conn: Arc<ConnHandle>,
+    /// Per-consumer window (for no-ack consumers: the write window).
+    pub credit: Arc<Credit>,
+    /// Channel-wide window (global qos), if any.
+    pub channel_credit: Option<Arc<Credit>>,
+    /// channel.flow(active=false) pauses deliveries.
+    pub flow_active: Arc<AtomicBool>,
+    /// Set once cancelled: deliveries still in the outbox go back to the queue.
+    pub cancelled: AtomicBool,
+}
+
+impl Consumer {
+    /// Takes credit for a message of `size` bytes from every window that applies.
+    pub fn try_acquire(&self, size: u32) -> bool {
+        if self.cancelled.load(Ordering::Relaxed) || !self.flow_active.load(Ordering::Relaxed) {
+            return false;
+        }
+        if !self.credit.try_acquire(size) {
+            return false;
+        }
+        if let Some(cc) = &self.channel_credit {
+            if !cc.try_acquire(size) {
+                self.credit.release(size);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Gives back the credit of one settled (or returned) delivery.
+    pub fn release(&self, size: u32) {
+        self.credit.release(size);
+        if let Some(cc) = &self.channel_credit {
+            cc.release(size);
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Engine errors. Protocol-neutral kinds; each adapter maps them to its own
+//! codes (AMQP reply codes, MQTT reason codes, HTTP statuses).
+
+use weir_backend::StoreError;
+
+/// Why an engine operation failed. The text follows RabbitMQ's wording.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// No such exchange, queue or binding.
+    #[error("NOT_FOUND - {0}")]
+    NotFound(String),
+    /// Not permitted (reserved names, the default exchange, internal exchanges).
+    #[error("ACCESS_REFUSED - {0}")]
+    AccessRefused(String),
+    /// An exclusive queue of another connection.
+    #[error("RESOURCE_LOCKED - {0}")]
+    ResourceLocked(String),
+    /// A declare that does not match, a delete whose condition fails, an unknown tag.
+    #[error("PRECONDITION_FAILED - {0}")]
+    PreconditionFailed(String),
+    /// A request that is invalid whatever the state (unknown exchange type).
+    #[error("COMMAND_INVALID - {0}")]
+    CommandInvalid(String),
+    /// A feature that does not exist.
+    #[error("NOT_IMPLEMENTED - {0}")]
+    NotImplemented(String),
+    /// The store failed; nothing further is acknowledged.
+    #[error("INTERNAL_ERROR - store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Shorthand.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

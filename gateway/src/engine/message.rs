@@ -1,0 +1,67 @@
+//! Messages and queue entries.
+
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use weir_backend::{Location, MessageId};
+
+/// A published message. Shared (`Arc`) by every queue it was routed to; its
+/// byte fields are slices of the buffer it arrived in, never copied per queue.
+#[derive(Debug)]
+pub struct Message {
+    /// Store-wide id (also used for transient messages, so ids order everything).
+    pub id: MessageId,
+    /// Exchange it was published to.
+    pub exchange: Bytes,
+    /// Routing key it was published with.
+    pub routing_key: Bytes,
+    /// Encoded properties, opaque to the engine (AMQP's raw property block).
+    pub properties: Bytes,
+    /// The body.
+    pub body: Bytes,
+    /// Persistent (delivery-mode 2): stored when routed to a durable queue.
+    pub persistent: bool,
+    /// Priority.
+    pub priority: u8,
+}
+
+impl Message {
+    /// Bytes counted against prefetch-size and queue byte counters.
+    pub fn size(&self) -> u32 {
+        (self.properties.len() + self.body.len()).min(u32::MAX as usize) as u32
+    }
+}
+
+/// One message's place in one partition.
+///
+/// Kept small: a queue holds one per queued message, and a million queued
+/// messages must cost well under 100 bytes each. The body is dropped from
+/// memory (`message: None`) once a durable entry sits deep in a queue; it is
+/// read back from the store when delivered.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Position in the partition: FIFO order, and where a requeue puts it back.
+    pub seq: u64,
+    /// The message id.
+    pub id: MessageId,
+    /// Where the store keeps it (durable queue, persistent message).
+    pub location: Option<Location>,
+    /// Size (properties + body).
+    pub size: u32,
+    /// Delivered before (or possibly before: recovered after a restart).
+    pub redelivered: bool,
+    /// Times delivered.
+    pub attempts: u16,
+    /// When it entered the queue (ms since epoch), for oldest-message age.
+    pub enqueued_ms: u64,
+    /// The message, while it is kept in memory.
+    pub message: Option<Arc<Message>>,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,421 @@
+//! Queues and their partitions.
+//!
+//! A partition is the unit of ordering, storage and dispatch: its ready
+//! messages are FIFO by `seq`, it owns a durable [`PartitionId`] in the store,
+//! and (in a cluster) one gateway at a time will own it. Every queue has at
+//! least one. A partition's state sits behind its own mutex, so publishing to
+//! or consuming from one queue never contends with another queue.
+//!
+//! Leases (delivered, unacknowledged entries) are held by the channel that
+//! received them, not here: the channel settles or returns them, and releasing
+//! a closed channel's leases is one walk over that channel's map.
+
+use super::consumer::{Consumer, Delivery};
+use super::message::{now_ms, Entry};
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use weir_backend::PartitionId;
+
+/// Durable entries deeper than this in a partition keep only their location
+/// in memory; their bodies are read back from the store when delivered, so
+/// memory does not grow with queue depth.
+pub const HOT_ENTRIES: usize = 2048;
+
+/// Cheap counters kept for every partition.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Messages enqueued.
+    pub published: AtomicU64,
+    /// Deliveries made (basic.deliver and basic.get-ok).
+    pub delivered: AtomicU64,
+    /// Messages settled by acknowledgement.
+    pub acked: AtomicU64,
+    /// Deliveries that were a redelivery.
+    pub redelivered: AtomicU64,
+    /// Leased (delivered, unsettled) messages.
+    pub leased: AtomicU64,
+    /// Bytes of leased messages.
+    pub leased_bytes: AtomicU64,
+}
+
+/// One partition of a queue.
+pub struct Partition {
+    /// Durable id in the store.
+    pub id: PartitionId,
+    /// Whether messages here are written to the store.
+    pub durable: bool,
+    state: Mutex<PartitionState>,
+    /// Counters.
+    pub counters: Counters,
+    /// Ready messages, readable without the lock.
+    ready_len: AtomicU64,
+    /// Set when its queue is deleted: returned leases are settled, not requeued.
+    deleted: AtomicBool,
+}
+
+#[derive(Default)]
+struct PartitionState {
+    ready: VecDeque<Entry>,
+    ready_bytes: u64,
+    next_seq: u64,
+    consumers: Vec<Arc<Consumer>>,
+    /// Round-robin cursor into `consumers`.
+    next_consumer: usize,
+}
+
+/// Snapshot of a partition's depth.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Depth {
+    /// Ready messages.
+    pub ready: u64,
+    /// Bytes of ready messages.
+    pub ready_bytes: u64,
+    /// Leased messages.
+    pub leased: u64,
+    /// Age of the oldest ready message in ms (0 if none).
+    pub oldest_age_ms: u64,
+    /// Consumers attached.
+    pub consumers: u32,
+}
+
+impl Partition {
+    /// An empty partition.
+    pub fn new(id: PartitionId, durable: bool) -> Arc<Self> {
+        Arc::new(Partition {
+            id,
+            durable,
+            state: Mutex::new(PartitionState::default()),
+            counters: Counters::default(),
+            ready_len: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
+        })
+    }
+
+    /// Marks the partition's queue deleted.
+    pub fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Whether its queue was deleted.
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// Ready messages.
+    pub fn ready_len(&self) -> u64 {
+        self.ready_len.load(Ordering::Relaxed)
+    }
+
+    /// Appends recovered entries (already in id order) at startup.
+    pub fn restore(&self, entries: impl IntoIterator<Item = Entry>) {
+        let mut st = self.state.lock();
+        for mut e in entries {
+            e.seq = st.next_seq;
+            st.next_seq += 1;
+            st.ready_bytes += e.size as u64;
+            st.ready.push_back(e);
+        }
+        self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds a new message at the tail and hands out whatever consumers can take.
+    pub fn enqueue(self: &Arc<Self>, mut entry: Entry) {
+        let mut woken = Vec::new();
+        {
+            let mut st = self.state.lock();
+            entry.seq = st.next_seq;
+            st.next_seq += 1;
+            if st.ready.len() >= HOT_ENTRIES && entry.location.is_some() {
+                // Deep in the queue: keep only where it is stored.
+                entry.message = None;
+            }
+            st.ready_bytes += entry.size as u64;
+            st.ready.push_back(entry);
+            self.counters.published.fetch_add(1, Ordering::Relaxed);
+            self.dispatch_locked(&mut st, &mut woken);
+            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+        }
+        wake_all(woken);
+    }
+
+    /// Puts leased entries back at their original positions, marked redelivered.
+    pub fn requeue(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) {
+        let mut woken = Vec::new();
+        {
+            let mut st = self.state.lock();
+            for mut e in entries {
+                e.redelivered = true;
+                st.ready_bytes += e.size as u64;
+                self.counters.leased.fetch_sub(1, Ordering::Relaxed);
+                self.counters.leased_bytes.fetch_sub(e.size as u64, Ordering::Relaxed);
+                insert_by_seq(&mut st.ready, e);
+            }
+            self.dispatch_locked(&mut st, &mut woken);
+            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+        }
+        wake_all(woken);
+    }
+
+    /// Puts back entries that were queued for a consumer but never written
+    /// (the consumer went away first). They were not delivered, so they keep
+    /// their redelivered flag.
+    pub fn unsend(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) {
+        let mut woken = Vec::new();
+        {
+            let mut st = self.state.lock();
+            for e in entries {
+                st.ready_bytes += e.size as u64;
+                self.counters.leased.fetch_sub(1, Ordering::Relaxed);
+                self.counters.leased_bytes.fetch_sub(e.size as u64, Ordering::Relaxed);
+                self.counters.delivered.fetch_sub(1, Ordering::Relaxed);
+                insert_by_seq(&mut st.ready, e);
+            }
+            self.dispatch_locked(&mut st, &mut woken);
+            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+        }
+        wake_all(woken);
+    }
+
+    /// A leased entry was settled (acked, or rejected without requeue).
+    pub fn settled(&self, entry: &Entry, acked: bool) {
+        self.counters.leased.fetch_sub(1, Ordering::Relaxed);
+        self.counters.leased_bytes.fetch_sub(entry.size as u64, Ordering::Relaxed);
+        if acked {
+            self.counters.acked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Tries to deliver ready messages to consumers with credit.
+    pub fn dispatch(self: &Arc<Self>) {
+        if self.ready_len() == 0 {
+            return;
+        }
+        let mut woken = Vec::new();
+        {
+            let mut st = self.state.lock();
+            self.dispatch_locked(&mut st, &mut woken);
+            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+        }
+        wake_all(woken);
+    }
+
+    fn dispatch_locked(self: &Arc<Self>, st: &mut PartitionState, woken: &mut Vec<Arc<Consumer>>) {
+        let n = st.consumers.len();
+        if n == 0 {
+            return;
+        }
+        // Round robin: each pass offers one message to each consumer in turn;
+        // stop when a full pass finds no consumer with credit.
+        let mut idle = 0;
+        while idle < n {
+            let Some(front) = st.ready.front() else { break };
+            let size = front.size;
+            let i = st.next_consumer % n;
+            st.next_consumer = (i + 1) % n;
+            let c = &st.consumers[i];
+            if !c.try_acquire(size) {
+                idle += 1;
+                continue;
+            }
+            idle = 0;
+            let Some(mut entry) = st.ready.pop_front() else { break };
+            st.ready_bytes -= entry.size as u64;
+            entry.attempts = entry.attempts.saturating_add(1);
+            self.counters.delivered.fetch_add(1, Ordering::Relaxed);
+            self.counters.leased.fetch_add(1, Ordering::Relaxed);
+            self.counters.leased_bytes.fetch_add(entry.size as u64, Ordering::Relaxed);
+            if entry.redelivered {
+                self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
+            }
+            c.conn.push(Delivery {
+                consumer: c.clone(),
+                partition: self.clone(),
+                entry,
+            });
+            if !woken.iter().any(|w| Arc::ptr_eq(&w.conn, &c.conn)) {
+                woken.push(c.clone());
+            }
+        }
+    }
+
+    /// Takes the head message for basic.get; returns it with the number of
+    /// messages left.
+    pub fn get(&self) -> Option<(Entry, u64)> {
+        let mut st = self.state.lock();
+        let mut e = st.ready.pop_front()?;
+        st.ready_bytes -= e.size as u64;
+        e.attempts = e.attempts.saturating_add(1);
+        self.counters.delivered.fetch_add(1, Ordering::Relaxed);
+        self.counters.leased.fetch_add(1, Ordering::Relaxed);
+        self.counters.leased_bytes.fetch_add(e.size as u64, Ordering::Relaxed);
+        let left = st.ready.len() as u64;
+        self.ready_len.store(left, Ordering::Relaxed);
+        Some((e, left))
+    }
+
+    /// Removes every ready message; returns them (the caller settles them in the store).
+    pub fn purge(&self) -> Vec<Entry> {
+        let mut st = self.state.lock();
+        st.ready_bytes = 0;
+        self.ready_len.store(0, Ordering::Relaxed);
+        st.ready.drain(..).collect()
+    }
+
+    /// Attaches a consumer and starts delivering to it.
+    pub fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) {
+        let mut woken = Vec::new();
+        {
+            let mut st = self.state.lock();
+            st.consumers.push(c);
+            self.dispatch_locked(&mut st, &mut woken);
+            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+        }
+        wake_all(woken);
+    }
+
+    /// Detaches a consumer; returns how many remain.
+    pub fn remove_consumer(&self, c: &Arc<Consumer>) -> usize {
+        let mut st = self.state.lock();
+        st.consumers.retain(|x| !Arc::ptr_eq(x, c));
+        st.consumers.len()
+    }
+
+    /// Detaches every consumer (queue deleted); returns them.
+    pub fn take_consumers(&self) -> Vec<Arc<Consumer>> {
+        std::mem::take(&mut self.state.lock().consumers)
+    }
+
+    /// Whether any consumer is attached.
+    pub fn has_exclusive_consumer(&self) -> bool {
+        self.state.lock().consumers.iter().any(|c| c.exclusive)
+    }
+
+    /// Depth snapshot.
+    pub fn depth(&self) -> Depth {
+        let st = self.state.lock();
+        Depth {
+            ready: st.ready.len() as u64,
+            ready_bytes: st.ready_bytes,
+            leased: self.counters.leased.load(Ordering::Relaxed),
+            oldest_age_ms: st.ready.front().map(|e| now_ms().saturating_sub(e.enqueued_ms)).unwrap_or(0),
+            consumers: st.consumers.len() as u32,
+        }
+    }
+
+    /// Calls `f` on every ready entry stored in `segment` (compaction).
+    pub fn for_each_in_segment(&self, segment: u32, mut f: impl FnMut(&mut Entry)) {
+        let mut st = self.state.lock();
+        for e in st.ready.iter_mut() {
+            if e.location.is_some_and(|l| l.segment == segment) {
+                f(e);
+            }
+        }
+    }
+}
+
+fn insert_by_seq(ready: &mut VecDeque<Entry>, e: Entry) {
+    // Requeues usually go back to the front; search from there.
+    let pos = ready.partition_point(|x| x.seq < e.seq);
+    debug_assert!(ready.get(pos).is_none_or(|x| x.seq != e.seq), "entry requeued twice");
+    ready.insert(pos, e);
+}
+
+fn wake_all(woken: Vec<Arc<Consumer>>) {
+    for c in woken {
+        c.conn.wake();
+    }
+}
+
+/// Definition of a queue, as declared and as persisted.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QueueDef {
+    /// Name.
+    pub name: String,
+    /// Survives restarts.
+    pub durable: bool,
+    /// Deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Arguments (`x-…`), as JSON.
+    pub arguments: Value,
+    /// Store ids of its partitions.
+    pub partitions: Vec<u64>,
+}
+
+/// A queue.
+pub struct Queue {
+    /// Definition.
+    pub def: QueueDef,
+    /// Tenant name.
+    pub tenant: Arc<str>,
+    /// Owning connection for exclusive queues.
+    pub exclusive_owner: Option<u64>,
+    /// Partitions (≥ 1).
+    pub partitions: Vec<Arc<Partition>>,
+    /// Set once deleted: late operations fail with NOT_FOUND.
+    pub deleted: AtomicBool,
+    /// Consumers attached over all partitions.
+    pub consumers: AtomicU32,
+    /// Ever had a consumer (auto-delete only fires after the first).
+    pub had_consumer: AtomicBool,
+    /// Publishes routed here since start (round-robin partition choice).
+    next_partition: AtomicU64,
+}
+
+impl Queue {
+    /// A queue with its partitions.
+    pub fn new(def: QueueDef, tenant: Arc<str>, exclusive_owner: Option<u64>) -> Arc<Self> {
+        assert!(!def.partitions.is_empty(), "a queue has at least one partition");
+        let partitions = def
+            .partitions
+            .iter()
+            .map(|p| Partition::new(PartitionId(*p), def.durable))
+            .collect();
+        Arc::new(Queue {
+            def,
+            tenant,
+            exclusive_owner,
+            partitions,
+            deleted: AtomicBool::new(false),
+            consumers: AtomicU32::new(0),
+            had_consumer: AtomicBool::new(false),
+            next_partition: AtomicU64::new(0),
+        })
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// The partition a new message goes to. With one partition, always it;
+    /// with ordering keys (a later feature) a hash of the key picks it.
+    pub fn partition_for_publish(&self) -> &Arc<Partition> {
+        if self.partitions.len() == 1 {
+            return &self.partitions[0];
+        }
+        let i = self.next_partition.fetch_add(1, Ordering::Relaxed) as usize % self.partitions.len();
+        &self.partitions[i]
+    }
+
+    /// Ready messages over all partitions.
+    pub fn message_count(&self) -> u64 {
+        self.partitions.iter().map(|p| p.ready_len()).sum()
+    }
+
+    /// Depth over all partitions.
+    pub fn depth(&self) -> Depth {
+        let mut d = Depth::default();
+        for p in &self.partitions {
+            let x = p.depth();
+            d.ready += x.ready;
+            d.ready_bytes += x.ready_bytes;
+            d.leased += x.leased;
+            d.oldest_age_ms = d.oldest_age_ms.max(x.oldest_age_ms);
+            d.consumers = d.consumers.max(x.consumers);
+        }
+        d
+    }
+}

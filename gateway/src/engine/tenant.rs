@@ -1,0 +1,632 @@
+//! One tenant (AMQP virtual host): its exchanges, queues and bindings, and
+//! the operations on them. Names are scoped per tenant.
+
+use super::consumer::Notice;
+use super::exchange::{Destination, Exchange, ExchangeDef, ExchangeKind, HeaderLookup};
+use super::meta::{self, BindingDef, DestinationKind};
+use super::queue::{Queue, QueueDef};
+use super::{DurableWait, Engine, EngineError, Result};
+use parking_lot::RwLock;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use weir_backend::Op;
+
+/// The exchanges every tenant has, as RabbitMQ pre-declares them.
+const STANDARD_EXCHANGES: &[(&str, ExchangeKind)] = &[
+    ("amq.direct", ExchangeKind::Direct),
+    ("amq.fanout", ExchangeKind::Fanout),
+    ("amq.topic", ExchangeKind::Topic),
+    ("amq.headers", ExchangeKind::Headers),
+    ("amq.match", ExchangeKind::Headers),
+];
+
+/// A queue.declare request.
+#[derive(Clone, Debug)]
+pub struct QueueDeclare {
+    /// Name; empty asks the server to pick one (`amq.gen-…`).
+    pub name: String,
+    /// Only check that it exists.
+    pub passive: bool,
+    /// Survives restarts.
+    pub durable: bool,
+    /// Owned by the declaring connection and deleted with it.
+    pub exclusive: bool,
+    /// Deleted after its last consumer goes.
+    pub auto_delete: bool,
+    /// Arguments.
+    pub arguments: Value,
+    /// The declaring connection.
+    pub connection: u64,
+}
+
+/// The answer to a queue declare.
+#[derive(Clone, Debug)]
+pub struct QueueDeclared {
+    /// The (possibly generated) name.
+    pub name: String,
+    /// Ready messages.
+    pub messages: u64,
+    /// Consumers.
+    pub consumers: u32,
+}
+
+/// What a message has that routing may look at.
+pub struct RouteInput<'a> {
+    /// Exchange name.
+    pub exchange: &'a str,
+    /// Routing key.
+    pub routing_key: &'a str,
+    /// Headers, for headers exchanges.
+    pub headers: &'a dyn HeaderLookup,
+}
+
+/// A tenant.
+pub struct Tenant {
+    /// Name.
+    pub name: Arc<str>,
+    engine: Weak<Engine>,
+    exchanges: RwLock<HashMap<String, Arc<Exchange>>>,
+    queues: RwLock<HashMap<String, Arc<Queue>>>,
+}
+
+fn not_found_queue(name: &str, tenant: &str) -> EngineError {
+    EngineError::NotFound(format!("no queue '{name}' in vhost '{tenant}'"))
+}
+
+fn not_found_exchange(name: &str, tenant: &str) -> EngineError {
+    EngineError::NotFound(format!("no exchange '{name}' in vhost '{tenant}'"))
+}
+
+fn inequivalent(arg: &str, what: &str, name: &str, tenant: &str, received: impl std::fmt::Display, current: impl std::fmt::Display) -> EngineError {
+    EngineError::PreconditionFailed(format!(
+        "inequivalent arg '{arg}' for {what} '{name}' in vhost '{tenant}': received '{received}' but current is '{current}'"
+    ))
+}
+
+impl Tenant {
+    pub(crate) fn new(name: &str, engine: Weak<Engine>) -> Arc<Self> {
+        let mut exchanges = HashMap::new();
+        for (n, kind) in STANDARD_EXCHANGES {
+            exchanges.insert(
+                n.to_string(),
+                Exchange::new(ExchangeDef {
+                    name: n.to_string(),
+                    kind: *kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal: false,
+                    arguments: Value::Object(Default::default()),
+                }),
+            );
+        }
+        Arc::new(Tenant {
+            name: name.into(),
+            engine,
+            exchanges: RwLock::new(exchanges),
+            queues: RwLock::new(HashMap::new()),
+        })
+    }
+
+    fn engine(&self) -> Result<Arc<Engine>> {
+        self.engine
+            .upgrade()
+            .ok_or_else(|| EngineError::CommandInvalid("broker is shutting down".into()))
+    }
+
+    pub(crate) fn restore_exchange(&self, def: ExchangeDef) {
+        self.exchanges.write().insert(def.name.clone(), Exchange::new(def));
+    }
+
+    pub(crate) fn restore_queue(&self, def: QueueDef) -> Arc<Queue> {
+        let q = Queue::new(def, self.name.clone(), None);
+        self.queues.write().insert(q.name().to_string(), q.clone());
+        q
+    }
+
+    pub(crate) fn restore_binding(&self, b: &BindingDef) -> Result<()> {
+        let source = self.exchange(&b.source)?;
+        let dest = self.destination(b.destination_kind, &b.destination)?;
+        source.bind(dest, &b.key, b.arguments.clone());
+        Ok(())
+    }
+
+    fn destination(&self, kind: DestinationKind, name: &str) -> Result<Destination> {
+        Ok(match kind {
+            DestinationKind::Queue => Destination::Queue(
+                self.queues
+                    .read()
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| not_found_queue(name, &self.name))?,
+            ),
+            DestinationKind::Exchange => Destination::Exchange(self.exchange(name)?),
+        })
+    }
+
+    /// Every queue.
+    pub fn queues(&self) -> Vec<Arc<Queue>> {
+        self.queues.read().values().cloned().collect()
+    }
+
+    /// Every exchange.
+    pub fn exchanges(&self) -> Vec<Arc<Exchange>> {
+        self.exchanges.read().values().cloned().collect()
+    }
+
+    /// An exchange by name (404 if missing).
+    pub fn exchange(&self, name: &str) -> Result<Arc<Exchange>> {
+        self.exchanges
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found_exchange(name, &self.name))
+    }
+
+    /// A queue by name, as seen by `connection` (404 if missing, 405 if
+    /// another connection's exclusive queue).
+    pub fn queue(&self, name: &str, connection: u64) -> Result<Arc<Queue>> {
+        let q = self
+            .queues
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found_queue(name, &self.name))?;
+        check_exclusive(&q, connection, &self.name)?;
+        Ok(q)
+    }
+
+    /// exchange.declare.
+    pub fn declare_exchange(&self, def: ExchangeDef, passive: bool) -> Result<Option<DurableWait>> {
+        if def.name.is_empty() {
+            if passive {
+                return Ok(None);
+            }
+            return Err(EngineError::AccessRefused(format!(
+                "operation not permitted on the default exchange in vhost '{}'",
+                self.name
+            )));
+        }
+        if let Some(x) = self.exchanges.read().get(&def.name) {
+            if passive {
+                return Ok(None);
+            }
+            let cur = &x.def;
+            let what = "exchange";
+            if cur.kind != def.kind {
+                return Err(inequivalent("type", what, &def.name, &self.name, def.kind.as_str(), cur.kind.as_str()));
+            }
+            if cur.durable != def.durable {
+                return Err(inequivalent("durable", what, &def.name, &self.name, def.durable, cur.durable));
+            }
+            if cur.auto_delete != def.auto_delete {
+                return Err(inequivalent("auto_delete", what, &def.name, &self.name, def.auto_delete, cur.auto_delete));
+            }
+            if cur.internal != def.internal {
+                return Err(inequivalent("internal", what, &def.name, &self.name, def.internal, cur.internal));
+            }
+            return Ok(None);
+        }
+        if passive {
+            return Err(not_found_exchange(&def.name, &self.name));
+        }
+        if def.name.starts_with("amq.") {
+            return Err(EngineError::AccessRefused(format!(
+                "exchange name '{}' contains reserved prefix 'amq.*'",
+                def.name
+            )));
+        }
+        let engine = self.engine()?;
+        let mut w = self.exchanges.write();
+        if w.contains_key(&def.name) {
+            // Raced with another declare of the same name: theirs stands.
+            return Ok(None);
+        }
+        let wait = if def.durable {
+            let key = meta::exchange_key(&self.name, &def.name);
+            let value = serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+            Some(engine.persist(&[Op::PutMeta { key: &key, value: &value }])?)
+        } else {
+            None
+        };
+        w.insert(def.name.clone(), Exchange::new(def));
+        Ok(wait)
+    }
+
+    /// exchange.delete. Deleting a missing exchange succeeds, as in RabbitMQ.
+    pub fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<Option<DurableWait>> {
+        if name.is_empty() || name.starts_with("amq.") {
+            return Err(EngineError::AccessRefused(format!(
+                "operation not permitted on exchange '{name}' in vhost '{}'",
+                self.name
+            )));
+        }
+        let engine = self.engine()?;
+        let x = {
+            let mut w = self.exchanges.write();
+            let Some(x) = w.get(name).cloned() else { return Ok(None) };
+            if if_unused && x.binding_count() > 0 {
+                return Err(EngineError::PreconditionFailed(format!(
+                    "exchange '{name}' in vhost '{}' in use",
+                    self.name
+                )));
+            }
+            w.remove(name);
+            x
+        };
+        x.deleted.store(true, Ordering::Release);
+        // Bindings from it, and exchange-to-exchange bindings to it.
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for b in x.unbind_everything() {
+            keys.push(meta::binding_key(&self.name, &binding_def(name, &b)));
+        }
+        let dest = Destination::Exchange(x.clone());
+        for other in self.exchanges() {
+            for b in other.unbind_all_to(&dest) {
+                keys.push(meta::binding_key(&self.name, &binding_def(&other.def.name, &b)));
+            }
+            self.maybe_auto_delete_exchange(&other);
+        }
+        if !x.def.durable {
+            return Ok(None);
+        }
+        keys.push(meta::exchange_key(&self.name, name));
+        let ops: Vec<Op> = keys.iter().map(|k| Op::DeleteMeta { key: k }).collect();
+        Ok(Some(engine.persist(&ops)?))
+    }
+
+    /// queue.declare.
+    pub fn declare_queue(&self, req: QueueDeclare) -> Result<(QueueDeclared, Option<DurableWait>)> {
+        let engine = self.engine()?;
+        let name = if req.name.is_empty() && !req.passive {
+            generated_name()
+        } else {
+            req.name.clone()
+        };
+        let existing = self.queues.read().get(&name).cloned();
+        if let Some(q) = existing {
+            check_exclusive(&q, req.connection, &self.name)?;
+            if !req.passive {
+                let what = "queue";
+                if q.def.durable != req.durable {
+                    return Err(inequivalent("durable", what, &name, &self.name, req.durable, q.def.durable));
+                }
+                if q.exclusive_owner.is_some() != req.exclusive {
+                    return Err(inequivalent("exclusive", what, &name, &self.name, req.exclusive, q.exclusive_owner.is_some()));
+                }
+                if q.def.auto_delete != req.auto_delete {
+                    return Err(inequivalent("auto_delete", what, &name, &self.name, req.auto_delete, q.def.auto_delete));
+                }
+                if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
+                    return Err(inequivalent(&k, what, &name, &self.name, recv, cur));
+                }
+            }
+            let declared = QueueDeclared {
+                name,
+                messages: q.message_count(),
+                consumers: q.consumers.load(Ordering::Relaxed),
+            };
+            return Ok((declared, None));
+        }
+        if req.passive {
+            return Err(not_found_queue(&name, &self.name));
+        }
+        if name.starts_with("amq.") && !req.name.is_empty() {
+            return Err(EngineError::AccessRefused(format!(
+                "queue name '{name}' contains reserved prefix 'amq.*'"
+            )));
+        }
+        if let Some(t) = req.arguments.get("x-queue-type").and_then(Value::as_str) {
+            if !matches!(t, "classic" | "quorum") {
+                return Err(EngineError::PreconditionFailed(format!(
+                    "invalid arg 'x-queue-type' for queue '{name}' in vhost '{}': unsupported queue type '{t}'",
+                    self.name
+                )));
+            }
+        }
+        let mut w = self.queues.write();
+        if let Some(q) = w.get(&name) {
+            // Raced with another declare: answer as for an existing queue.
+            let declared = QueueDeclared { name, messages: q.message_count(), consumers: q.consumers.load(Ordering::Relaxed) };
+            return Ok((declared, None));
+        }
+        let def = QueueDef {
+            name: name.clone(),
+            durable: req.durable,
+            auto_delete: req.auto_delete,
+            arguments: req.arguments.clone(),
+            partitions: vec![engine.allocate_partition().0],
+        };
+        // Exclusive queues die with their connection, so they are never stored.
+        let wait = if req.durable && !req.exclusive {
+            let key = meta::queue_key(&self.name, &name);
+            let value = serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+            let next = serde_json::to_vec(&engine.next_partition_hint()).unwrap_or_default();
+            Some(engine.persist(&[
+                Op::PutMeta { key: meta::NEXT_PARTITION_KEY, value: &next },
+                Op::PutMeta { key: &key, value: &value },
+            ])?)
+        } else {
+            None
+        };
+        let owner = req.exclusive.then_some(req.connection);
+        let q = Queue::new(def, self.name.clone(), owner);
+        w.insert(name.clone(), q);
+        Ok((QueueDeclared { name, messages: 0, consumers: 0 }, wait))
+    }
+
+    /// queue.delete; returns the number of messages deleted. Deleting a
+    /// missing queue succeeds with 0, as in RabbitMQ.
+    pub fn delete_queue(&self, name: &str, if_unused: bool, if_empty: bool, connection: u64) -> Result<(u64, Option<DurableWait>)> {
+        let q = match self.queue(name, connection) {
+            Ok(q) => q,
+            Err(EngineError::NotFound(_)) => return Ok((0, None)),
+            Err(e) => return Err(e),
+        };
+        if if_unused && q.consumers.load(Ordering::Relaxed) > 0 {
+            return Err(EngineError::PreconditionFailed(format!("queue '{name}' in vhost '{}' in use", self.name)));
+        }
+        if if_empty && q.message_count() > 0 {
+            return Err(EngineError::PreconditionFailed(format!("queue '{name}' in vhost '{}' not empty", self.name)));
+        }
+        self.remove_queue(&q)
+    }
+
+    /// Removes a queue: unbinds it, cancels its consumers, settles its messages.
+    fn remove_queue(&self, q: &Arc<Queue>) -> Result<(u64, Option<DurableWait>)> {
+        let engine = self.engine()?;
+        {
+            let mut w = self.queues.write();
+            match w.get(q.name()) {
+                Some(cur) if Arc::ptr_eq(cur, q) => {
+                    w.remove(q.name());
+                }
+                _ => return Ok((0, None)),
+            }
+        }
+        q.deleted.store(true, Ordering::Release);
+        let dest = Destination::Queue(q.clone());
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for x in self.exchanges() {
+            for b in x.unbind_all_to(&dest) {
+                keys.push(meta::binding_key(&self.name, &binding_def(&x.def.name, &b)));
+            }
+            self.maybe_auto_delete_exchange(&x);
+        }
+        let mut count = 0u64;
+        let mut settled = Vec::new();
+        for p in &q.partitions {
+            p.mark_deleted();
+            for c in p.take_consumers() {
+                c.cancelled.store(true, Ordering::Release);
+                c.conn.notice(Notice::ConsumerCancelled { channel: c.channel, tag: c.tag.clone() });
+            }
+            let entries = p.purge();
+            count += entries.len() as u64;
+            settled.extend(entries.into_iter().filter_map(|e| e.location.map(|l| (p.id, e.id, l))));
+        }
+        let mut ops: Vec<Op> = settled
+            .iter()
+            .map(|(p, id, l)| Op::Settle { partition: *p, id: *id, location: *l })
+            .collect();
+        let qkey = meta::queue_key(&self.name, q.name());
+        if q.def.durable && q.exclusive_owner.is_none() {
+            ops.push(Op::DeleteMeta { key: &qkey });
+            ops.extend(keys.iter().map(|k| Op::DeleteMeta { key: k }));
+        }
+        if ops.is_empty() {
+            return Ok((count, None));
+        }
+        Ok((count, Some(engine.persist(&ops)?)))
+    }
+
+    /// queue.purge; returns the number of messages removed.
+    pub fn purge_queue(&self, name: &str, connection: u64) -> Result<u64> {
+        let q = self.queue(name, connection)?;
+        let mut ops = Vec::new();
+        let mut count = 0;
+        for p in &q.partitions {
+            for e in p.purge() {
+                count += 1;
+                if let Some(l) = e.location {
+                    ops.push(Op::Settle { partition: p.id, id: e.id, location: l });
+                }
+            }
+        }
+        if !ops.is_empty() {
+            self.engine()?.store().append(&ops, &mut Vec::new(), None)?;
+        }
+        Ok(count)
+    }
+
+    /// queue.bind and exchange.bind.
+    pub fn bind(&self, source: &str, kind: DestinationKind, destination: &str, key: &str, arguments: Value, connection: u64) -> Result<Option<DurableWait>> {
+        let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
+        if !x.bind(dest, key, arguments.clone()) || !durable {
+            return Ok(None);
+        }
+        let def = BindingDef {
+            source: source.to_string(),
+            destination_kind: kind,
+            destination: destination.to_string(),
+            key: key.to_string(),
+            arguments,
+        };
+        let k = meta::binding_key(&self.name, &def);
+        let v = serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+        Ok(Some(self.engine()?.persist(&[Op::PutMeta { key: &k, value: &v }])?))
+    }
+
+    /// queue.unbind and exchange.unbind. Removing a missing binding succeeds.
+    pub fn unbind(&self, source: &str, kind: DestinationKind, destination: &str, key: &str, arguments: Value, connection: u64) -> Result<Option<DurableWait>> {
+        let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
+        let removed = x.unbind(&dest, key, &arguments);
+        self.maybe_auto_delete_exchange(&x);
+        if !removed || !durable {
+            return Ok(None);
+        }
+        let def = BindingDef {
+            source: source.to_string(),
+            destination_kind: kind,
+            destination: destination.to_string(),
+            key: key.to_string(),
+            arguments,
+        };
+        let k = meta::binding_key(&self.name, &def);
+        Ok(Some(self.engine()?.persist(&[Op::DeleteMeta { key: &k }])?))
+    }
+
+    fn binding_ends(&self, source: &str, kind: DestinationKind, destination: &str, connection: u64) -> Result<(Arc<Exchange>, Destination, bool)> {
+        if source.is_empty() || (kind == DestinationKind::Exchange && destination.is_empty()) {
+            return Err(EngineError::AccessRefused(format!(
+                "operation not permitted on the default exchange in vhost '{}'",
+                self.name
+            )));
+        }
+        let dest = match kind {
+            DestinationKind::Queue => Destination::Queue(self.queue(destination, connection)?),
+            DestinationKind::Exchange => Destination::Exchange(self.exchange(destination)?),
+        };
+        let x = self.exchange(source)?;
+        let durable = x.def.durable
+            && match &dest {
+                Destination::Queue(q) => q.def.durable && q.exclusive_owner.is_none(),
+                Destination::Exchange(d) => d.def.durable,
+            };
+        Ok((x, dest, durable))
+    }
+
+    fn maybe_auto_delete_exchange(&self, x: &Arc<Exchange>) {
+        if x.def.auto_delete && x.binding_count() == 0 && !x.deleted.load(Ordering::Acquire) {
+            if let Err(e) = self.delete_exchange(&x.def.name, false) {
+                tracing::warn!(exchange = %x.def.name, error = %e, "auto-delete of exchange failed");
+            }
+        }
+    }
+
+    /// The queues a message reaches. Missing exchange → 404; internal → 403.
+    pub fn route(&self, input: &RouteInput<'_>, out: &mut Vec<Arc<Queue>>) -> Result<()> {
+        if input.exchange.is_empty() {
+            if let Some(q) = self.queues.read().get(input.routing_key) {
+                out.push(q.clone());
+            }
+            return Ok(());
+        }
+        let x = self.exchange(input.exchange)?;
+        if x.def.internal {
+            return Err(EngineError::AccessRefused(format!(
+                "cannot publish to internal exchange '{}' in vhost '{}'",
+                input.exchange, self.name
+            )));
+        }
+        let mut seen = Vec::new();
+        x.route(input.routing_key, input.headers, out, &mut seen);
+        Ok(())
+    }
+
+    /// A consumer left `q`: delete it if it is auto-delete and now unused.
+    pub fn consumer_gone(&self, q: &Arc<Queue>) {
+        let left = q.consumers.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        if left == 0 && q.def.auto_delete && q.had_consumer.load(Ordering::Acquire) {
+            if let Err(e) = self.remove_queue(q) {
+                tracing::warn!(queue = %q.name(), error = %e, "auto-delete of queue failed");
+            }
+        }
+    }
+
+    /// Deletes the exclusive queues of a closed connection.
+    pub fn connection_closed(&self, connection: u64) {
+        let owned: Vec<_> = self
+            .queues
+            .read()
+            .values()
+            .filter(|q| q.exclusive_owner == Some(connection))
+            .cloned()
+            .collect();
+        for q in owned {
+            if let Err(e) = self.remove_queue(&q) {
+                tracing::warn!(queue = %q.name(), error = %e, "removing exclusive queue failed");
+            }
+        }
+    }
+}
+
+fn check_exclusive(q: &Queue, connection: u64, tenant: &str) -> Result<()> {
+    match q.exclusive_owner {
+        Some(owner) if owner != connection => Err(EngineError::ResourceLocked(format!(
+            "cannot obtain exclusive access to locked queue '{}' in vhost '{tenant}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
+            q.name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn binding_def(source: &str, b: &super::exchange::Binding) -> BindingDef {
+    let (kind, name) = match &b.destination {
+        Destination::Queue(q) => (DestinationKind::Queue, q.name().to_string()),
+        Destination::Exchange(x) => (DestinationKind::Exchange, x.def.name.clone()),
+    };
+    BindingDef {
+        source: source.to_string(),
+        destination_kind: kind,
+        destination: name,
+        key: b.key.clone(),
+        arguments: b.arguments.clone(),
+    }
+}
+
+/// The first `x-` argument whose value differs between a redeclare and the
+/// existing queue (RabbitMQ compares the arguments it understands).
+fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String, String)> {
+    const CHECKED: &[&str] = &[
+        "x-queue-type",
+        "x-message-ttl",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-priority",
+        "x-overflow",
+        "x-single-active-consumer",
+    ];
+    for k in CHECKED {
+        let r = received.get(*k);
+        let c = current.get(*k);
+        // x-queue-type 'classic' is the default and equals absent.
+        let norm = |v: Option<&Value>| match v {
+            Some(Value::String(s)) if *k == "x-queue-type" && s == "classic" => None,
+            other => other.cloned(),
+        };
+        if norm(r) != norm(c) {
+            let show = |v: Option<&Value>| v.map(|v| v.to_string().trim_matches('"').to_string()).unwrap_or_else(|| "none".into());
+            return Some((k.to_string(), show(r), show(c)));
+        }
+    }
+    None
+}
+
+/// A server-generated queue name, `amq.gen-` plus 22 URL-safe characters.
+fn generated_name() -> String {
+    use std::sync::atomic::AtomicU64;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    // splitmix64 over (time, counter, pid): unique per process, unpredictable enough.
+    let mut x = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((std::process::id() as u64) << 32);
+    let mut s = String::from("amq.gen-");
+    for _ in 0..22 {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        s.push(ALPHABET[(z % 64) as usize] as char);
+    }
+    s
+}
