@@ -121,7 +121,12 @@ if [ "$ONLY" != "weir" ]; then
     service rabbitmq-server start >/dev/null 2>&1 || rabbitmq-server -detached
     STARTED_RABBIT=1
   fi
-  timeout 120 rabbitmqctl await_startup >/dev/null
+  # await_startup fails outright while the node hasn't registered with epmd yet: retry for up to 2 min.
+  for i in $(seq 60); do
+    rabbitmqctl await_startup >/dev/null 2>&1 && break
+    [ "$i" = 60 ] && { echo "RabbitMQ did not start (see /var/log/rabbitmq/)" >&2; exit 1; }
+    sleep 2
+  done
   RABBIT_VERSION="$(rabbitmqctl version 2>/dev/null || echo '?')"
   RABBIT_STATUS="RabbitMQ $RABBIT_VERSION"
   RURL="amqp://guest:guest@127.0.0.1:5672/%2f"

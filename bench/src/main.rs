@@ -155,6 +155,8 @@ struct Report {
     confirm_service: Percentiles,
     e2e: Percentiles,
     cpu_s: Option<f64>,
+    /// CPU seconds the whole machine spent busy (all processes) during the window.
+    machine_busy_s: Option<f64>,
 }
 
 impl Report {
@@ -215,6 +217,14 @@ impl Report {
             ),
             _ => println!("  client CPU: unavailable"),
         }
+        if let Some(busy) = self.machine_busy_s {
+            // Broker + client + anything else: a busy figure well above broker + client flags noise.
+            println!(
+                "  machine busy: {:.2} cores (of {})",
+                busy / self.measured_s,
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            );
+        }
     }
 
     fn to_json(&self) -> String {
@@ -247,6 +257,9 @@ impl Report {
             "e2e_latency": p(&self.e2e),
             "client_cpu_s": self.cpu_s,
             "client_cpu_us_per_msg": self.cpu_us_per_msg(),
+            "client_cpu_cores": self.cpu_s.map(|c| c / self.measured_s),
+            "machine_busy_cores": self.machine_busy_s.map(|c| c / self.measured_s),
+            "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),
         })
         .to_string()
     }
@@ -367,27 +380,37 @@ async fn run(args: Args) -> Result<Report> {
     // Paced mode: a dedicated thread ticks at the message interval (at most every 200 µs) with
     // nanosleep precision. tokio's timer wheel has 1 ms granularity, which would add up to ~1 ms of
     // pacing error to every latency measured from the intended send time.
-    let (tick_tx, tick_rx) = watch::channel(0u64);
     let interval_ns = if args.rate > 0 {
         1e9 / f64::from(args.rate)
     } else {
         0.0
     };
-    let pacer = (args.rate > 0).then(|| {
+    let (tick_txs, mut tick_rxs): (Vec<_>, Vec<_>) =
+        (0..args.publishers).map(|_| watch::channel(0u64)).unzip();
+    let pacer = (args.rate > 0 && args.publishers > 0).then(|| {
         let period_ns = interval_ns.max(200_000.0) as u64;
+        // One message per tick: wake only the publisher that owns it (message j belongs to publisher
+        // j % N), halving the cross-thread wake-ups. Several per tick: wake everyone.
+        let one_per_tick = interval_ns >= 200_000.0;
         let end = plan.end_ns;
         std::thread::spawn(move || {
-            let epoch = stats::deadline(0).into_std();
-            let mut k = 0u64;
-            loop {
-                k += 1;
-                let t = stats::deadline(start_ns + period_ns.saturating_mul(k)).into_std();
-                let now = std::time::Instant::now();
-                if t > now {
-                    std::thread::sleep(t - now);
-                }
-                if t.duration_since(epoch).as_nanos() as u64 >= end || tick_tx.send(k).is_err() {
+            let n = tick_txs.len() as u64;
+            for k in 1u64.. {
+                let t_ns = start_ns + period_ns.saturating_mul(k);
+                if t_ns >= end {
                     break;
+                }
+                let now = now_ns();
+                if t_ns > now {
+                    std::thread::sleep(Duration::from_nanos(t_ns - now));
+                }
+                if one_per_tick {
+                    // A publisher that already finished has dropped its receiver; nothing to wake.
+                    let _ = tick_txs[(k % n) as usize].send(k);
+                } else {
+                    for tx in &tick_txs {
+                        let _ = tx.send(k);
+                    }
                 }
             }
         })
@@ -400,7 +423,7 @@ async fn run(args: Args) -> Result<Report> {
                 interval_ns,
                 index: i as u64,
                 of: u64::from(args.publishers),
-                ticks: tick_rx.clone(),
+                ticks: tick_rxs.remove(0),
             }
         } else {
             publisher::Pace::Saturated
@@ -413,7 +436,6 @@ async fn run(args: Args) -> Result<Report> {
                 .ctx(format!("publisher {i}"))
         }));
     }
-    drop(tick_rx);
     let mut cons_tasks = Vec::new();
     let idle = Duration::from_millis(args.ack_idle_ms.max(1));
     for (i, c) in consumers.into_iter().enumerate() {
@@ -427,8 +449,10 @@ async fn run(args: Args) -> Result<Report> {
     // Sample our own CPU time exactly over the measurement window.
     tokio::time::sleep_until(stats::deadline(plan.warmup_end_ns)).await;
     let cpu0 = stats::process_cpu_time();
+    let machine0 = stats::machine_cpu_ticks();
     tokio::time::sleep_until(stats::deadline(plan.end_ns)).await;
     let cpu1 = stats::process_cpu_time();
+    let machine1 = stats::machine_cpu_ticks();
 
     let mut confirm = stats::new_histogram();
     let mut confirm_service = stats::new_histogram();
@@ -472,6 +496,10 @@ async fn run(args: Args) -> Result<Report> {
         e2e: Percentiles::of(&e2e),
         cpu_s: match (cpu0, cpu1) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
+            _ => None,
+        },
+        machine_busy_s: match (machine0, machine1) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / 100.0),
             _ => None,
         },
         args,

@@ -74,3 +74,18 @@ pub fn deadline(ns: u64) -> tokio::time::Instant {
     let epoch = *EPOCH.get_or_init(Instant::now);
     tokio::time::Instant::from_std(epoch + Duration::from_nanos(ns))
 }
+
+/// Busy CPU time of the whole machine in USER_HZ ticks (every CPU, every process): the first line of
+/// `/proc/stat` minus idle and iowait. Used to show how much of the machine the broker (and anything
+/// else running, such as a concurrent build) took during the run.
+pub fn machine_cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice, already inside user/nice]
+    let total: u64 = v.iter().take(8).sum();
+    Some(total - v.get(3)? - v.get(4).copied().unwrap_or(0))
+}
