@@ -241,7 +241,7 @@ impl Session {
                     self.tenant = Some(t);
                     self.conn.accept_open();
                 }
-                None => self.conn.refuse_open(&format!("vhost '{vhost}' not found")),
+                None => self.conn.refuse_open(&format!("vhost {vhost} not found")),
             },
             Event::ChannelOpened(ch) => {
                 self.channels.insert(ch, Channel::default());
@@ -353,7 +353,10 @@ impl Session {
         }
         if queues.is_empty() {
             if p.mandatory {
-                codec::write_return(self.conn.out(), ch, reply::NO_ROUTE, "NO_ROUTE", &p.exchange, &p.routing_key);
+                let frame_max = self.conn.frame_max();
+                let out = self.conn.out();
+                codec::write_return(out, ch, reply::NO_ROUTE, "NO_ROUTE", &p.exchange, &p.routing_key);
+                codec::write_content(out, ch, &p.properties, &p.body, frame_max);
             }
             self.route_buf = queues;
             return Ok(());

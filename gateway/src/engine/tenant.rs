@@ -293,7 +293,11 @@ impl Tenant {
                     return Err(inequivalent("durable", what, &name, &self.name, req.durable, q.def.durable));
                 }
                 if q.exclusive_owner.is_some() != req.exclusive {
-                    return Err(inequivalent("exclusive", what, &name, &self.name, req.exclusive, q.exclusive_owner.is_some()));
+                    // RabbitMQ answers an exclusivity mismatch as a lock conflict.
+                    return Err(EngineError::ResourceLocked(format!(
+                        "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'",
+                        self.name
+                    )));
                 }
                 if q.def.auto_delete != req.auto_delete {
                     return Err(inequivalent("auto_delete", what, &name, &self.name, req.auto_delete, q.def.auto_delete));
