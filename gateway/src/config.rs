@@ -9,7 +9,11 @@ use std::path::PathBuf;
 
 /// Command line (each flag also reads its environment variable).
 #[derive(Parser, Debug, Default)]
-#[command(name = "weir", version, about = "Weir: a multi-protocol message broker (AMQP 0-9-1 today)")]
+#[command(
+    name = "weir",
+    version,
+    about = "Weir: a multi-protocol message broker (AMQP 0-9-1 today)"
+)]
 pub struct Cli {
     /// TOML configuration file.
     #[arg(long, env = "WEIR_CONFIG")]
@@ -125,13 +129,22 @@ impl Config {
     pub fn load(cli: Cli) -> Result<Self, ConfigError> {
         let file = match &cli.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
-                toml::from_str::<FileConfig>(&text).map_err(|source| ConfigError::Parse { path: path.clone(), source })?
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                toml::from_str::<FileConfig>(&text).map_err(|source| ConfigError::Parse {
+                    path: path.clone(),
+                    source,
+                })?
             }
             None => FileConfig::default(),
         };
         let cfg = Config {
-            data_dir: cli.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("./weir-data")),
+            data_dir: cli
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./weir-data")),
             amqp_listen: cli
                 .amqp_listen
                 .or(file.amqp_listen)
@@ -141,15 +154,23 @@ impl Config {
             segment_bytes: cli.segment_mb.or(file.segment_mb).unwrap_or(64) << 20,
             heartbeat: cli.heartbeat.or(file.heartbeat).unwrap_or(60),
             frame_max: cli.frame_max.or(file.frame_max).unwrap_or(131_072),
-            default_pass: cli.default_pass.or(file.default_pass).unwrap_or_else(|| "guest".into()),
+            default_pass: cli
+                .default_pass
+                .or(file.default_pass)
+                .unwrap_or_else(|| "guest".into()),
             guest_remote: cli.guest_remote.or(file.guest_remote).unwrap_or(false),
             users: file.users,
         };
         if cfg.frame_max < 4096 {
-            return Err(ConfigError::Invalid(format!("frame_max {} is below the AMQP minimum 4096", cfg.frame_max)));
+            return Err(ConfigError::Invalid(format!(
+                "frame_max {} is below the AMQP minimum 4096",
+                cfg.frame_max
+            )));
         }
         if cfg.segment_bytes == 0 || cfg.segment_bytes > u32::MAX as u64 {
-            return Err(ConfigError::Invalid("segment_mb must be between 1 and 4095".into()));
+            return Err(ConfigError::Invalid(
+                "segment_mb must be between 1 and 4095".into(),
+            ));
         }
         Ok(cfg)
     }
@@ -164,8 +185,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("weir-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("weir.toml");
-        std::fs::write(&path, "data_dir = \"/from/file\"\nheartbeat = 5\n[[users]]\nname = \"a\"\npassword = \"b\"\n")
-            .expect("write config");
+        std::fs::write(
+            &path,
+            "data_dir = \"/from/file\"\nheartbeat = 5\n[[users]]\nname = \"a\"\npassword = \"b\"\n",
+        )
+        .expect("write config");
         let cli = Cli {
             config: Some(path),
             heartbeat: Some(7),
@@ -184,7 +208,11 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("weir.toml");
         std::fs::write(&path, "data_dirr = \"x\"\n").expect("write config");
-        let err = Config::load(Cli { config: Some(path), ..Cli::default() }).unwrap_err();
+        let err = Config::load(Cli {
+            config: Some(path),
+            ..Cli::default()
+        })
+        .unwrap_err();
         assert!(matches!(err, ConfigError::Parse { .. }));
     }
 }

@@ -28,13 +28,20 @@ impl Shared {
     /// Checks credentials. The default user `guest` is accepted from loopback
     /// only unless configured otherwise, as in RabbitMQ.
     pub fn authenticate(&self, user: &str, pass: &str, peer: SocketAddr) -> bool {
-        let Some(expected) = self.users.get(user) else { return false };
+        let Some(expected) = self.users.get(user) else {
+            return false;
+        };
         if user == "guest" && !self.guest_remote && !peer.ip().is_loopback() {
             return false;
         }
         // Constant-time comparison is not needed for equal-length secrets held
         // in memory here, but avoid early exit on length anyway.
-        expected.len() == pass.len() && expected.bytes().zip(pass.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+        expected.len() == pass.len()
+            && expected
+                .bytes()
+                .zip(pass.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
     }
 }
 
@@ -99,11 +106,20 @@ impl Broker {
             heartbeat: cfg.heartbeat,
             ..ServerConfig::default()
         };
-        let listener = TcpListener::bind(cfg.amqp_listen)
-            .await
-            .map_err(|source| ServerError::Bind { addr: cfg.amqp_listen, source })?;
+        let listener =
+            TcpListener::bind(cfg.amqp_listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: cfg.amqp_listen,
+                    source,
+                })?;
         Ok(Broker {
-            shared: Arc::new(Shared { engine, amqp, users, guest_remote: cfg.guest_remote }),
+            shared: Arc::new(Shared {
+                engine,
+                amqp,
+                users,
+                guest_remote: cfg.guest_remote,
+            }),
             store,
             listener,
         })
@@ -126,7 +142,9 @@ impl Broker {
                 tick.tick().await;
                 let e = engine.clone();
                 match tokio::task::spawn_blocking(move || e.compact()).await {
-                    Ok(Ok(n)) if n > 0 => tracing::info!(relocated = n, "compacted sparse segments"),
+                    Ok(Ok(n)) if n > 0 => {
+                        tracing::info!(relocated = n, "compacted sparse segments")
+                    }
                     Ok(Err(e)) => tracing::warn!(error = %e, "compaction failed"),
                     _ => {}
                 }
@@ -152,7 +170,10 @@ impl Broker {
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
-        tracing::info!(connections = conns.len(), "shutting down: closing connections");
+        tracing::info!(
+            connections = conns.len(),
+            "shutting down: closing connections"
+        );
         drop(self.listener);
         let _ = shutdown_tx.send(true);
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
@@ -176,14 +197,15 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -26,14 +26,22 @@ fn value_to_json(v: &AMQPValue) -> Value {
         AMQPValue::LongUInt(i) => Value::from(*i),
         AMQPValue::LongLongInt(i) => Value::from(*i),
         AMQPValue::Timestamp(i) => Value::from(*i),
-        AMQPValue::Float(f) => Number::from_f64(*f as f64).map(Value::Number).unwrap_or(Value::Null),
-        AMQPValue::Double(f) => Number::from_f64(*f).map(Value::Number).unwrap_or(Value::Null),
-        AMQPValue::DecimalValue(d) => {
-            Number::from_f64(d.value as f64 / 10f64.powi(d.scale as i32)).map(Value::Number).unwrap_or(Value::Null)
-        }
+        AMQPValue::Float(f) => Number::from_f64(*f as f64)
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
+        AMQPValue::Double(f) => Number::from_f64(*f)
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
+        AMQPValue::DecimalValue(d) => Number::from_f64(d.value as f64 / 10f64.powi(d.scale as i32))
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
         AMQPValue::ShortString(s) => Value::String(s.as_str().to_string()),
-        AMQPValue::LongString(s) => Value::String(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ByteArray(b) => Value::String(String::from_utf8_lossy(b.as_slice()).into_owned()),
+        AMQPValue::LongString(s) => {
+            Value::String(String::from_utf8_lossy(s.as_bytes()).into_owned())
+        }
+        AMQPValue::ByteArray(b) => {
+            Value::String(String::from_utf8_lossy(b.as_slice()).into_owned())
+        }
         AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(value_to_json).collect()),
         AMQPValue::FieldTable(t) => table_to_json(t),
         AMQPValue::Void => Value::Null,
@@ -50,7 +58,10 @@ pub struct LazyHeaders<'a> {
 impl<'a> LazyHeaders<'a> {
     /// Headers of the property block `raw`.
     pub fn new(raw: &'a [u8]) -> Self {
-        LazyHeaders { raw, parsed: OnceCell::new() }
+        LazyHeaders {
+            raw,
+            parsed: OnceCell::new(),
+        }
     }
 }
 

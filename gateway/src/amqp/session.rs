@@ -66,16 +66,38 @@ impl From<EngineError> for Failure {
             EngineError::NotFound(_) => Failure::Channel(reply::NOT_FOUND, text),
             EngineError::AccessRefused(_) => Failure::Channel(reply::ACCESS_REFUSED, text),
             EngineError::ResourceLocked(_) => Failure::Channel(reply::RESOURCE_LOCKED, text),
-            EngineError::PreconditionFailed(_) => Failure::Channel(reply::PRECONDITION_FAILED, text),
-            EngineError::CommandInvalid(_) => Failure::Connection(Hard { code: reply::COMMAND_INVALID, text, class_id: 0, method_id: 0 }),
-            EngineError::NotImplemented(_) => Failure::Connection(Hard { code: reply::NOT_IMPLEMENTED, text, class_id: 0, method_id: 0 }),
-            EngineError::Store(_) => Failure::Connection(Hard { code: reply::INTERNAL_ERROR, text, class_id: 0, method_id: 0 }),
+            EngineError::PreconditionFailed(_) => {
+                Failure::Channel(reply::PRECONDITION_FAILED, text)
+            }
+            EngineError::CommandInvalid(_) => Failure::Connection(Hard {
+                code: reply::COMMAND_INVALID,
+                text,
+                class_id: 0,
+                method_id: 0,
+            }),
+            EngineError::NotImplemented(_) => Failure::Connection(Hard {
+                code: reply::NOT_IMPLEMENTED,
+                text,
+                class_id: 0,
+                method_id: 0,
+            }),
+            EngineError::Store(_) => Failure::Connection(Hard {
+                code: reply::INTERNAL_ERROR,
+                text,
+                class_id: 0,
+                method_id: 0,
+            }),
         }
     }
 }
 
 fn hard(code: u16, text: String) -> Failure {
-    Failure::Connection(Hard { code, text: format!("{} - {text}", reply::name(code)), class_id: 0, method_id: 0 })
+    Failure::Connection(Hard {
+        code,
+        text: format!("{} - {text}", reply::name(code)),
+        class_id: 0,
+        method_id: 0,
+    })
 }
 
 fn soft(code: u16, text: String) -> Failure {
@@ -83,7 +105,12 @@ fn soft(code: u16, text: String) -> Failure {
 }
 
 /// Serves one accepted AMQP connection until it closes.
-pub async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
     let _ = stream.set_nodelay(true);
     let id = shared.engine.next_connection_id();
     let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
@@ -228,12 +255,18 @@ impl Session {
 
     async fn handle_event(&mut self, ev: Event) {
         match ev {
-            Event::Login { mechanism, username, password } => {
+            Event::Login {
+                mechanism,
+                username,
+                password,
+            } => {
                 if self.shared.authenticate(&username, &password, self.peer) {
                     self.conn.accept_login();
                 } else {
                     tracing::info!(peer = %self.peer, user = %username, %mechanism, "login refused");
-                    self.conn.refuse_login(&format!("Login was refused using authentication mechanism {mechanism}."));
+                    self.conn.refuse_login(&format!(
+                        "Login was refused using authentication mechanism {mechanism}."
+                    ));
                 }
             }
             Event::OpenVhost { vhost } => match self.engine.tenant(&vhost) {
@@ -258,7 +291,12 @@ impl Session {
                     }
                 }
             }
-            Event::Qos { channel, prefetch_size, prefetch_count, global } => {
+            Event::Qos {
+                channel,
+                prefetch_size,
+                prefetch_count,
+                global,
+            } => {
                 if !self.conn.channel_is_usable(channel) {
                     return;
                 }
@@ -269,14 +307,20 @@ impl Session {
                                 cc.max_count.store(prefetch_count as u32, Ordering::Relaxed);
                                 cc.max_bytes.store(prefetch_size, Ordering::Relaxed);
                             }
-                            None => c.channel_credit = Some(Credit::new(prefetch_count as u32, prefetch_size)),
+                            None => {
+                                c.channel_credit =
+                                    Some(Credit::new(prefetch_count as u32, prefetch_size))
+                            }
                         }
                     } else {
                         c.prefetch_count = prefetch_count;
                         c.prefetch_size = prefetch_size;
                     }
                 }
-                self.conn.send_method(channel, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})));
+                self.conn.send_method(
+                    channel,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
             }
             Event::Publish { channel, message } => {
                 if !self.conn.channel_is_usable(channel) {
@@ -286,7 +330,11 @@ impl Session {
                     self.fail(channel, f, 60, 40);
                 }
             }
-            Event::Ack { channel, delivery_tag, multiple } => {
+            Event::Ack {
+                channel,
+                delivery_tag,
+                multiple,
+            } => {
                 if !self.conn.channel_is_usable(channel) {
                     return;
                 }
@@ -298,7 +346,8 @@ impl Session {
                 if !self.conn.channel_is_usable(channel) {
                     return;
                 }
-                let (class_id, method_id) = (method.get_amqp_class_id(), method.get_amqp_method_id());
+                let (class_id, method_id) =
+                    (method.get_amqp_class_id(), method.get_amqp_method_id());
                 if let Err(f) = self.on_method(channel, method).await {
                     self.fail(channel, f, class_id, method_id);
                 }
@@ -311,19 +360,26 @@ impl Session {
             Failure::Channel(code, text) => {
                 tracing::debug!(peer = %self.peer, channel, code, %text, "closing channel");
                 self.release_channel(channel);
-                self.conn.close_channel(channel, code, &text, class_id, method_id);
+                self.conn
+                    .close_channel(channel, code, &text, class_id, method_id);
             }
             Failure::Connection(h) => {
                 tracing::info!(peer = %self.peer, code = h.code, text = %h.text, "closing connection");
                 self.release_all();
-                let (c, m) = if h.class_id == 0 { (class_id, method_id) } else { (h.class_id, h.method_id) };
+                let (c, m) = if h.class_id == 0 {
+                    (class_id, method_id)
+                } else {
+                    (h.class_id, h.method_id)
+                };
                 self.conn.fail(h.code, h.text, c, m);
             }
         }
     }
 
     fn tenant(&self) -> Result<Arc<Tenant>, Failure> {
-        self.tenant.clone().ok_or_else(|| hard(reply::COMMAND_INVALID, "connection not open".into()))
+        self.tenant
+            .clone()
+            .ok_or_else(|| hard(reply::COMMAND_INVALID, "connection not open".into()))
     }
 
     // ----- publishing -----
@@ -333,12 +389,21 @@ impl Session {
             return Err(hard(reply::NOT_IMPLEMENTED, "immediate=true".into()));
         }
         let tenant = self.tenant()?;
-        let exchange = std::str::from_utf8(&p.exchange).map_err(|_| hard(reply::SYNTAX_ERROR, "exchange name is not UTF-8".into()))?;
-        let routing_key = std::str::from_utf8(&p.routing_key).map_err(|_| hard(reply::SYNTAX_ERROR, "routing key is not UTF-8".into()))?;
+        let exchange = std::str::from_utf8(&p.exchange)
+            .map_err(|_| hard(reply::SYNTAX_ERROR, "exchange name is not UTF-8".into()))?;
+        let routing_key = std::str::from_utf8(&p.routing_key)
+            .map_err(|_| hard(reply::SYNTAX_ERROR, "routing key is not UTF-8".into()))?;
         let mut queues = std::mem::take(&mut self.route_buf);
         queues.clear();
         let headers = LazyHeaders::new(&p.properties);
-        let routed = tenant.route(&RouteInput { exchange, routing_key, headers: &headers }, &mut queues);
+        let routed = tenant.route(
+            &RouteInput {
+                exchange,
+                routing_key,
+                headers: &headers,
+            },
+            &mut queues,
+        );
         if let Err(e) = routed {
             self.route_buf = queues;
             return Err(e.into());
@@ -355,7 +420,14 @@ impl Session {
             if p.mandatory {
                 let frame_max = self.conn.frame_max();
                 let out = self.conn.out();
-                codec::write_return(out, ch, reply::NO_ROUTE, "NO_ROUTE", &p.exchange, &p.routing_key);
+                codec::write_return(
+                    out,
+                    ch,
+                    reply::NO_ROUTE,
+                    "NO_ROUTE",
+                    &p.exchange,
+                    &p.routing_key,
+                );
                 codec::write_content(out, ch, &p.properties, &p.body, frame_max);
             }
             self.route_buf = queues;
@@ -393,13 +465,24 @@ impl Session {
                 body: &message.body,
                 attrs: Default::default(),
             };
-            let res = self.store.append(&[Op::Publish { id, partitions: &durable_parts, data }], &mut self.locs, None);
+            let res = self.store.append(
+                &[Op::Publish {
+                    id,
+                    partitions: &durable_parts,
+                    data,
+                }],
+                &mut self.locs,
+                None,
+            );
             if let Err(e) = res {
                 self.route_buf = queues;
                 return Err(EngineError::Store(e).into());
             }
             location = self.locs.first().copied();
-            debug_assert!(location.is_some(), "store returned no location for a publish");
+            debug_assert!(
+                location.is_some(),
+                "store returned no location for a publish"
+            );
             c.batch_needs_store = true;
         }
         let now = now_ms();
@@ -420,7 +503,9 @@ impl Session {
     }
 
     fn on_store_confirm(&mut self, c: StoreConfirm) {
-        let Some(ch) = self.channels.get_mut(&c.channel) else { return };
+        let Some(ch) = self.channels.get_mut(&c.channel) else {
+            return;
+        };
         ch.store_confirms_pending = ch.store_confirms_pending.saturating_sub(1);
         if self.conn.channel_is_usable(c.channel) {
             codec::write_confirm(self.conn.out(), c.channel, c.tag, true, !c.ok);
@@ -436,7 +521,11 @@ impl Session {
             let ops: Vec<Op> = self
                 .settles
                 .iter()
-                .map(|(p, id, l)| Op::Settle { partition: *p, id: *id, location: *l })
+                .map(|(p, id, l)| Op::Settle {
+                    partition: *p,
+                    id: *id,
+                    location: *l,
+                })
                 .collect();
             if let Err(e) = self.store.append(&ops, &mut Vec::new(), None) {
                 tracing::error!(error = %e, "store refused settles");
@@ -453,7 +542,11 @@ impl Session {
                 let tx = self.confirm_tx.clone();
                 c.store_confirms_pending += 1;
                 let waiter: weir_backend::Waiter = Box::new(move |r| {
-                    let _ = tx.send(StoreConfirm { channel: id, tag, ok: r.is_ok() });
+                    let _ = tx.send(StoreConfirm {
+                        channel: id,
+                        tag,
+                        ok: r.is_ok(),
+                    });
                 });
                 if let Err(e) = self.store.append(&[], &mut Vec::new(), Some(waiter)) {
                     tracing::error!(error = %e, "store refused a confirm barrier");
@@ -479,11 +572,16 @@ impl Session {
             match n {
                 Notice::ConsumerCancelled { channel, tag } => {
                     if let Some(c) = self.channels.get_mut(&channel) {
-                        if c.consumers.remove(&tag).is_some() && self.conn.channel_is_usable(channel) {
+                        if c.consumers.remove(&tag).is_some()
+                            && self.conn.channel_is_usable(channel)
+                        {
                             let tag = String::from_utf8_lossy(&tag).into_owned();
                             self.conn.send_method(
                                 channel,
-                                AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel { consumer_tag: tag.as_str().into(), nowait: true })),
+                                AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                                    consumer_tag: tag.as_str().into(),
+                                    nowait: true,
+                                })),
                             );
                         }
                     }
@@ -514,12 +612,28 @@ impl Session {
                     }
                 },
             };
-            let Some(c) = self.channels.get_mut(&d.consumer.channel) else { continue };
+            let Some(c) = self.channels.get_mut(&d.consumer.channel) else {
+                continue;
+            };
             c.delivery_tag += 1;
             let tag = c.delivery_tag;
             let out = self.conn.out();
-            codec::write_deliver(out, d.consumer.channel, &d.consumer.tag, tag, d.entry.redelivered, &message.exchange, &message.routing_key);
-            codec::write_content(out, d.consumer.channel, &message.properties, &message.body, frame_max);
+            codec::write_deliver(
+                out,
+                d.consumer.channel,
+                &d.consumer.tag,
+                tag,
+                d.entry.redelivered,
+                &message.exchange,
+                &message.routing_key,
+            );
+            codec::write_content(
+                out,
+                d.consumer.channel,
+                &message.properties,
+                &message.body,
+                frame_max,
+            );
             if d.consumer.no_ack {
                 d.consumer.release(d.entry.size);
                 d.partition.settled(&d.entry, true);
@@ -528,7 +642,14 @@ impl Session {
                 }
                 self.to_dispatch.push(d.partition.clone());
             } else {
-                c.leases.insert(tag, Lease { partition: d.partition, consumer: Some(d.consumer), entry: d.entry });
+                c.leases.insert(
+                    tag,
+                    Lease {
+                        partition: d.partition,
+                        consumer: Some(d.consumer),
+                        entry: d.entry,
+                    },
+                );
             }
         }
         for (p, e) in unsend {
@@ -567,9 +688,14 @@ impl Session {
     }
 
     fn on_settle(&mut self, ch: u16, tag: u64, multiple: bool, how: Settle) -> Result<(), Failure> {
-        let Some(c) = self.channels.get_mut(&ch) else { return Ok(()) };
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
         let Some(leases) = c.take_leases(tag, multiple) else {
-            return Err(soft(reply::PRECONDITION_FAILED, format!("unknown delivery tag {tag}")));
+            return Err(soft(
+                reply::PRECONDITION_FAILED,
+                format!("unknown delivery tag {tag}"),
+            ));
         };
         self.settle_leases(leases, how);
         Ok(())
@@ -592,7 +718,10 @@ impl Session {
                 }
                 self.to_dispatch.push(l.partition);
             } else {
-                match requeue.iter_mut().find(|(p, _)| Arc::ptr_eq(p, &l.partition)) {
+                match requeue
+                    .iter_mut()
+                    .find(|(p, _)| Arc::ptr_eq(p, &l.partition))
+                {
                     Some((_, v)) => v.push(l.entry),
                     None => requeue.push((l.partition, vec![l.entry])),
                 }
@@ -605,7 +734,9 @@ impl Session {
     }
 
     fn release_channel(&mut self, ch: u16) {
-        let Some(mut c) = self.channels.remove(&ch) else { return };
+        let Some(mut c) = self.channels.remove(&ch) else {
+            return;
+        };
         let tenant = self.tenant.clone();
         for (_, cc) in c.consumers.drain() {
             cc.consumer.cancelled.store(true, Ordering::Release);
@@ -649,7 +780,12 @@ impl Session {
                     let kind = match ExchangeKind::parse(d.kind.as_str()) {
                         Some(k) => k,
                         None if d.passive => ExchangeKind::Direct,
-                        None => return Err(hard(reply::COMMAND_INVALID, format!("invalid exchange type '{}'", d.kind.as_str()))),
+                        None => {
+                            return Err(hard(
+                                reply::COMMAND_INVALID,
+                                format!("invalid exchange type '{}'", d.kind.as_str()),
+                            ))
+                        }
                     };
                     let def = ExchangeDef {
                         name: d.exchange.as_str().to_string(),
@@ -662,31 +798,68 @@ impl Session {
                     let wait = tenant.declare_exchange(def, d.passive)?;
                     durable(wait).await?;
                     if !d.nowait {
-                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})));
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(
+                                exchange::DeclareOk {},
+                            )),
+                        );
                     }
                 }
                 exchange::AMQPMethod::Delete(d) => {
                     let wait = tenant.delete_exchange(d.exchange.as_str(), d.if_unused)?;
                     durable(wait).await?;
                     if !d.nowait {
-                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})));
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(
+                                exchange::DeleteOk {},
+                            )),
+                        );
                     }
                 }
                 exchange::AMQPMethod::Bind(b) => {
-                    let wait = tenant.bind(b.source.as_str(), DestinationKind::Exchange, b.destination.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    let wait = tenant.bind(
+                        b.source.as_str(),
+                        DestinationKind::Exchange,
+                        b.destination.as_str(),
+                        b.routing_key.as_str(),
+                        table_to_json(&b.arguments),
+                        conn_id,
+                    )?;
                     durable(wait).await?;
                     if !b.nowait {
-                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})));
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
+                        );
                     }
                 }
                 exchange::AMQPMethod::Unbind(b) => {
-                    let wait = tenant.unbind(b.source.as_str(), DestinationKind::Exchange, b.destination.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    let wait = tenant.unbind(
+                        b.source.as_str(),
+                        DestinationKind::Exchange,
+                        b.destination.as_str(),
+                        b.routing_key.as_str(),
+                        table_to_json(&b.arguments),
+                        conn_id,
+                    )?;
                     durable(wait).await?;
                     if !b.nowait {
-                        self.conn.send_method(ch, AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})));
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(
+                                exchange::UnbindOk {},
+                            )),
+                        );
                     }
                 }
-                other => return Err(hard(reply::COMMAND_INVALID, format!("unexpected method {other:?}"))),
+                other => {
+                    return Err(hard(
+                        reply::COMMAND_INVALID,
+                        format!("unexpected method {other:?}"),
+                    ))
+                }
             },
             AMQPClass::Queue(m) => match m {
                 queue::AMQPMethod::Declare(d) => {
@@ -713,31 +886,67 @@ impl Session {
                     }
                 }
                 queue::AMQPMethod::Bind(b) => {
-                    let wait = tenant.bind(b.exchange.as_str(), DestinationKind::Queue, b.queue.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    let wait = tenant.bind(
+                        b.exchange.as_str(),
+                        DestinationKind::Queue,
+                        b.queue.as_str(),
+                        b.routing_key.as_str(),
+                        table_to_json(&b.arguments),
+                        conn_id,
+                    )?;
                     durable(wait).await?;
                     if !b.nowait {
-                        self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})));
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
+                        );
                     }
                 }
                 queue::AMQPMethod::Unbind(b) => {
-                    let wait = tenant.unbind(b.exchange.as_str(), DestinationKind::Queue, b.queue.as_str(), b.routing_key.as_str(), table_to_json(&b.arguments), conn_id)?;
+                    let wait = tenant.unbind(
+                        b.exchange.as_str(),
+                        DestinationKind::Queue,
+                        b.queue.as_str(),
+                        b.routing_key.as_str(),
+                        table_to_json(&b.arguments),
+                        conn_id,
+                    )?;
                     durable(wait).await?;
-                    self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})));
+                    self.conn.send_method(
+                        ch,
+                        AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
+                    );
                 }
                 queue::AMQPMethod::Purge(p) => {
                     let n = tenant.purge_queue(p.queue.as_str(), conn_id)?;
                     if !p.nowait {
-                        self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n.min(u32::MAX as u64) as u32 })));
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Queue(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+                                message_count: n.min(u32::MAX as u64) as u32,
+                            })),
+                        );
                     }
                 }
                 queue::AMQPMethod::Delete(d) => {
-                    let (n, wait) = tenant.delete_queue(d.queue.as_str(), d.if_unused, d.if_empty, conn_id)?;
+                    let (n, wait) =
+                        tenant.delete_queue(d.queue.as_str(), d.if_unused, d.if_empty, conn_id)?;
                     durable(wait).await?;
                     if !d.nowait {
-                        self.conn.send_method(ch, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n.min(u32::MAX as u64) as u32 })));
+                        self.conn.send_method(
+                            ch,
+                            AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                                message_count: n.min(u32::MAX as u64) as u32,
+                            })),
+                        );
                     }
                 }
-                other => return Err(hard(reply::COMMAND_INVALID, format!("unexpected method {other:?}"))),
+                other => {
+                    return Err(hard(
+                        reply::COMMAND_INVALID,
+                        format!("unexpected method {other:?}"),
+                    ))
+                }
             },
             AMQPClass::Basic(m) => self.on_basic(ch, &tenant, m)?,
             AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
@@ -745,44 +954,86 @@ impl Session {
                     c.confirm = true;
                 }
                 if !s.nowait {
-                    self.conn.send_method(ch, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})));
+                    self.conn.send_method(
+                        ch,
+                        AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+                    );
                 }
             }
             AMQPClass::Access(_) => {
                 use weir_protocols::amqp::methods::access;
-                self.conn.send_method(ch, AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})));
+                self.conn.send_method(
+                    ch,
+                    AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})),
+                );
             }
-            AMQPClass::Tx(_) => return Err(hard(reply::NOT_IMPLEMENTED, "transactions (tx.*) are not supported; use publisher confirms".into())),
+            AMQPClass::Tx(_) => {
+                return Err(hard(
+                    reply::NOT_IMPLEMENTED,
+                    "transactions (tx.*) are not supported; use publisher confirms".into(),
+                ))
+            }
             other => {
                 return Err(hard(
                     reply::COMMAND_INVALID,
-                    format!("method {}.{} is not valid here", other.get_amqp_class_id(), other.get_amqp_method_id()),
+                    format!(
+                        "method {}.{} is not valid here",
+                        other.get_amqp_class_id(),
+                        other.get_amqp_method_id()
+                    ),
                 ))
             }
         }
         Ok(())
     }
 
-    fn on_basic(&mut self, ch: u16, tenant: &Arc<Tenant>, m: basic::AMQPMethod) -> Result<(), Failure> {
+    fn on_basic(
+        &mut self,
+        ch: u16,
+        tenant: &Arc<Tenant>,
+        m: basic::AMQPMethod,
+    ) -> Result<(), Failure> {
         let conn_id = self.handle.id;
         match m {
             basic::AMQPMethod::Consume(c) => {
                 let q = tenant.queue(c.queue.as_str(), conn_id)?;
                 if q.deleted.load(Ordering::Acquire) {
-                    return Err(soft(reply::NOT_FOUND, format!("no queue '{}' in vhost '{}'", q.name(), tenant.name)));
+                    return Err(soft(
+                        reply::NOT_FOUND,
+                        format!("no queue '{}' in vhost '{}'", q.name(), tenant.name),
+                    ));
                 }
                 let exclusive_used = q.partitions.iter().any(|p| p.has_exclusive_consumer());
                 if exclusive_used || (c.exclusive && q.consumers.load(Ordering::Acquire) > 0) {
-                    return Err(soft(reply::ACCESS_REFUSED, format!("queue '{}' in vhost '{}' in exclusive use", q.name(), tenant.name)));
+                    return Err(soft(
+                        reply::ACCESS_REFUSED,
+                        format!(
+                            "queue '{}' in vhost '{}' in exclusive use",
+                            q.name(),
+                            tenant.name
+                        ),
+                    ));
                 }
-                let Some(chan) = self.channels.get_mut(&ch) else { return Ok(()) };
+                let Some(chan) = self.channels.get_mut(&ch) else {
+                    return Ok(());
+                };
                 let tag: Bytes = if c.consumer_tag.as_str().is_empty() {
-                    Bytes::from(format!("amq.ctag-{}-{}", conn_id, chan.consumers.len() + chan.delivery_tag as usize + 1))
+                    Bytes::from(format!(
+                        "amq.ctag-{}-{}",
+                        conn_id,
+                        chan.consumers.len() + chan.delivery_tag as usize + 1
+                    ))
                 } else {
                     Bytes::copy_from_slice(c.consumer_tag.as_str().as_bytes())
                 };
                 if chan.consumers.contains_key(&tag) {
-                    return Err(hard(reply::NOT_ALLOWED, format!("attempt to reuse consumer tag '{}'", String::from_utf8_lossy(&tag))));
+                    return Err(hard(
+                        reply::NOT_ALLOWED,
+                        format!(
+                            "attempt to reuse consumer tag '{}'",
+                            String::from_utf8_lossy(&tag)
+                        ),
+                    ));
                 }
                 let consumer = Arc::new(Consumer {
                     tag: tag.clone(),
@@ -790,15 +1041,34 @@ impl Session {
                     no_ack: c.no_ack,
                     exclusive: c.exclusive,
                     conn: self.handle.clone(),
-                    credit: if c.no_ack { Credit::new(NO_ACK_WINDOW, 0) } else { Credit::new(chan.prefetch_count as u32, chan.prefetch_size) },
-                    channel_credit: if c.no_ack { None } else { chan.channel_credit.clone() },
+                    credit: if c.no_ack {
+                        Credit::new(NO_ACK_WINDOW, 0)
+                    } else {
+                        Credit::new(chan.prefetch_count as u32, chan.prefetch_size)
+                    },
+                    channel_credit: if c.no_ack {
+                        None
+                    } else {
+                        chan.channel_credit.clone()
+                    },
                     flow_active: chan.flow_active.clone(),
                     cancelled: Default::default(),
                 });
-                chan.consumers.insert(tag.clone(), ChannelConsumer { consumer: consumer.clone(), queue: q.clone() });
+                chan.consumers.insert(
+                    tag.clone(),
+                    ChannelConsumer {
+                        consumer: consumer.clone(),
+                        queue: q.clone(),
+                    },
+                );
                 if !c.nowait {
                     let t = String::from_utf8_lossy(&tag).into_owned();
-                    self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: t.as_str().into() })));
+                    self.conn.send_method(
+                        ch,
+                        AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                            consumer_tag: t.as_str().into(),
+                        })),
+                    );
                 }
                 q.consumers.fetch_add(1, Ordering::AcqRel);
                 q.had_consumer.store(true, Ordering::Release);
@@ -808,7 +1078,10 @@ impl Session {
             }
             basic::AMQPMethod::Cancel(c) => {
                 let tag = Bytes::copy_from_slice(c.consumer_tag.as_str().as_bytes());
-                let removed = self.channels.get_mut(&ch).and_then(|chan| chan.consumers.remove(&tag));
+                let removed = self
+                    .channels
+                    .get_mut(&ch)
+                    .and_then(|chan| chan.consumers.remove(&tag));
                 if let Some(cc) = removed {
                     cc.consumer.cancelled.store(true, Ordering::Release);
                     for p in &cc.queue.partitions {
@@ -817,53 +1090,125 @@ impl Session {
                     tenant.consumer_gone(&cc.queue);
                 }
                 if !c.nowait {
-                    self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk { consumer_tag: c.consumer_tag })));
+                    self.conn.send_method(
+                        ch,
+                        AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                            consumer_tag: c.consumer_tag,
+                        })),
+                    );
                 }
             }
             basic::AMQPMethod::Get(g) => {
                 let q = tenant.queue(g.queue.as_str(), conn_id)?;
-                let got = q.partitions.iter().find_map(|p| p.get().map(|(e, left)| (p.clone(), e, left)));
+                let got = q
+                    .partitions
+                    .iter()
+                    .find_map(|p| p.get().map(|(e, left)| (p.clone(), e, left)));
                 match got {
-                    None => self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))),
+                    None => self.conn.send_method(
+                        ch,
+                        AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+                    ),
                     Some((part, entry, _)) => {
                         let left = q.message_count();
                         let message = match &entry.message {
                             Some(m) => m.clone(),
                             None => match self.read_back(&entry) {
                                 Some(m) => m,
-                                None => return Err(hard(reply::INTERNAL_ERROR, "message unreadable from the store".into())),
+                                None => {
+                                    return Err(hard(
+                                        reply::INTERNAL_ERROR,
+                                        "message unreadable from the store".into(),
+                                    ))
+                                }
                             },
                         };
-                        let Some(chan) = self.channels.get_mut(&ch) else { return Ok(()) };
+                        let Some(chan) = self.channels.get_mut(&ch) else {
+                            return Ok(());
+                        };
                         chan.delivery_tag += 1;
                         let tag = chan.delivery_tag;
                         let frame_max = self.conn.frame_max();
                         let out = self.conn.out();
-                        codec::write_get_ok(out, ch, tag, entry.redelivered, &message.exchange, &message.routing_key, left.min(u32::MAX as u64) as u32);
-                        codec::write_content(out, ch, &message.properties, &message.body, frame_max);
+                        codec::write_get_ok(
+                            out,
+                            ch,
+                            tag,
+                            entry.redelivered,
+                            &message.exchange,
+                            &message.routing_key,
+                            left.min(u32::MAX as u64) as u32,
+                        );
+                        codec::write_content(
+                            out,
+                            ch,
+                            &message.properties,
+                            &message.body,
+                            frame_max,
+                        );
                         if g.no_ack {
-                            self.settle_leases(vec![Lease { partition: part, consumer: None, entry }], Settle::Ack);
+                            self.settle_leases(
+                                vec![Lease {
+                                    partition: part,
+                                    consumer: None,
+                                    entry,
+                                }],
+                                Settle::Ack,
+                            );
                         } else {
-                            chan.leases.insert(tag, Lease { partition: part, consumer: None, entry });
+                            chan.leases.insert(
+                                tag,
+                                Lease {
+                                    partition: part,
+                                    consumer: None,
+                                    entry,
+                                },
+                            );
                         }
                     }
                 }
             }
             basic::AMQPMethod::Reject(r) => {
-                self.on_settle(ch, r.delivery_tag, false, if r.requeue { Settle::Requeue } else { Settle::Drop })?;
+                self.on_settle(
+                    ch,
+                    r.delivery_tag,
+                    false,
+                    if r.requeue {
+                        Settle::Requeue
+                    } else {
+                        Settle::Drop
+                    },
+                )?;
             }
             basic::AMQPMethod::Nack(n) => {
-                self.on_settle(ch, n.delivery_tag, n.multiple, if n.requeue { Settle::Requeue } else { Settle::Drop })?;
+                self.on_settle(
+                    ch,
+                    n.delivery_tag,
+                    n.multiple,
+                    if n.requeue {
+                        Settle::Requeue
+                    } else {
+                        Settle::Drop
+                    },
+                )?;
             }
             basic::AMQPMethod::Ack(a) => {
                 self.on_settle(ch, a.delivery_tag, a.multiple, Settle::Ack)?;
             }
             basic::AMQPMethod::Recover(r) => {
                 self.recover(ch, r.requeue)?;
-                self.conn.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})));
+                self.conn.send_method(
+                    ch,
+                    AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+                );
             }
             basic::AMQPMethod::RecoverAsync(r) => self.recover(ch, r.requeue)?,
-            other => return Err(hard(reply::COMMAND_INVALID, format!("{other:?} is not valid from a client"))),
+            other => {
+                return Err(hard(
+                    reply::COMMAND_INVALID,
+                    format!("{other:?} is not valid from a client"),
+                ))
+            }
         }
         Ok(())
     }
@@ -905,7 +1250,10 @@ async fn durable(wait: Option<DurableWait>) -> Result<(), Failure> {
     match w.await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(EngineError::Store(e).into()),
-        Err(_) => Err(hard(reply::INTERNAL_ERROR, "store stopped before the change was durable".into())),
+        Err(_) => Err(hard(
+            reply::INTERNAL_ERROR,
+            "store stopped before the change was durable".into(),
+        )),
     }
 }
 

@@ -145,8 +145,7 @@ impl Exchange {
     /// Adds a binding; returns false if an identical one exists.
     pub fn bind(&self, destination: Destination, key: &str, arguments: Value) -> bool {
         let mut b = self.bindings.write();
-        if b
-            .all
+        if b.all
             .iter()
             .any(|x| x.destination.same(&destination) && x.key == key && x.arguments == arguments)
         {
@@ -167,8 +166,9 @@ impl Exchange {
     pub fn unbind(&self, destination: &Destination, key: &str, arguments: &Value) -> bool {
         let mut b = self.bindings.write();
         let before = b.all.len();
-        b.all
-            .retain(|x| !(x.destination.same(destination) && x.key == key && &x.arguments == arguments));
+        b.all.retain(|x| {
+            !(x.destination.same(destination) && x.key == key && &x.arguments == arguments)
+        });
         let removed = b.all.len() != before;
         if removed {
             b.reindex();
@@ -179,7 +179,10 @@ impl Exchange {
     /// Removes every binding to `destination`; returns them.
     pub fn unbind_all_to(&self, destination: &Destination) -> Vec<Binding> {
         let mut b = self.bindings.write();
-        let (gone, kept): (Vec<_>, Vec<_>) = b.all.drain(..).partition(|x| x.destination.same(destination));
+        let (gone, kept): (Vec<_>, Vec<_>) = b
+            .all
+            .drain(..)
+            .partition(|x| x.destination.same(destination));
         b.all = kept;
         if !gone.is_empty() {
             b.reindex();
@@ -283,9 +286,17 @@ pub fn topic_matches<P: AsRef<str>>(pattern: &[P], words: &[&str]) -> bool {
 /// (`x-match: any`) non-`x-` binding argument equals the message header; an
 /// argument with no value (void) only requires the header to be present.
 pub fn headers_match(binding_args: &Value, headers: &dyn HeaderLookup) -> bool {
-    let Some(args) = binding_args.as_object() else { return false };
-    let any = matches!(args.get("x-match").and_then(Value::as_str), Some("any" | "any-with-x"));
-    let with_x = matches!(args.get("x-match").and_then(Value::as_str), Some("all-with-x" | "any-with-x"));
+    let Some(args) = binding_args.as_object() else {
+        return false;
+    };
+    let any = matches!(
+        args.get("x-match").and_then(Value::as_str),
+        Some("any" | "any-with-x")
+    );
+    let with_x = matches!(
+        args.get("x-match").and_then(Value::as_str),
+        Some("all-with-x" | "any-with-x")
+    );
     for (k, v) in args {
         if k == "x-match" || (k.starts_with("x-") && !with_x) {
             continue;
@@ -341,10 +352,19 @@ mod tests {
 
     #[test]
     fn headers_all_and_any() {
-        let h = H(serde_json::json!({"a": 1, "b": "x"}).as_object().cloned().unwrap_or_default());
+        let h = H(serde_json::json!({"a": 1, "b": "x"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default());
         assert!(headers_match(&serde_json::json!({"a": 1, "b": "x"}), &h));
         assert!(!headers_match(&serde_json::json!({"a": 1, "b": "y"}), &h));
-        assert!(headers_match(&serde_json::json!({"x-match": "any", "a": 2, "b": "x"}), &h));
-        assert!(!headers_match(&serde_json::json!({"x-match": "any", "a": 2}), &h));
+        assert!(headers_match(
+            &serde_json::json!({"x-match": "any", "a": 2, "b": "x"}),
+            &h
+        ));
+        assert!(!headers_match(
+            &serde_json::json!({"x-match": "any", "a": 2}),
+            &h
+        ));
     }
 }

@@ -24,7 +24,15 @@ pub fn queue_key(tenant: &str, name: &str) -> Vec<u8> {
 /// Key of a binding.
 pub fn binding_key(tenant: &str, b: &BindingDef) -> Vec<u8> {
     let args = b.arguments.to_string();
-    key(&["b", tenant, &b.source, b.destination_kind.as_str(), &b.destination, &b.key, &args])
+    key(&[
+        "b",
+        tenant,
+        &b.source,
+        b.destination_kind.as_str(),
+        &b.destination,
+        &b.key,
+        &args,
+    ])
 }
 
 /// Key of the partition-id counter.
@@ -93,7 +101,9 @@ pub enum MetaEntry {
 /// newer version) or undecodable values, which the caller reports.
 pub fn decode(key: &[u8], value: &[u8]) -> Option<MetaEntry> {
     if key == NEXT_PARTITION_KEY {
-        return serde_json::from_slice(value).ok().map(MetaEntry::NextPartition);
+        return serde_json::from_slice(value)
+            .ok()
+            .map(MetaEntry::NextPartition);
     }
     let mut parts = key.split(|b| *b == 0);
     let kind = parts.next()?;

@@ -71,7 +71,9 @@ impl Engine {
                 Some(meta::MetaEntry::NextPartition(n)) => {
                     engine.next_partition.fetch_max(n, Ordering::Relaxed);
                 }
-                None => tracing::warn!(key = %String::from_utf8_lossy(k), "ignoring undecodable metadata entry"),
+                None => {
+                    tracing::warn!(key = %String::from_utf8_lossy(k), "ignoring undecodable metadata entry")
+                }
             }
         }
         let mut live = recovered.partitions;
@@ -107,15 +109,25 @@ impl Engine {
         let mut orphans = Vec::new();
         for (pid, msgs) in live {
             for m in msgs {
-                orphans.push(Op::Settle { partition: pid, id: m.id, location: m.location });
+                orphans.push(Op::Settle {
+                    partition: pid,
+                    id: m.id,
+                    location: m.location,
+                });
             }
         }
         if !orphans.is_empty() {
-            tracing::info!(messages = orphans.len(), "settling messages of deleted queues");
+            tracing::info!(
+                messages = orphans.len(),
+                "settling messages of deleted queues"
+            );
             store.append(&orphans, &mut Vec::new(), None)?;
         }
         if recovered.truncated_bytes > 0 {
-            tracing::warn!(bytes = recovered.truncated_bytes, "store dropped an unconfirmed torn tail at recovery");
+            tracing::warn!(
+                bytes = recovered.truncated_bytes,
+                "store dropped an unconfirmed torn tail at recovery"
+            );
         }
         tracing::info!(
             tenants = engine.tenants.read().len(),
@@ -197,7 +209,15 @@ impl Engine {
                             }
                             let Some(from) = e.location else { return };
                             locs.clear();
-                            match self.store.append(&[Op::Relocate { partition: p.id, id: e.id, from }], &mut locs, None) {
+                            match self.store.append(
+                                &[Op::Relocate {
+                                    partition: p.id,
+                                    id: e.id,
+                                    from,
+                                }],
+                                &mut locs,
+                                None,
+                            ) {
                                 Ok(()) => {
                                     if let Some(l) = locs.first() {
                                         e.location = Some(*l);

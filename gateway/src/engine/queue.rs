@@ -118,7 +118,8 @@ impl Partition {
             st.ready_bytes += e.size as u64;
             st.ready.push_back(e);
         }
-        self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+        self.ready_len
+            .store(st.ready.len() as u64, Ordering::Relaxed);
     }
 
     /// Adds a new message at the tail and hands out whatever consumers can take.
@@ -136,7 +137,8 @@ impl Partition {
             st.ready.push_back(entry);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
             self.dispatch_locked(&mut st, &mut woken);
-            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+            self.ready_len
+                .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
     }
@@ -150,11 +152,14 @@ impl Partition {
                 e.redelivered = true;
                 st.ready_bytes += e.size as u64;
                 self.counters.leased.fetch_sub(1, Ordering::Relaxed);
-                self.counters.leased_bytes.fetch_sub(e.size as u64, Ordering::Relaxed);
+                self.counters
+                    .leased_bytes
+                    .fetch_sub(e.size as u64, Ordering::Relaxed);
                 insert_by_seq(&mut st.ready, e);
             }
             self.dispatch_locked(&mut st, &mut woken);
-            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+            self.ready_len
+                .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
     }
@@ -169,12 +174,15 @@ impl Partition {
             for e in entries {
                 st.ready_bytes += e.size as u64;
                 self.counters.leased.fetch_sub(1, Ordering::Relaxed);
-                self.counters.leased_bytes.fetch_sub(e.size as u64, Ordering::Relaxed);
+                self.counters
+                    .leased_bytes
+                    .fetch_sub(e.size as u64, Ordering::Relaxed);
                 self.counters.delivered.fetch_sub(1, Ordering::Relaxed);
                 insert_by_seq(&mut st.ready, e);
             }
             self.dispatch_locked(&mut st, &mut woken);
-            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+            self.ready_len
+                .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
     }
@@ -182,7 +190,9 @@ impl Partition {
     /// A leased entry was settled (acked, or rejected without requeue).
     pub fn settled(&self, entry: &Entry, acked: bool) {
         self.counters.leased.fetch_sub(1, Ordering::Relaxed);
-        self.counters.leased_bytes.fetch_sub(entry.size as u64, Ordering::Relaxed);
+        self.counters
+            .leased_bytes
+            .fetch_sub(entry.size as u64, Ordering::Relaxed);
         if acked {
             self.counters.acked.fetch_add(1, Ordering::Relaxed);
         }
@@ -197,7 +207,8 @@ impl Partition {
         {
             let mut st = self.state.lock();
             self.dispatch_locked(&mut st, &mut woken);
-            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+            self.ready_len
+                .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
     }
@@ -221,12 +232,16 @@ impl Partition {
                 continue;
             }
             idle = 0;
-            let Some(mut entry) = st.ready.pop_front() else { break };
+            let Some(mut entry) = st.ready.pop_front() else {
+                break;
+            };
             st.ready_bytes -= entry.size as u64;
             entry.attempts = entry.attempts.saturating_add(1);
             self.counters.delivered.fetch_add(1, Ordering::Relaxed);
             self.counters.leased.fetch_add(1, Ordering::Relaxed);
-            self.counters.leased_bytes.fetch_add(entry.size as u64, Ordering::Relaxed);
+            self.counters
+                .leased_bytes
+                .fetch_add(entry.size as u64, Ordering::Relaxed);
             if entry.redelivered {
                 self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
             }
@@ -250,7 +265,9 @@ impl Partition {
         e.attempts = e.attempts.saturating_add(1);
         self.counters.delivered.fetch_add(1, Ordering::Relaxed);
         self.counters.leased.fetch_add(1, Ordering::Relaxed);
-        self.counters.leased_bytes.fetch_add(e.size as u64, Ordering::Relaxed);
+        self.counters
+            .leased_bytes
+            .fetch_add(e.size as u64, Ordering::Relaxed);
         let left = st.ready.len() as u64;
         self.ready_len.store(left, Ordering::Relaxed);
         Some((e, left))
@@ -271,7 +288,8 @@ impl Partition {
             let mut st = self.state.lock();
             st.consumers.push(c);
             self.dispatch_locked(&mut st, &mut woken);
-            self.ready_len.store(st.ready.len() as u64, Ordering::Relaxed);
+            self.ready_len
+                .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
     }
@@ -300,7 +318,11 @@ impl Partition {
             ready: st.ready.len() as u64,
             ready_bytes: st.ready_bytes,
             leased: self.counters.leased.load(Ordering::Relaxed),
-            oldest_age_ms: st.ready.front().map(|e| now_ms().saturating_sub(e.enqueued_ms)).unwrap_or(0),
+            oldest_age_ms: st
+                .ready
+                .front()
+                .map(|e| now_ms().saturating_sub(e.enqueued_ms))
+                .unwrap_or(0),
             consumers: st.consumers.len() as u32,
         }
     }
@@ -319,7 +341,10 @@ impl Partition {
 fn insert_by_seq(ready: &mut VecDeque<Entry>, e: Entry) {
     // Requeues usually go back to the front; search from there.
     let pos = ready.partition_point(|x| x.seq < e.seq);
-    debug_assert!(ready.get(pos).is_none_or(|x| x.seq != e.seq), "entry requeued twice");
+    debug_assert!(
+        ready.get(pos).is_none_or(|x| x.seq != e.seq),
+        "entry requeued twice"
+    );
     ready.insert(pos, e);
 }
 
@@ -367,7 +392,10 @@ pub struct Queue {
 impl Queue {
     /// A queue with its partitions.
     pub fn new(def: QueueDef, tenant: Arc<str>, exclusive_owner: Option<u64>) -> Arc<Self> {
-        assert!(!def.partitions.is_empty(), "a queue has at least one partition");
+        assert!(
+            !def.partitions.is_empty(),
+            "a queue has at least one partition"
+        );
         let partitions = def
             .partitions
             .iter()
@@ -396,7 +424,8 @@ impl Queue {
         if self.partitions.len() == 1 {
             return &self.partitions[0];
         }
-        let i = self.next_partition.fetch_add(1, Ordering::Relaxed) as usize % self.partitions.len();
+        let i =
+            self.next_partition.fetch_add(1, Ordering::Relaxed) as usize % self.partitions.len();
         &self.partitions[i]
     }
 

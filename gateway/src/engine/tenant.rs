@@ -79,7 +79,14 @@ fn not_found_exchange(name: &str, tenant: &str) -> EngineError {
     EngineError::NotFound(format!("no exchange '{name}' in vhost '{tenant}'"))
 }
 
-fn inequivalent(arg: &str, what: &str, name: &str, tenant: &str, received: impl std::fmt::Display, current: impl std::fmt::Display) -> EngineError {
+fn inequivalent(
+    arg: &str,
+    what: &str,
+    name: &str,
+    tenant: &str,
+    received: impl std::fmt::Display,
+    current: impl std::fmt::Display,
+) -> EngineError {
     EngineError::PreconditionFailed(format!(
         "inequivalent arg '{arg}' for {what} '{name}' in vhost '{tenant}': received '{received}' but current is '{current}'"
     ))
@@ -116,7 +123,9 @@ impl Tenant {
     }
 
     pub(crate) fn restore_exchange(&self, def: ExchangeDef) {
-        self.exchanges.write().insert(def.name.clone(), Exchange::new(def));
+        self.exchanges
+            .write()
+            .insert(def.name.clone(), Exchange::new(def));
     }
 
     pub(crate) fn restore_queue(&self, def: QueueDef) -> Arc<Queue> {
@@ -195,16 +204,44 @@ impl Tenant {
             let cur = &x.def;
             let what = "exchange";
             if cur.kind != def.kind {
-                return Err(inequivalent("type", what, &def.name, &self.name, def.kind.as_str(), cur.kind.as_str()));
+                return Err(inequivalent(
+                    "type",
+                    what,
+                    &def.name,
+                    &self.name,
+                    def.kind.as_str(),
+                    cur.kind.as_str(),
+                ));
             }
             if cur.durable != def.durable {
-                return Err(inequivalent("durable", what, &def.name, &self.name, def.durable, cur.durable));
+                return Err(inequivalent(
+                    "durable",
+                    what,
+                    &def.name,
+                    &self.name,
+                    def.durable,
+                    cur.durable,
+                ));
             }
             if cur.auto_delete != def.auto_delete {
-                return Err(inequivalent("auto_delete", what, &def.name, &self.name, def.auto_delete, cur.auto_delete));
+                return Err(inequivalent(
+                    "auto_delete",
+                    what,
+                    &def.name,
+                    &self.name,
+                    def.auto_delete,
+                    cur.auto_delete,
+                ));
             }
             if cur.internal != def.internal {
-                return Err(inequivalent("internal", what, &def.name, &self.name, def.internal, cur.internal));
+                return Err(inequivalent(
+                    "internal",
+                    what,
+                    &def.name,
+                    &self.name,
+                    def.internal,
+                    cur.internal,
+                ));
             }
             return Ok(None);
         }
@@ -225,8 +262,12 @@ impl Tenant {
         }
         let wait = if def.durable {
             let key = meta::exchange_key(&self.name, &def.name);
-            let value = serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
-            Some(engine.persist(&[Op::PutMeta { key: &key, value: &value }])?)
+            let value =
+                serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+            Some(engine.persist(&[Op::PutMeta {
+                key: &key,
+                value: &value,
+            }])?)
         } else {
             None
         };
@@ -245,7 +286,9 @@ impl Tenant {
         let engine = self.engine()?;
         let x = {
             let mut w = self.exchanges.write();
-            let Some(x) = w.get(name).cloned() else { return Ok(None) };
+            let Some(x) = w.get(name).cloned() else {
+                return Ok(None);
+            };
             if if_unused && x.binding_count() > 0 {
                 return Err(EngineError::PreconditionFailed(format!(
                     "exchange '{name}' in vhost '{}' in use",
@@ -264,7 +307,10 @@ impl Tenant {
         let dest = Destination::Exchange(x.clone());
         for other in self.exchanges() {
             for b in other.unbind_all_to(&dest) {
-                keys.push(meta::binding_key(&self.name, &binding_def(&other.def.name, &b)));
+                keys.push(meta::binding_key(
+                    &self.name,
+                    &binding_def(&other.def.name, &b),
+                ));
             }
             self.maybe_auto_delete_exchange(&other);
         }
@@ -290,7 +336,14 @@ impl Tenant {
             if !req.passive {
                 let what = "queue";
                 if q.def.durable != req.durable {
-                    return Err(inequivalent("durable", what, &name, &self.name, req.durable, q.def.durable));
+                    return Err(inequivalent(
+                        "durable",
+                        what,
+                        &name,
+                        &self.name,
+                        req.durable,
+                        q.def.durable,
+                    ));
                 }
                 if q.exclusive_owner.is_some() != req.exclusive {
                     // RabbitMQ answers an exclusivity mismatch as a lock conflict.
@@ -300,7 +353,14 @@ impl Tenant {
                     )));
                 }
                 if q.def.auto_delete != req.auto_delete {
-                    return Err(inequivalent("auto_delete", what, &name, &self.name, req.auto_delete, q.def.auto_delete));
+                    return Err(inequivalent(
+                        "auto_delete",
+                        what,
+                        &name,
+                        &self.name,
+                        req.auto_delete,
+                        q.def.auto_delete,
+                    ));
                 }
                 if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
                     return Err(inequivalent(&k, what, &name, &self.name, recv, cur));
@@ -332,7 +392,11 @@ impl Tenant {
         let mut w = self.queues.write();
         if let Some(q) = w.get(&name) {
             // Raced with another declare: answer as for an existing queue.
-            let declared = QueueDeclared { name, messages: q.message_count(), consumers: q.consumers.load(Ordering::Relaxed) };
+            let declared = QueueDeclared {
+                name,
+                messages: q.message_count(),
+                consumers: q.consumers.load(Ordering::Relaxed),
+            };
             return Ok((declared, None));
         }
         let def = QueueDef {
@@ -345,11 +409,18 @@ impl Tenant {
         // Exclusive queues die with their connection, so they are never stored.
         let wait = if req.durable && !req.exclusive {
             let key = meta::queue_key(&self.name, &name);
-            let value = serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+            let value =
+                serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
             let next = serde_json::to_vec(&engine.next_partition_hint()).unwrap_or_default();
             Some(engine.persist(&[
-                Op::PutMeta { key: meta::NEXT_PARTITION_KEY, value: &next },
-                Op::PutMeta { key: &key, value: &value },
+                Op::PutMeta {
+                    key: meta::NEXT_PARTITION_KEY,
+                    value: &next,
+                },
+                Op::PutMeta {
+                    key: &key,
+                    value: &value,
+                },
             ])?)
         } else {
             None
@@ -357,22 +428,41 @@ impl Tenant {
         let owner = req.exclusive.then_some(req.connection);
         let q = Queue::new(def, self.name.clone(), owner);
         w.insert(name.clone(), q);
-        Ok((QueueDeclared { name, messages: 0, consumers: 0 }, wait))
+        Ok((
+            QueueDeclared {
+                name,
+                messages: 0,
+                consumers: 0,
+            },
+            wait,
+        ))
     }
 
     /// queue.delete; returns the number of messages deleted. Deleting a
     /// missing queue succeeds with 0, as in RabbitMQ.
-    pub fn delete_queue(&self, name: &str, if_unused: bool, if_empty: bool, connection: u64) -> Result<(u64, Option<DurableWait>)> {
+    pub fn delete_queue(
+        &self,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+        connection: u64,
+    ) -> Result<(u64, Option<DurableWait>)> {
         let q = match self.queue(name, connection) {
             Ok(q) => q,
             Err(EngineError::NotFound(_)) => return Ok((0, None)),
             Err(e) => return Err(e),
         };
         if if_unused && q.consumers.load(Ordering::Relaxed) > 0 {
-            return Err(EngineError::PreconditionFailed(format!("queue '{name}' in vhost '{}' in use", self.name)));
+            return Err(EngineError::PreconditionFailed(format!(
+                "queue '{name}' in vhost '{}' in use",
+                self.name
+            )));
         }
         if if_empty && q.message_count() > 0 {
-            return Err(EngineError::PreconditionFailed(format!("queue '{name}' in vhost '{}' not empty", self.name)));
+            return Err(EngineError::PreconditionFailed(format!(
+                "queue '{name}' in vhost '{}' not empty",
+                self.name
+            )));
         }
         self.remove_queue(&q)
     }
@@ -404,15 +494,26 @@ impl Tenant {
             p.mark_deleted();
             for c in p.take_consumers() {
                 c.cancelled.store(true, Ordering::Release);
-                c.conn.notice(Notice::ConsumerCancelled { channel: c.channel, tag: c.tag.clone() });
+                c.conn.notice(Notice::ConsumerCancelled {
+                    channel: c.channel,
+                    tag: c.tag.clone(),
+                });
             }
             let entries = p.purge();
             count += entries.len() as u64;
-            settled.extend(entries.into_iter().filter_map(|e| e.location.map(|l| (p.id, e.id, l))));
+            settled.extend(
+                entries
+                    .into_iter()
+                    .filter_map(|e| e.location.map(|l| (p.id, e.id, l))),
+            );
         }
         let mut ops: Vec<Op> = settled
             .iter()
-            .map(|(p, id, l)| Op::Settle { partition: *p, id: *id, location: *l })
+            .map(|(p, id, l)| Op::Settle {
+                partition: *p,
+                id: *id,
+                location: *l,
+            })
             .collect();
         let qkey = meta::queue_key(&self.name, q.name());
         if q.def.durable && q.exclusive_owner.is_none() {
@@ -434,7 +535,11 @@ impl Tenant {
             for e in p.purge() {
                 count += 1;
                 if let Some(l) = e.location {
-                    ops.push(Op::Settle { partition: p.id, id: e.id, location: l });
+                    ops.push(Op::Settle {
+                        partition: p.id,
+                        id: e.id,
+                        location: l,
+                    });
                 }
             }
         }
@@ -445,7 +550,15 @@ impl Tenant {
     }
 
     /// queue.bind and exchange.bind.
-    pub fn bind(&self, source: &str, kind: DestinationKind, destination: &str, key: &str, arguments: Value, connection: u64) -> Result<Option<DurableWait>> {
+    pub fn bind(
+        &self,
+        source: &str,
+        kind: DestinationKind,
+        destination: &str,
+        key: &str,
+        arguments: Value,
+        connection: u64,
+    ) -> Result<Option<DurableWait>> {
         let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
         if !x.bind(dest, key, arguments.clone()) || !durable {
             return Ok(None);
@@ -459,11 +572,22 @@ impl Tenant {
         };
         let k = meta::binding_key(&self.name, &def);
         let v = serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
-        Ok(Some(self.engine()?.persist(&[Op::PutMeta { key: &k, value: &v }])?))
+        Ok(Some(
+            self.engine()?
+                .persist(&[Op::PutMeta { key: &k, value: &v }])?,
+        ))
     }
 
     /// queue.unbind and exchange.unbind. Removing a missing binding succeeds.
-    pub fn unbind(&self, source: &str, kind: DestinationKind, destination: &str, key: &str, arguments: Value, connection: u64) -> Result<Option<DurableWait>> {
+    pub fn unbind(
+        &self,
+        source: &str,
+        kind: DestinationKind,
+        destination: &str,
+        key: &str,
+        arguments: Value,
+        connection: u64,
+    ) -> Result<Option<DurableWait>> {
         let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
         let removed = x.unbind(&dest, key, &arguments);
         self.maybe_auto_delete_exchange(&x);
@@ -481,7 +605,13 @@ impl Tenant {
         Ok(Some(self.engine()?.persist(&[Op::DeleteMeta { key: &k }])?))
     }
 
-    fn binding_ends(&self, source: &str, kind: DestinationKind, destination: &str, connection: u64) -> Result<(Arc<Exchange>, Destination, bool)> {
+    fn binding_ends(
+        &self,
+        source: &str,
+        kind: DestinationKind,
+        destination: &str,
+        connection: u64,
+    ) -> Result<(Arc<Exchange>, Destination, bool)> {
         if source.is_empty() || (kind == DestinationKind::Exchange && destination.is_empty()) {
             return Err(EngineError::AccessRefused(format!(
                 "operation not permitted on the default exchange in vhost '{}'",
@@ -604,7 +734,10 @@ fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String,
             other => other.cloned(),
         };
         if norm(r) != norm(c) {
-            let show = |v: Option<&Value>| v.map(|v| v.to_string().trim_matches('"').to_string()).unwrap_or_else(|| "none".into());
+            let show = |v: Option<&Value>| {
+                v.map(|v| v.to_string().trim_matches('"').to_string())
+                    .unwrap_or_else(|| "none".into())
+            };
             return Some((k.to_string(), show(r), show(c)));
         }
     }

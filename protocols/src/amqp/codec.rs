@@ -288,7 +288,10 @@ mod tests {
         let (rest, frame) = parse_frame(&out[..]).expect("parses");
         assert!(rest.is_empty());
         match frame {
-            AMQPFrame::Method(3, AMQPClass::Basic(amq_protocol::protocol::basic::AMQPMethod::Deliver(d))) => {
+            AMQPFrame::Method(
+                3,
+                AMQPClass::Basic(amq_protocol::protocol::basic::AMQPMethod::Deliver(d)),
+            ) => {
                 assert_eq!(d.consumer_tag.as_str(), "ctag");
                 assert_eq!(d.delivery_tag, 42);
                 assert!(d.redelivered);
@@ -321,7 +324,10 @@ mod tests {
         let mut buf = BytesMut::from(&[1u8, 0, 1, 0, 1, 0, 0][..]);
         assert_eq!(
             cut_frame(&mut buf, 4096).unwrap_err(),
-            FrameError::TooLarge { size: 65544, max: 4096 }
+            FrameError::TooLarge {
+                size: 65544,
+                max: 4096
+            }
         );
     }
 }

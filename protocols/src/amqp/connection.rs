@@ -290,11 +290,21 @@ impl Connection {
                 Ok(Some(frame)) => self.handle_frame(frame),
                 Err(FrameError::TooLarge { size, max }) => {
                     input.clear();
-                    self.fail(reply::FRAME_ERROR, format!("FRAME_ERROR - frame size {size} exceeds frame_max {max}"), 0, 0);
+                    self.fail(
+                        reply::FRAME_ERROR,
+                        format!("FRAME_ERROR - frame size {size} exceeds frame_max {max}"),
+                        0,
+                        0,
+                    );
                 }
                 Err(FrameError::BadFrameEnd) => {
                     input.clear();
-                    self.fail(reply::FRAME_ERROR, "FRAME_ERROR - missing frame end octet".into(), 0, 0);
+                    self.fail(
+                        reply::FRAME_ERROR,
+                        "FRAME_ERROR - missing frame end octet".into(),
+                        0,
+                        0,
+                    );
                 }
             }
         }
@@ -321,7 +331,10 @@ impl Connection {
         }
         let mut props = FieldTable::default();
         props.insert("product".into(), AMQPValue::LongString("Weir".into()));
-        props.insert("version".into(), AMQPValue::LongString(self.config.version.as_str().into()));
+        props.insert(
+            "version".into(),
+            AMQPValue::LongString(self.config.version.as_str().into()),
+        );
         props.insert("platform".into(), AMQPValue::LongString("Rust".into()));
         props.insert("capabilities".into(), AMQPValue::FieldTable(caps));
         self.send_method(
@@ -358,7 +371,12 @@ impl Connection {
     /// Credentials refused: close with 403 ACCESS_REFUSED, as RabbitMQ does
     /// for clients with the `authentication_failure_close` capability.
     pub fn refuse_login(&mut self, text: &str) {
-        self.fail(reply::ACCESS_REFUSED, format!("ACCESS_REFUSED - {text}"), 10, 11);
+        self.fail(
+            reply::ACCESS_REFUSED,
+            format!("ACCESS_REFUSED - {text}"),
+            10,
+            11,
+        );
     }
 
     /// The virtual host exists and may be used.
@@ -399,8 +417,17 @@ impl Connection {
     /// Server-initiated channel close with a soft error. The caller releases
     /// the channel's engine state now; frames for it are discarded until the
     /// client's close-ok.
-    pub fn close_channel(&mut self, channel: u16, code: u16, text: &str, class_id: u16, method_id: u16) {
-        let Some(state) = self.channels.get_mut(&channel) else { return };
+    pub fn close_channel(
+        &mut self,
+        channel: u16,
+        code: u16,
+        text: &str,
+        class_id: u16,
+        method_id: u16,
+    ) {
+        let Some(state) = self.channels.get_mut(&channel) else {
+            return;
+        };
         if state.closing {
             return;
         }
@@ -420,7 +447,12 @@ impl Connection {
 
     /// Gracefully closes the connection (server shutdown): 320 CONNECTION_FORCED.
     pub fn shutdown(&mut self, text: &str) {
-        self.fail(reply::CONNECTION_FORCED, format!("CONNECTION_FORCED - {text}"), 0, 0);
+        self.fail(
+            reply::CONNECTION_FORCED,
+            format!("CONNECTION_FORCED - {text}"),
+            0,
+            0,
+        );
     }
 
     /// Gives up on a peer that never answered our close.
@@ -437,25 +469,45 @@ impl Connection {
         match frame.kind {
             codec::FRAME_HEARTBEAT => {
                 if frame.channel != 0 {
-                    self.fail(reply::FRAME_ERROR, "FRAME_ERROR - heartbeat on a non-zero channel".into(), 0, 0);
+                    self.fail(
+                        reply::FRAME_ERROR,
+                        "FRAME_ERROR - heartbeat on a non-zero channel".into(),
+                        0,
+                        0,
+                    );
                 }
             }
             codec::FRAME_METHOD => self.handle_method_frame(frame.channel, frame.payload),
             codec::FRAME_HEADER | codec::FRAME_BODY => self.handle_content_frame(frame),
-            other => self.fail(reply::FRAME_ERROR, format!("FRAME_ERROR - unknown frame type {other}"), 0, 0),
+            other => self.fail(
+                reply::FRAME_ERROR,
+                format!("FRAME_ERROR - unknown frame type {other}"),
+                0,
+                0,
+            ),
         }
     }
 
     fn handle_method_frame(&mut self, ch: u16, payload: Bytes) {
         let mut r = Reader::new(payload.clone());
         let (Some(class_id), Some(method_id)) = (r.u16(), r.u16()) else {
-            return self.fail(reply::FRAME_ERROR, "FRAME_ERROR - method frame too short".into(), 0, 0);
+            return self.fail(
+                reply::FRAME_ERROR,
+                "FRAME_ERROR - method frame too short".into(),
+                0,
+                0,
+            );
         };
         if self.phase == Phase::Closing {
             // Only the handshake of closing matters now (spec 4.2.5.3 / 2.2.4).
             if class_id == 10 && (method_id == 51 || method_id == 50) {
                 if method_id == 50 {
-                    self.send_method(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                    self.send_method(
+                        0,
+                        AMQPClass::Connection(connection::AMQPMethod::CloseOk(
+                            connection::CloseOk {},
+                        )),
+                    );
                 }
                 self.phase = Phase::Finished;
             }
@@ -469,7 +521,10 @@ impl Connection {
                         self.channels.remove(&ch);
                     } else if class_id == 20 && method_id == 40 {
                         self.channels.remove(&ch);
-                        self.send_method(ch, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                        self.send_method(
+                            ch,
+                            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                        );
                     }
                     return;
                 }
@@ -494,7 +549,11 @@ impl Connection {
                     let (Some(tag), Some(bits)) = (r.u64(), r.u8()) else {
                         return self.syntax_error(class_id, method_id);
                     };
-                    self.pending.push_back(Event::Ack { channel: ch, delivery_tag: tag, multiple: bits & 1 != 0 });
+                    self.pending.push_back(Event::Ack {
+                        channel: ch,
+                        delivery_tag: tag,
+                        multiple: bits & 1 != 0,
+                    });
                     return;
                 }
                 codec::BASIC_QOS => {
@@ -516,7 +575,7 @@ impl Connection {
             }
         }
         let method = match amq_protocol::protocol::parse_class(&payload[..]) {
-            Ok((rest, m)) if rest.is_empty() => m,
+            Ok((&[], m)) => m,
             _ => return self.syntax_error(class_id, method_id),
         };
         if ch == 0 {
@@ -540,7 +599,9 @@ impl Connection {
         let AMQPClass::Connection(m) = method else {
             return self.fail(
                 reply::COMMAND_INVALID,
-                format!("COMMAND_INVALID - method {class_id}.{method_id} is not allowed on channel 0"),
+                format!(
+                    "COMMAND_INVALID - method {class_id}.{method_id} is not allowed on channel 0"
+                ),
                 class_id,
                 method_id,
             );
@@ -548,7 +609,9 @@ impl Connection {
         match (self.phase, m) {
             (Phase::AwaitingStartOk, M::StartOk(start_ok)) => {
                 let mechanism = start_ok.mechanism.as_str().to_string();
-                let Some((username, password)) = decode_credentials(&mechanism, start_ok.response.as_bytes()) else {
+                let Some((username, password)) =
+                    decode_credentials(&mechanism, start_ok.response.as_bytes())
+                else {
                     return self.fail(
                         reply::ACCESS_REFUSED,
                         format!("ACCESS_REFUSED - unsupported mechanism or malformed response for {mechanism}"),
@@ -557,19 +620,34 @@ impl Connection {
                     );
                 };
                 self.phase = Phase::Authenticating;
-                self.pending.push_back(Event::Login { mechanism, username, password });
+                self.pending.push_back(Event::Login {
+                    mechanism,
+                    username,
+                    password,
+                });
             }
             (Phase::AwaitingTuneOk, M::TuneOk(tune)) => {
-                let frame_max = if tune.frame_max == 0 { self.config.frame_max } else { tune.frame_max };
+                let frame_max = if tune.frame_max == 0 {
+                    self.config.frame_max
+                } else {
+                    tune.frame_max
+                };
                 if frame_max < 4096 || frame_max > self.config.frame_max {
                     return self.fail(
                         reply::NOT_ALLOWED,
-                        format!("NOT_ALLOWED - frame_max {frame_max} outside 4096..={}", self.config.frame_max),
+                        format!(
+                            "NOT_ALLOWED - frame_max {frame_max} outside 4096..={}",
+                            self.config.frame_max
+                        ),
                         10,
                         31,
                     );
                 }
-                let channel_max = if tune.channel_max == 0 { self.config.channel_max } else { tune.channel_max };
+                let channel_max = if tune.channel_max == 0 {
+                    self.config.channel_max
+                } else {
+                    tune.channel_max
+                };
                 self.frame_max = frame_max as usize;
                 self.channel_max = channel_max.min(self.config.channel_max);
                 self.heartbeat = tune.heartbeat;
@@ -577,10 +655,15 @@ impl Connection {
             }
             (Phase::AwaitingOpen, M::Open(open)) => {
                 self.phase = Phase::Opening;
-                self.pending.push_back(Event::OpenVhost { vhost: open.virtual_host.as_str().to_string() });
+                self.pending.push_back(Event::OpenVhost {
+                    vhost: open.virtual_host.as_str().to_string(),
+                });
             }
             (Phase::Open, M::Close(_)) => {
-                self.send_method(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                self.send_method(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                );
                 self.channels.clear();
                 self.phase = Phase::Finished;
                 self.pending.push_back(Event::Closed);
@@ -589,12 +672,17 @@ impl Connection {
             (Phase::Open, M::UpdateSecret(_)) => {
                 self.send_method(
                     0,
-                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(connection::UpdateSecretOk {})),
+                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(
+                        connection::UpdateSecretOk {},
+                    )),
                 );
             }
             (_, M::Close(_)) => {
                 // Closing during the handshake.
-                self.send_method(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                self.send_method(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                );
                 self.phase = Phase::Finished;
                 self.pending.push_back(Event::Closed);
             }
@@ -633,12 +721,20 @@ impl Connection {
     fn on_channel_method(&mut self, ch: u16, method: AMQPClass, class_id: u16, method_id: u16) {
         if let AMQPClass::Channel(channel::AMQPMethod::Open(_)) = method {
             if self.phase != Phase::Open {
-                return self.fail(reply::COMMAND_INVALID, "COMMAND_INVALID - connection not open".into(), 20, 10);
+                return self.fail(
+                    reply::COMMAND_INVALID,
+                    "COMMAND_INVALID - connection not open".into(),
+                    20,
+                    10,
+                );
             }
             if ch > self.channel_max {
                 return self.fail(
                     reply::CHANNEL_ERROR,
-                    format!("CHANNEL_ERROR - channel {ch} exceeds channel_max {}", self.channel_max),
+                    format!(
+                        "CHANNEL_ERROR - channel {ch} exceeds channel_max {}",
+                        self.channel_max
+                    ),
                     20,
                     10,
                 );
@@ -651,8 +747,17 @@ impl Connection {
                     10,
                 );
             }
-            self.channels.insert(ch, ChannelState { closing: false, content: Content::Idle });
-            self.send_method(ch, AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})));
+            self.channels.insert(
+                ch,
+                ChannelState {
+                    closing: false,
+                    content: Content::Idle,
+                },
+            );
+            self.send_method(
+                ch,
+                AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+            );
             self.pending.push_back(Event::ChannelOpened(ch));
             return;
         }
@@ -662,7 +767,10 @@ impl Connection {
         match method {
             AMQPClass::Channel(channel::AMQPMethod::Close(_)) => {
                 self.channels.remove(&ch);
-                self.send_method(ch, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                self.send_method(
+                    ch,
+                    AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                );
                 self.pending.push_back(Event::ChannelClosed(ch));
             }
             AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => {
@@ -671,18 +779,28 @@ impl Connection {
             AMQPClass::Channel(channel::AMQPMethod::Flow(flow)) => {
                 self.send_method(
                     ch,
-                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active: flow.active })),
+                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk {
+                        active: flow.active,
+                    })),
                 );
-                self.pending.push_back(Event::Flow { channel: ch, active: flow.active });
+                self.pending.push_back(Event::Flow {
+                    channel: ch,
+                    active: flow.active,
+                });
             }
             AMQPClass::Channel(channel::AMQPMethod::FlowOk(_)) => {}
             AMQPClass::Connection(_) => self.fail(
                 reply::COMMAND_INVALID,
-                format!("COMMAND_INVALID - connection method {class_id}.{method_id} on channel {ch}"),
+                format!(
+                    "COMMAND_INVALID - connection method {class_id}.{method_id} on channel {ch}"
+                ),
                 class_id,
                 method_id,
             ),
-            method => self.pending.push_back(Event::Method { channel: ch, method }),
+            method => self.pending.push_back(Event::Method {
+                channel: ch,
+                method,
+            }),
         }
     }
 
@@ -730,9 +848,14 @@ impl Connection {
         match (frame.kind, content) {
             (codec::FRAME_HEADER, Content::AwaitingHeader(publish)) => {
                 let header = match parse_content_header(&frame.payload[..]) {
-                    Ok((rest, h)) if rest.is_empty() => h,
+                    Ok((&[], h)) => h,
                     _ => {
-                        return self.fail(reply::FRAME_ERROR, "FRAME_ERROR - malformed content header".into(), 60, 40)
+                        return self.fail(
+                            reply::FRAME_ERROR,
+                            "FRAME_ERROR - malformed content header".into(),
+                            60,
+                            40,
+                        )
                     }
                 };
                 if header.class_id != codec::BASIC_CLASS {
@@ -769,7 +892,15 @@ impl Connection {
                     };
                 }
             }
-            (codec::FRAME_BODY, Content::AwaitingBody { publish, header, remaining, mut parts }) => {
+            (
+                codec::FRAME_BODY,
+                Content::AwaitingBody {
+                    publish,
+                    header,
+                    remaining,
+                    mut parts,
+                },
+            ) => {
                 let len = frame.payload.len() as u64;
                 if len > remaining {
                     return self.fail(
@@ -793,12 +924,19 @@ impl Connection {
                     };
                     self.finish_publish(ch, publish, header, body);
                 } else if let Some(state) = self.channels.get_mut(&ch) {
-                    state.content = Content::AwaitingBody { publish, header, remaining, parts };
+                    state.content = Content::AwaitingBody {
+                        publish,
+                        header,
+                        remaining,
+                        parts,
+                    };
                 }
             }
             (kind, _) => self.fail(
                 reply::UNEXPECTED_FRAME,
-                format!("UNEXPECTED_FRAME - unexpected content frame of type {kind} on channel {ch}"),
+                format!(
+                    "UNEXPECTED_FRAME - unexpected content frame of type {kind} on channel {ch}"
+                ),
                 0,
                 0,
             ),
@@ -845,7 +983,10 @@ fn decode_credentials(mechanism: &str, response: &[u8]) -> Option<(String, Strin
             if parts.next().is_some() {
                 return None;
             }
-            Some((String::from_utf8(user.to_vec()).ok()?, String::from_utf8(pass.to_vec()).ok()?))
+            Some((
+                String::from_utf8(user.to_vec()).ok()?,
+                String::from_utf8(pass.to_vec()).ok()?,
+            ))
         }
         "AMQPLAIN" => {
             let mut framed = Vec::with_capacity(response.len() + 4);

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The one command that runs every test (README: "Run the tests").
+#
+# Installs what the tests need (Debian packages, a Python venv with pika),
+# builds the `weir` binary once, then runs the Rust tests (unit tests and the
+# black-box tests in tests/ that start the real binary with lapin and raw
+# TCP) and the Python pika tests in tests/python.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+bash scripts/install-deps.sh
+PY=$(bash scripts/python-venv.sh)
+
+echo "test: building weir" >&2
+cargo build -p weir-gateway
+export WEIR_BIN="$ROOT/${CARGO_TARGET_DIR:-target}/debug/weir"
+
+echo "test: Rust tests" >&2
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --no-fail-fast
+else
+    cargo test --workspace --no-fail-fast
+fi
+
+echo "test: Python (pika) tests" >&2
+(cd tests/python && "$PY" -m pytest -q)
