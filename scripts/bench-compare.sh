@@ -8,6 +8,7 @@
 #
 # Usage: scripts/bench-compare.sh [--duration S] [--warmup S] [--rate R] [--only rabbitmq|weir]
 #                                 [--out DIR] [--bench-args "extra weir-bench flags"]
+#                                 [--quiet-wait S (120)] [--quiet-max CORES (0.3)]
 #
 # What it does: installs Debian's rabbitmq-server if missing and starts it if it isn't running; builds
 # weir-bench and the weir broker in release; runs the RabbitMQ targets; stops RabbitMQ if this script
@@ -27,6 +28,8 @@ RATE=1000
 ONLY=""
 OUT=""
 EXTRA=""
+QUIET_WAIT=120   # seconds to wait for an idle machine before each run
+QUIET_MAX=0.3    # "idle": at most this many busy cores
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) DURATION="$2"; shift 2 ;;
@@ -35,7 +38,9 @@ while [ $# -gt 0 ]; do
     --only) ONLY="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --bench-args) EXTRA="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --quiet-wait) QUIET_WAIT="$2"; shift 2 ;;
+    --quiet-max) QUIET_MAX="$2"; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -93,11 +98,40 @@ if [ "$ONLY" != "rabbitmq" ]; then
 fi
 
 # ---------------------------------------------------------------- runs
+# Busy cores of the whole machine over one second (from /proc/stat), e.g. "0.12".
+busy_cores() {
+  local a b
+  a="$(head -1 /proc/stat)"; sleep 1; b="$(head -1 /proc/stat)"
+  awk -v a="$a" -v b="$b" 'BEGIN {
+    split(a, x); split(b, y); t = 0; i = 0
+    for (k = 2; k <= 9; k++) t += y[k] - x[k]
+    i = (y[5] - x[5]) + (y[6] - x[6])
+    printf "%.2f", (t - i) / 100 }'
+}
+
+# The machine may be shared (e.g. other people's cargo builds): before each run wait, up to
+# QUIET_WAIT seconds, until it is nearly idle, so the brokers don't compete with unrelated work.
+# Each run's JSON also records machine_busy_cores, which shows whether a run was disturbed anyway.
+wait_quiet() {
+  local waited=0 busy
+  while :; do
+    busy="$(busy_cores)"
+    awk -v b="$busy" -v m="$QUIET_MAX" 'BEGIN { exit !(b <= m) }' && return 0
+    if [ "$waited" -ge "$QUIET_WAIT" ]; then
+      echo "   machine still busy ($busy cores) after ${QUIET_WAIT}s; running anyway" >&2
+      return 0
+    fi
+    [ "$waited" = 0 ] && echo "   waiting for the machine to go quiet (busy: $busy cores)" >&2
+    waited=$((waited + 1))
+  done
+}
+
 # run_bench LABEL URL QUEUE_TYPE WORKLOAD: writes $OUT/LABEL-WORKLOAD.json, returns non-zero on failure.
 run_bench() {
   local label="$1" url="$2" qtype="$3" workload="$4" rate=0
   [ "$workload" = rate ] && rate="$RATE"
   log "$label / $workload ($DURATION s + $WARMUP s warm-up)"
+  wait_quiet
   # shellcheck disable=SC2086 # EXTRA is deliberately word-split into flags
   if "$BENCH" --url "$url" --queue-type "$qtype" --publishers 2 --consumers 2 --size 256 \
       --window 256 --prefetch 256 --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" \
@@ -174,16 +208,16 @@ fi
   echo "RabbitMQ: $RABBIT_STATUS; Weir: $WEIR_STATUS"
   echo "each run: 2 publishers (confirms, window 256), 2 consumers (prefetch 256, multi-ack), 256 B, durable+persistent, ${DURATION}s measured after ${WARMUP}s warm-up"
   echo
-  echo "| workload | target | published msg/s | consumed msg/s | confirm p50 / p95 / p99 ms | end-to-end p50 / p95 / p99 ms | client µs/msg |"
-  echo "|---|---|---:|---:|---|---|---:|"
+  echo "| workload | target | published msg/s | consumed msg/s | confirm p50 / p95 / p99 ms | end-to-end p50 / p95 / p99 ms | client µs/msg | machine busy cores |"
+  echo "|---|---|---:|---:|---|---|---:|---:|"
   for w in saturated rate; do
     for t in rabbitmq-classic rabbitmq-quorum weir; do
       f="$OUT/$t-$w.json"
       wl="$w"; [ "$w" = rate ] && wl="$RATE msg/s"
       if [ -f "$f" ]; then
-        jq -r --arg w "$wl" --arg t "$t" '"| \($w) | \($t) | \(.publish_rate|floor) | \(.consume_rate|floor) | \(.confirm_latency.p50_ms) / \(.confirm_latency.p95_ms) / \(.confirm_latency.p99_ms) | \(.e2e_latency.p50_ms) / \(.e2e_latency.p95_ms) / \(.e2e_latency.p99_ms) | \(.client_cpu_us_per_msg // "?" | if type=="number" then (.*100|round/100) else . end) |"' "$f"
+        jq -r --arg w "$wl" --arg t "$t" '"| \($w) | \($t) | \(.publish_rate|floor) | \(.consume_rate|floor) | \(.confirm_latency.p50_ms) / \(.confirm_latency.p95_ms) / \(.confirm_latency.p99_ms) | \(.e2e_latency.p50_ms) / \(.e2e_latency.p95_ms) / \(.e2e_latency.p99_ms) | \(.client_cpu_us_per_msg // "?" | if type=="number" then (.*100|round/100) else . end) | \(.machine_busy_cores // "?" | if type=="number" then (.*100|round/100) else . end) |"' "$f"
       else
-        echo "| $wl | $t | — | — | — | — | — |"
+        echo "| $wl | $t | — | — | — | — | — | — |"
       fi
     done
   done

@@ -314,8 +314,14 @@ async fn run(args: Args) -> Result<Report> {
     }
 
     // Fresh queue: delete whatever a previous (possibly aborted) run left, then declare.
+    // On a throwaway connection: per the spec, deleting a missing queue is a 404 channel error
+    // (RabbitMQ answers delete-ok instead), which would leave the channel unusable.
+    {
+        let mut c = Conn::open(&uri).await.ctx("setup connection")?;
+        let _ = delete_queue(&mut c, &args.queue).await;
+        c.close().await;
+    }
     let mut admin = Conn::open(&uri).await.ctx("setup connection")?;
-    delete_queue(&mut admin, &args.queue).await?;
     let mut qargs = FieldTable::default();
     qargs.insert(
         "x-queue-type".into(),
