@@ -769,3 +769,22 @@ pub mod raw {
         }
     }
 }
+
+/// Connection events, to observe asynchronous channel closes (after a
+/// publish or an ack). Subscribe before triggering the error.
+pub fn error_events(conn: &Connection) -> std::pin::Pin<Box<dyn futures_lite::Stream<Item = lapin::Event> + Send>> {
+    Box::pin(conn.events_listener())
+}
+
+/// The reply code of the next error event.
+pub async fn next_error_code(events: &mut std::pin::Pin<Box<dyn futures_lite::Stream<Item = lapin::Event> + Send>>) -> u16 {
+    loop {
+        match within("an error event", events.next()).await {
+            Some(lapin::Event::Error(e)) => {
+                return reply_code(&e).unwrap_or_else(|| panic!("not an AMQP close: {e:?}"))
+            }
+            Some(_) => continue,
+            None => panic!("event stream ended"),
+        }
+    }
+}
