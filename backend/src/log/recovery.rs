@@ -59,7 +59,14 @@ pub(crate) fn recover(
             .map_err(|e| StoreError::io(format!("reading {}", path.display()), e))?;
         let mut info = SegmentInfo::default();
         let mut off = 0usize;
+        let mut zero_tail = false;
         while off < buf.len() {
+            if last && buf[off..].iter().all(|b| *b == 0) {
+                // The preallocated, never-written rest of the head segment:
+                // a clean end, not a torn record.
+                zero_tail = true;
+                break;
+            }
             let (payload, len) = match record::split_frame(&buf[off..]) {
                 Ok(ok) => ok,
                 Err(err) => {
@@ -143,7 +150,18 @@ pub(crate) fn recover(
             }
             off += len;
         }
-        if off < buf.len() {
+        if zero_tail {
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| StoreError::io(format!("opening {}", path.display()), e))?;
+            f.set_len(off as u64)
+                .map_err(|e| StoreError::io(format!("truncating {}", path.display()), e))?;
+            if sync {
+                f.sync_all()
+                    .map_err(|e| StoreError::io(format!("fsync {}", path.display()), e))?;
+            }
+        } else if off < buf.len() {
             debug_assert!(last);
             let dropped = (buf.len() - off) as u64;
             tracing::warn!(

@@ -916,3 +916,57 @@ fn bench_group_commit_throughput() {
         store.stats().syncs
     );
 }
+
+/// A crash leaves the head segment preallocated: zeros after the last record.
+/// That is a clean end, not a torn tail, and nothing is reported truncated.
+#[test]
+fn preallocated_head_after_a_crash_is_a_clean_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let opts = LogOptions {
+        segment_size: 1 << 20,
+        ..LogOptions::default()
+    };
+    let store = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let (a, _) = publish(&store, &[P1], b"one");
+    let (b, _) = publish(&store, &[P1], b"two");
+    // Copy the files while the store is still running: what a kill -9 leaves.
+    std::fs::create_dir_all(crashed.path().join("log")).unwrap();
+    let mut head_len = 0;
+    for seg in seg_files(dir.path()) {
+        let from = segment::segment_path(&dir.path().join("log"), seg);
+        let to = segment::segment_path(&crashed.path().join("log"), seg);
+        std::fs::copy(&from, &to).unwrap();
+        head_len = std::fs::metadata(&to).unwrap().len();
+    }
+    assert_eq!(head_len, 1 << 20, "head segment is preallocated");
+    store.close().unwrap();
+
+    let reopened = LogStore::open(crashed.path(), opts).unwrap();
+    let rec = reopened.take_recovered();
+    assert_eq!(rec.truncated_bytes, 0);
+    assert_eq!(ids_of(&rec, P1), vec![a, b]);
+    let last = *seg_files(crashed.path()).first().unwrap();
+    let len = std::fs::metadata(segment::segment_path(&crashed.path().join("log"), last))
+        .unwrap()
+        .len();
+    assert!(len < 1 << 20, "the zero tail was cut at recovery");
+}
+
+/// A clean close cuts the head segment to its last record.
+#[test]
+fn close_cuts_the_preallocated_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogOptions {
+        segment_size: 1 << 20,
+        ..LogOptions::default()
+    };
+    let store = LogStore::open(dir.path(), opts).unwrap();
+    let (_, loc) = publish(&store, &[P1], b"one");
+    store.close().unwrap();
+    let seg = seg_files(dir.path())[0];
+    let len = std::fs::metadata(segment::segment_path(&dir.path().join("log"), seg))
+        .unwrap()
+        .len();
+    assert_eq!(len, u64::from(loc.offset + loc.len));
+}
