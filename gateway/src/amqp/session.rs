@@ -796,8 +796,10 @@ impl Session {
                         arguments: table_to_json(&d.arguments),
                     };
                     let wait = tenant.declare_exchange(def, d.passive)?;
-                    durable(wait).await?;
                     if !d.nowait {
+                        // With nowait the client asked for no answer; the change is
+                        // durable with the next fsync, without blocking this connection.
+                        durable(wait).await?;
                         self.conn.send_method(
                             ch,
                             AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(
@@ -808,8 +810,10 @@ impl Session {
                 }
                 exchange::AMQPMethod::Delete(d) => {
                     let wait = tenant.delete_exchange(d.exchange.as_str(), d.if_unused)?;
-                    durable(wait).await?;
                     if !d.nowait {
+                        // With nowait the client asked for no answer; the change is
+                        // durable with the next fsync, without blocking this connection.
+                        durable(wait).await?;
                         self.conn.send_method(
                             ch,
                             AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(
@@ -827,8 +831,10 @@ impl Session {
                         table_to_json(&b.arguments),
                         conn_id,
                     )?;
-                    durable(wait).await?;
                     if !b.nowait {
+                        // With nowait the client asked for no answer; the change is
+                        // durable with the next fsync, without blocking this connection.
+                        durable(wait).await?;
                         self.conn.send_method(
                             ch,
                             AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
@@ -844,8 +850,10 @@ impl Session {
                         table_to_json(&b.arguments),
                         conn_id,
                     )?;
-                    durable(wait).await?;
                     if !b.nowait {
+                        // With nowait the client asked for no answer; the change is
+                        // durable with the next fsync, without blocking this connection.
+                        durable(wait).await?;
                         self.conn.send_method(
                             ch,
                             AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(
@@ -873,8 +881,10 @@ impl Session {
                         connection: conn_id,
                     };
                     let (ok, wait) = tenant.declare_queue(req)?;
-                    durable(wait).await?;
                     if !d.nowait {
+                        // With nowait the client asked for no answer; the change is
+                        // durable with the next fsync, without blocking this connection.
+                        durable(wait).await?;
                         self.conn.send_method(
                             ch,
                             AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
@@ -894,8 +904,10 @@ impl Session {
                         table_to_json(&b.arguments),
                         conn_id,
                     )?;
-                    durable(wait).await?;
                     if !b.nowait {
+                        // With nowait the client asked for no answer; the change is
+                        // durable with the next fsync, without blocking this connection.
+                        durable(wait).await?;
                         self.conn.send_method(
                             ch,
                             AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
@@ -931,8 +943,10 @@ impl Session {
                 queue::AMQPMethod::Delete(d) => {
                     let (n, wait) =
                         tenant.delete_queue(d.queue.as_str(), d.if_unused, d.if_empty, conn_id)?;
-                    durable(wait).await?;
                     if !d.nowait {
+                        // With nowait the client asked for no answer; the change is
+                        // durable with the next fsync, without blocking this connection.
+                        durable(wait).await?;
                         self.conn.send_method(
                             ch,
                             AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {

@@ -5,9 +5,10 @@ use super::message::Entry;
 use super::queue::Partition;
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
+pub use weir_quota::Credit;
 
 /// A delivery on its way from a partition to a connection.
 pub struct Delivery {
@@ -83,62 +84,6 @@ impl ConnHandle {
         let mut o = self.outbox.lock();
         deliveries.append(&mut o.deliveries);
         notices.append(&mut o.notices);
-    }
-}
-
-/// A prefetch window: how many messages and bytes may be delivered and not yet
-/// acknowledged. Shared by a consumer (per-consumer qos) or a whole channel
-/// (global qos). Updated with atomics because partitions on other tasks
-/// acquire it while the owning connection releases it.
-#[derive(Default)]
-pub struct Credit {
-    /// Message limit; 0 = unlimited.
-    pub max_count: AtomicU32,
-    /// Byte limit; 0 = unlimited.
-    pub max_bytes: AtomicU32,
-    count: AtomicU32,
-    bytes: AtomicU64,
-}
-
-impl Credit {
-    /// A window with the given limits.
-    pub fn new(max_count: u32, max_bytes: u32) -> Arc<Self> {
-        let c = Credit::default();
-        c.max_count.store(max_count, Ordering::Relaxed);
-        c.max_bytes.store(max_bytes, Ordering::Relaxed);
-        Arc::new(c)
-    }
-
-    /// Takes room for one message of `size` bytes, or returns false when the
-    /// window is full. As in RabbitMQ, a byte limit never blocks the first
-    /// message in flight.
-    pub fn try_acquire(&self, size: u32) -> bool {
-        let max_count = self.max_count.load(Ordering::Relaxed);
-        let prev = self.count.fetch_add(1, Ordering::AcqRel);
-        if max_count != 0 && prev >= max_count {
-            self.count.fetch_sub(1, Ordering::AcqRel);
-            return false;
-        }
-        let max_bytes = self.max_bytes.load(Ordering::Relaxed) as u64;
-        let prev_bytes = self.bytes.fetch_add(size as u64, Ordering::AcqRel);
-        if max_bytes != 0 && prev > 0 && prev_bytes + size as u64 > max_bytes {
-            self.bytes.fetch_sub(size as u64, Ordering::AcqRel);
-            self.count.fetch_sub(1, Ordering::AcqRel);
-            return false;
-        }
-        true
-    }
-
-    /// Returns room for one message of `size` bytes.
-    pub fn release(&self, size: u32) {
-        let prev = self.count.fetch_sub(1, Ordering::AcqRel);
-        debug_assert!(prev > 0, "credit released more than acquired");
-        self.bytes.fetch_sub(size as u64, Ordering::AcqRel);
-    }
-
-    /// Messages in flight.
-    pub fn in_flight(&self) -> u32 {
-        self.count.load(Ordering::Relaxed)
     }
 }
 

@@ -448,3 +448,111 @@ impl Queue {
         d
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::consumer::{ConnHandle, Credit, Notice};
+    use std::sync::atomic::AtomicBool;
+
+    fn entry(id: u64) -> Entry {
+        Entry {
+            seq: 0,
+            id,
+            location: None,
+            size: 10,
+            redelivered: false,
+            attempts: 0,
+            enqueued_ms: now_ms(),
+            message: None,
+        }
+    }
+
+    fn consumer(conn: &Arc<ConnHandle>, prefetch: u32) -> Arc<Consumer> {
+        Arc::new(Consumer {
+            tag: bytes::Bytes::from_static(b"c"),
+            channel: 1,
+            no_ack: false,
+            exclusive: false,
+            conn: conn.clone(),
+            credit: Credit::new(prefetch, 0),
+            channel_credit: None,
+            flow_active: Arc::new(AtomicBool::new(true)),
+            cancelled: AtomicBool::new(false),
+        })
+    }
+
+    fn drained(conn: &ConnHandle) -> Vec<Delivery> {
+        let mut d = Vec::new();
+        let mut n: Vec<Notice> = Vec::new();
+        conn.drain(&mut d, &mut n);
+        d
+    }
+
+    #[test]
+    fn credit_bounds_deliveries_and_requeue_restores_position() {
+        let p = Partition::new(PartitionId(1), false);
+        for id in 1..=4 {
+            p.enqueue(entry(id));
+        }
+        let conn = ConnHandle::new(1);
+        let c = consumer(&conn, 2);
+        p.add_consumer(c.clone());
+        let got = drained(&conn);
+        assert_eq!(
+            got.iter().map(|d| d.entry.id).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(p.ready_len(), 2);
+        // Give back message 1 (requeue) and its credit: it is next again.
+        let first = got.into_iter().next().expect("one delivery");
+        c.release(first.entry.size);
+        p.requeue(vec![first.entry]);
+        let again = drained(&conn);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].entry.id, 1);
+        assert!(again[0].entry.redelivered);
+        assert_eq!(again[0].entry.attempts, 2);
+    }
+
+    #[test]
+    fn round_robin_over_consumers() {
+        let p = Partition::new(PartitionId(1), false);
+        let a = ConnHandle::new(1);
+        let b = ConnHandle::new(2);
+        p.add_consumer(consumer(&a, 0));
+        p.add_consumer(consumer(&b, 0));
+        for id in 1..=6 {
+            p.enqueue(entry(id));
+        }
+        let ids = |v: Vec<Delivery>| v.into_iter().map(|d| d.entry.id).collect::<Vec<_>>();
+        assert_eq!(ids(drained(&a)), vec![1, 3, 5]);
+        assert_eq!(ids(drained(&b)), vec![2, 4, 6]);
+    }
+
+    #[test]
+    fn deep_durable_entries_drop_their_bodies() {
+        let p = Partition::new(PartitionId(1), true);
+        let msg = Arc::new(crate::engine::message::Message {
+            id: 1,
+            exchange: bytes::Bytes::new(),
+            routing_key: bytes::Bytes::new(),
+            properties: bytes::Bytes::new(),
+            body: bytes::Bytes::from_static(b"x"),
+            persistent: true,
+            priority: 0,
+        });
+        for id in 0..(HOT_ENTRIES as u64 + 10) {
+            let mut e = entry(id);
+            e.location = Some(weir_backend::Location {
+                segment: 1,
+                offset: 0,
+                len: 1,
+            });
+            e.message = Some(msg.clone());
+            p.enqueue(e);
+        }
+        // Only the hot head keeps the message in memory.
+        assert_eq!(Arc::strong_count(&msg), HOT_ENTRIES + 1);
+    }
+}

@@ -1005,3 +1005,214 @@ fn decode_credentials(mechanism: &str, response: &[u8]) -> Option<(String, Strin
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame};
+
+    fn frame(f: AMQPFrame) -> Vec<u8> {
+        cookie_factory::gen(gen_frame(&f), Vec::new())
+            .expect("gen")
+            .0
+    }
+
+    fn method(ch: u16, m: AMQPClass) -> Vec<u8> {
+        frame(AMQPFrame::Method(ch, m))
+    }
+
+    /// Parses every frame the server wrote.
+    fn written(c: &mut Connection) -> Vec<AMQPFrame> {
+        let mut out = Vec::new();
+        let buf = c.out().split().freeze();
+        let mut rest = &buf[..];
+        while !rest.is_empty() {
+            let (r, f) = parse_frame(rest).expect("server wrote a valid frame");
+            out.push(f);
+            rest = r;
+        }
+        out
+    }
+
+    fn open_connection() -> Connection {
+        let mut c = Connection::new(ServerConfig::default());
+        let mut input = BytesMut::from(&codec::PROTOCOL_HEADER[..]);
+        assert!(c.poll(&mut input).is_none());
+        let start_ok = connection::StartOk {
+            client_properties: FieldTable::default(),
+            mechanism: "PLAIN".into(),
+            response: "\0guest\0guest".into(),
+            locale: "en_US".into(),
+        };
+        input.extend_from_slice(&method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)),
+        ));
+        match c.poll(&mut input) {
+            Some(Event::Login {
+                username, password, ..
+            }) => assert_eq!((username.as_str(), password.as_str()), ("guest", "guest")),
+            other => panic!("expected login, got {other:?}"),
+        }
+        c.accept_login();
+        let tune_ok = connection::TuneOk {
+            channel_max: 10,
+            frame_max: 8192,
+            heartbeat: 0,
+        };
+        input.extend_from_slice(&method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok)),
+        ));
+        let open = connection::Open {
+            virtual_host: "/".into(),
+        };
+        input.extend_from_slice(&method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(open)),
+        ));
+        match c.poll(&mut input) {
+            Some(Event::OpenVhost { vhost }) => assert_eq!(vhost, "/"),
+            other => panic!("expected open, got {other:?}"),
+        }
+        c.accept_open();
+        assert_eq!(c.frame_max(), 8192);
+        written(&mut c);
+        c
+    }
+
+    fn close_code(frames: &[AMQPFrame]) -> Option<u16> {
+        frames.iter().find_map(|f| match f {
+            AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+                Some(c.reply_code)
+            }
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn wrong_protocol_header_gets_ours_back() {
+        let mut c = Connection::new(ServerConfig::default());
+        let mut input = BytesMut::from(&b"HTTP/1.1"[..]);
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(&c.out()[..], codec::PROTOCOL_HEADER);
+        assert!(c.is_finished());
+    }
+
+    #[test]
+    fn publish_is_assembled_from_split_body_frames() {
+        let mut c = open_connection();
+        let mut input = BytesMut::new();
+        input.extend_from_slice(&method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        ));
+        assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+        let publish = basic::Publish {
+            exchange: "x".into(),
+            routing_key: "k".into(),
+            mandatory: true,
+            immediate: false,
+        };
+        input.extend_from_slice(&method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(publish)),
+        ));
+        let props = basic::AMQPProperties::default().with_delivery_mode(2);
+        input.extend_from_slice(&frame(AMQPFrame::Header(
+            1,
+            amq_protocol::frame::AMQPContentHeader {
+                class_id: 60,
+                body_size: 6,
+                properties: props,
+            },
+        )));
+        input.extend_from_slice(&frame(AMQPFrame::Body(1, b"abc".to_vec())));
+        assert!(
+            c.poll(&mut input).is_none(),
+            "incomplete until the last body frame"
+        );
+        input.extend_from_slice(&frame(AMQPFrame::Body(1, b"def".to_vec())));
+        match c.poll(&mut input) {
+            Some(Event::Publish {
+                channel: 1,
+                message,
+            }) => {
+                assert_eq!(&message.body[..], b"abcdef");
+                assert_eq!(&message.exchange[..], b"x");
+                assert!(message.mandatory && message.persistent);
+            }
+            other => panic!("expected publish, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn protocol_errors_close_the_connection_with_their_codes() {
+        // Method on a channel that was never opened: 504.
+        let mut c = open_connection();
+        let mut input = BytesMut::from(
+            &method(
+                3,
+                AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
+                    queue: "q".into(),
+                    no_ack: false,
+                })),
+            )[..],
+        );
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(close_code(&written(&mut c)), Some(reply::CHANNEL_ERROR));
+
+        // A frame over frame_max: 501.
+        let mut c = open_connection();
+        let mut input = BytesMut::from(&frame(AMQPFrame::Body(1, vec![0; 9000]))[..]);
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(close_code(&written(&mut c)), Some(reply::FRAME_ERROR));
+
+        // A body frame with no publish before it: 505.
+        let mut c = open_connection();
+        let mut input = BytesMut::from(
+            &method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            )[..],
+        );
+        assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+        input.extend_from_slice(&frame(AMQPFrame::Body(1, b"x".to_vec())));
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(close_code(&written(&mut c)), Some(reply::UNEXPECTED_FRAME));
+        assert!(c.is_closing());
+    }
+
+    #[test]
+    fn frames_on_a_closing_channel_are_discarded() {
+        let mut c = open_connection();
+        let mut input = BytesMut::from(
+            &method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            )[..],
+        );
+        assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+        c.close_channel(1, reply::NOT_FOUND, "NOT_FOUND - no queue", 60, 70);
+        input.extend_from_slice(&method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get {
+                queue: "q".into(),
+                no_ack: false,
+            })),
+        ));
+        assert!(c.poll(&mut input).is_none(), "discarded while closing");
+        input.extend_from_slice(&method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+        ));
+        assert!(c.poll(&mut input).is_none());
+        // The channel number is free again.
+        input.extend_from_slice(&method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        ));
+        assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+        assert!(!c.is_closing());
+    }
+}
