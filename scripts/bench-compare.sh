@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
     --bench-args) EXTRA="$2"; shift 2 ;;
     --quiet-wait) QUIET_WAIT="$2"; shift 2 ;;
     --quiet-max) QUIET_MAX="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
   esac
 done
