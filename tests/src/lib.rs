@@ -110,7 +110,13 @@ impl Broker {
 
     /// Starts a broker on an existing data directory (the caller keeps it).
     pub fn start_in(dir: &Path) -> Broker {
-        let mut b = Self::new(dir.to_path_buf(), None, &[]);
+        Self::start_in_with(dir, &[])
+    }
+
+    /// Like [`Broker::start_in`], with extra command-line flags (kept for
+    /// restarts).
+    pub fn start_in_with(dir: &Path, args: &[&str]) -> Broker {
+        let mut b = Self::new(dir.to_path_buf(), None, args);
         b.spawn_ready(None);
         b
     }

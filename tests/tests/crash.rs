@@ -104,11 +104,63 @@ async fn publisher(id: u64, mut gens: watch::Receiver<(u64, String)>, stop: Arc<
     r
 }
 
+/// Consumes with acks until `stop`, reconnecting to every new broker;
+/// returns the sequence numbers whose ack was sent.
+async fn consumer(mut gens: watch::Receiver<(u64, String)>, stop: Arc<AtomicBool>) -> Vec<u64> {
+    let mut acked = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let (gen, url) = gens.borrow_and_update().clone();
+        let session = async {
+            let conn = tokio::time::timeout(STEP_TIMEOUT, Connection::connect(&url, ConnectionProperties::default()))
+                .await
+                .ok()?
+                .ok()?;
+            let ch = conn.create_channel().await.ok()?;
+            ch.basic_qos(64, BasicQosOptions::default()).await.ok()?;
+            let mut c = ch
+                .basic_consume(QUEUE.into(), "acker".into(), BasicConsumeOptions::default(), FieldTable::default())
+                .await
+                .ok()?;
+            while !stop.load(Ordering::Relaxed) {
+                // Bounded so the stop flag is noticed when the queue is empty.
+                let d = match tokio::time::timeout(Duration::from_millis(500), c.next()).await {
+                    Err(_) => continue,
+                    Ok(Some(Ok(d))) => d,
+                    Ok(_) => return None,
+                };
+                let s = u64::from_be_bytes(d.data.as_slice().try_into().expect("8-byte body"));
+                d.ack(BasicAckOptions::default()).await.ok()?;
+                acked.push(s);
+            }
+            let _ = conn.close(200, "done".into()).await;
+            Some(())
+        };
+        if session.await.is_some() {
+            break;
+        }
+        if gens.wait_for(|(g, _)| *g > gen).await.is_err() {
+            break;
+        }
+    }
+    acked
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_while_publishing_loses_no_confirmed_message() {
+    crash_cycles(&[], false).await;
+}
+
+/// Small segments (rollover and reclamation happen under the crashes) and a
+/// consumer acking concurrently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_with_small_segments_and_acking_consumer() {
+    crash_cycles(&["--segment-mb", "1"], true).await;
+}
+
+async fn crash_cycles(args: &[&str], with_consumer: bool) {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = Broker::start_in(dir.path());
+    let mut broker = Broker::start_in_with(dir.path(), args);
     {
         let conn = connect(&broker.url()).await;
         let ch = conn.create_channel().await.unwrap();
@@ -123,6 +175,7 @@ async fn kill9_while_publishing_loses_no_confirmed_message() {
     let tasks: Vec<_> = (0..PUBLISHERS)
         .map(|id| tokio::spawn(publisher(id, gen_rx.clone(), stop.clone())))
         .collect();
+    let consumer_task = with_consumer.then(|| tokio::spawn(consumer(gen_rx.clone(), stop.clone())));
 
     let mut torn_tails = 0;
     for gen in 1..=CYCLES {
@@ -147,6 +200,10 @@ async fn kill9_while_publishing_loses_no_confirmed_message() {
     for t in tasks {
         reports.push(within("publisher to finish", t).await.unwrap());
     }
+    let acked: BTreeSet<u64> = match consumer_task {
+        Some(t) => within("consumer to finish", t).await.unwrap().into_iter().collect(),
+        None => BTreeSet::new(),
+    };
     drop(gen_tx);
 
     // One more crash with nothing in flight, then read everything back.
@@ -179,7 +236,13 @@ async fn kill9_while_publishing_loses_no_confirmed_message() {
 
     let confirmed: BTreeSet<u64> = reports.iter().flat_map(|r| r.confirmed.iter().copied()).collect();
     let sent: BTreeMap<u64, u64> = reports.iter().enumerate().map(|(i, r)| (i as u64, r.sent)).collect();
-    let missing: Vec<u64> = confirmed.iter().copied().filter(|s| !counts.contains_key(s)).collect();
+    // Confirmed and not acked by our consumer: must be in the queue. (An ack
+    // has no confirmation, so acked ones may or may not come back.)
+    let missing: Vec<u64> = confirmed
+        .iter()
+        .copied()
+        .filter(|s| !counts.contains_key(s) && !acked.contains(s))
+        .collect();
     let duplicates: u32 = counts.values().map(|c| c - 1).sum();
     let unconfirmed_delivered = counts.keys().filter(|s| !confirmed.contains(s)).count();
     let bogus: Vec<u64> = counts
@@ -191,7 +254,7 @@ async fn kill9_while_publishing_loses_no_confirmed_message() {
         "crash test: {CYCLES} kill -9 cycles (+1 idle), {torn_tails} restarts reported a torn tail; \
          sent {}, confirmed {}, nacked {}, unresolved {}, connections {}; \
          delivered {} ({} distinct), duplicates {duplicates}, unconfirmed-but-delivered {unconfirmed_delivered}, \
-         missing confirmed {}; took {:?}",
+         consumer acked {}, missing confirmed {}, segments at end {}; took {:?}",
         reports.iter().map(|r| r.sent).sum::<u64>(),
         confirmed.len(),
         reports.iter().map(|r| r.nacked.len()).sum::<usize>(),
@@ -199,7 +262,9 @@ async fn kill9_while_publishing_loses_no_confirmed_message() {
         reports.iter().map(|r| r.connections).sum::<u64>(),
         total,
         counts.len(),
+        acked.len(),
         missing.len(),
+        std::fs::read_dir(dir.path().join("log")).map(|d| d.count()).unwrap_or(0),
         started.elapsed(),
     );
     assert!(!confirmed.is_empty(), "publishers never got a confirm");
