@@ -251,7 +251,7 @@ async fn wrong_password_403_and_wrong_vhost_530() {
         Connection::connect(&broker.url_with("guest", "guest", "no-such-vhost"), lapin::ConnectionProperties::default()),
     )
     .await;
-    let e = r.err().expect("unknown vhost accepted");
+    let e = r.expect_err("unknown vhost accepted");
     if let Some(code) = reply_code(&e) {
         assert_eq!(code, 530, "{e:?}");
     }
