@@ -396,10 +396,13 @@ impl Queue {
             !def.partitions.is_empty(),
             "a queue has at least one partition"
         );
+        // Exclusive queues die with their connection, so nothing in them is
+        // worth an fsync.
+        let stored = def.durable && exclusive_owner.is_none();
         let partitions = def
             .partitions
             .iter()
-            .map(|p| Partition::new(PartitionId(*p), def.durable))
+            .map(|p| Partition::new(PartitionId(*p), stored))
             .collect();
         Arc::new(Queue {
             def,
