@@ -150,7 +150,10 @@ impl Broker {
                 Err(e) => last_err = e,
             }
         }
-        panic!("weir did not start: {last_err}\n--- log ---\n{}", self.logs());
+        panic!(
+            "weir did not start: {last_err}\n--- log ---\n{}",
+            self.logs()
+        );
     }
 
     fn spawn_once(&mut self, port: u16) -> Result<(), String> {
@@ -359,9 +362,12 @@ pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
 }
 
 pub async fn connect(url: &str) -> Connection {
-    within("connect", Connection::connect(url, ConnectionProperties::default()))
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
+    within(
+        "connect",
+        Connection::connect(url, ConnectionProperties::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
 }
 
 /// A channel in confirm mode.
@@ -386,15 +392,23 @@ pub fn reply_code(e: &lapin::Error) -> Option<u16> {
 pub fn assert_code<T: std::fmt::Debug>(r: Result<T, lapin::Error>, code: u16) {
     match r {
         Ok(v) => panic!("expected AMQP error {code}, got Ok({v:?})"),
-        Err(e) => assert_eq!(reply_code(&e), Some(code), "expected reply {code}, got error {e:?}"),
+        Err(e) => assert_eq!(
+            reply_code(&e),
+            Some(code),
+            "expected reply {code}, got error {e:?}"
+        ),
     }
 }
 
 /// Declares a plain (non-durable) queue.
 pub async fn declare_queue(ch: &Channel, name: &str) -> lapin::Queue {
-    ch.queue_declare(name.into(), QueueDeclareOptions::default(), FieldTable::default())
-        .await
-        .unwrap_or_else(|e| panic!("declaring {name}: {e}"))
+    ch.queue_declare(
+        name.into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("declaring {name}: {e}"))
 }
 
 /// Message count of `name` via a passive declare.
@@ -418,15 +432,30 @@ pub fn persistent() -> BasicProperties {
 
 /// Publishes and waits for a positive confirm (the channel must be in
 /// confirm mode).
-pub async fn publish_confirmed(ch: &Channel, exchange: &str, key: &str, body: &[u8], props: BasicProperties) {
+pub async fn publish_confirmed(
+    ch: &Channel,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+    props: BasicProperties,
+) {
     let confirm = within(
         "publish",
-        ch.basic_publish(exchange.into(), key.into(), BasicPublishOptions::default(), body, props),
+        ch.basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        ),
     )
     .await
     .expect("basic.publish");
     let c = within("confirm", confirm).await.expect("publisher confirm");
-    assert!(c.is_ack(), "publish to {exchange:?}/{key:?} was nacked: {c:?}");
+    assert!(
+        c.is_ack(),
+        "publish to {exchange:?}/{key:?} was nacked: {c:?}"
+    );
 }
 
 /// Next delivery from a consumer, bounded by [`OP_TIMEOUT`].
@@ -445,12 +474,17 @@ pub async fn assert_broker_healthy(url: &str) {
     let name = q.name().as_str().to_string();
     publish_confirmed(&ch, "", &name, b"health", BasicProperties::default()).await;
     let got = ch
-        .basic_get(name.as_str().into(), lapin::options::BasicGetOptions { no_ack: true })
+        .basic_get(
+            name.as_str().into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
         .await
         .expect("basic.get")
         .expect("health message");
     assert_eq!(got.delivery.data, b"health");
-    conn.close(200, "bye".into()).await.expect("connection.close");
+    conn.close(200, "bye".into())
+        .await
+        .expect("connection.close");
 }
 
 // ---------------------------------------------------------------------------
@@ -598,7 +632,11 @@ pub mod raw {
         pub async fn connect(addr: std::net::SocketAddr) -> RawClient {
             let stream = TcpStream::connect(addr).await.expect("tcp connect");
             stream.set_nodelay(true).ok();
-            RawClient { stream, buf: Vec::new(), frame_max: 0 }
+            RawClient {
+                stream,
+                buf: Vec::new(),
+                frame_max: 0,
+            }
         }
 
         /// Connects and completes the handshake as guest on vhost `/`.
@@ -639,14 +677,20 @@ pub mod raw {
         pub async fn read_frame(&mut self) -> Option<Frame> {
             loop {
                 if self.buf.len() >= 7 {
-                    let size = u32::from_be_bytes([self.buf[3], self.buf[4], self.buf[5], self.buf[6]]) as usize;
+                    let size =
+                        u32::from_be_bytes([self.buf[3], self.buf[4], self.buf[5], self.buf[6]])
+                            as usize;
                     if self.buf.len() >= 8 + size {
                         let f = Frame {
                             kind: self.buf[0],
                             channel: u16::from_be_bytes([self.buf[1], self.buf[2]]),
                             payload: self.buf[7..7 + size].to_vec(),
                         };
-                        assert_eq!(self.buf[7 + size], FRAME_END, "server frame lacks frame-end");
+                        assert_eq!(
+                            self.buf[7 + size],
+                            FRAME_END,
+                            "server frame lacks frame-end"
+                        );
                         self.buf.drain(..8 + size);
                         return Some(f);
                     }
@@ -675,7 +719,10 @@ pub mod raw {
 
         /// Expects a specific method next.
         pub async fn expect_method(&mut self, class: u16, method: u16) -> Frame {
-            let f = self.read_method().await.unwrap_or_else(|| panic!("EOF waiting for {class}.{method}"));
+            let f = self
+                .read_method()
+                .await
+                .unwrap_or_else(|| panic!("EOF waiting for {class}.{method}"));
             assert_eq!(f.method(), Some((class, method)), "unexpected frame {f:?}");
             f
         }
@@ -700,7 +747,10 @@ pub mod raw {
             loop {
                 let f = self.read_method().await?;
                 if f.method() == Some((10, 50)) {
-                    panic!("expected channel.close, got connection.close {:?}", parse_close(&f));
+                    panic!(
+                        "expected channel.close, got connection.close {:?}",
+                        parse_close(&f)
+                    );
                 }
                 if f.method() == Some((20, 40)) {
                     let c = parse_close(&f);
@@ -712,7 +762,12 @@ pub mod raw {
 
         /// Client side of the handshake: header, start-ok (PLAIN), tune-ok,
         /// open. Returns the close if the server refused.
-        pub async fn handshake(&mut self, user: &str, pass: &str, vhost: &str) -> Result<(), Close> {
+        pub async fn handshake(
+            &mut self,
+            user: &str,
+            pass: &str,
+            vhost: &str,
+        ) -> Result<(), Close> {
             self.send(PROTOCOL_HEADER).await;
             self.expect_method(10, 10).await; // start
             let mut a = 0u32.to_be_bytes().to_vec(); // client-properties: empty table
@@ -726,7 +781,11 @@ pub mod raw {
                 let _ = self.try_send(&method(0, 10, 51, &[])).await;
                 return Err(c);
             }
-            assert_eq!(f.method(), Some((10, 30)), "expected connection.tune, got {f:?}");
+            assert_eq!(
+                f.method(),
+                Some((10, 30)),
+                "expected connection.tune, got {f:?}"
+            );
             let args = f.args();
             let channel_max = u16::from_be_bytes([args[0], args[1]]);
             self.frame_max = u32::from_be_bytes([args[2], args[3], args[4], args[5]]);
@@ -744,7 +803,11 @@ pub mod raw {
                 let _ = self.try_send(&method(0, 10, 51, &[])).await;
                 return Err(c);
             }
-            assert_eq!(f.method(), Some((10, 41)), "expected connection.open-ok, got {f:?}");
+            assert_eq!(
+                f.method(),
+                Some((10, 41)),
+                "expected connection.open-ok, got {f:?}"
+            );
             Ok(())
         }
 
@@ -757,7 +820,13 @@ pub mod raw {
     }
 
     fn eof_close() -> Close {
-        Close { channel: 0, code: 0, text: "EOF".into(), class_id: 0, method_id: 0 }
+        Close {
+            channel: 0,
+            code: 0,
+            text: "EOF".into(),
+            class_id: 0,
+            method_id: 0,
+        }
     }
 
     pub fn parse_close(f: &Frame) -> Close {
@@ -778,12 +847,16 @@ pub mod raw {
 
 /// Connection events, to observe asynchronous channel closes (after a
 /// publish or an ack). Subscribe before triggering the error.
-pub fn error_events(conn: &Connection) -> std::pin::Pin<Box<dyn futures_lite::Stream<Item = lapin::Event> + Send>> {
+pub fn error_events(
+    conn: &Connection,
+) -> std::pin::Pin<Box<dyn futures_lite::Stream<Item = lapin::Event> + Send>> {
     Box::pin(conn.events_listener())
 }
 
 /// The reply code of the next error event.
-pub async fn next_error_code(events: &mut std::pin::Pin<Box<dyn futures_lite::Stream<Item = lapin::Event> + Send>>) -> u16 {
+pub async fn next_error_code(
+    events: &mut std::pin::Pin<Box<dyn futures_lite::Stream<Item = lapin::Event> + Send>>,
+) -> u16 {
     loop {
         match within("an error event", events.next()).await {
             Some(lapin::Event::Error(e)) => {

@@ -56,7 +56,12 @@ async fn wrong_protocol_headers_get_ours_back_and_close() {
     ];
     for case in cases {
         let out = first_bytes(&broker, case).await;
-        assert_eq!(out, PROTOCOL_HEADER, "for header {:?}", String::from_utf8_lossy(case));
+        assert_eq!(
+            out,
+            PROTOCOL_HEADER,
+            "for header {:?}",
+            String::from_utf8_lossy(case)
+        );
     }
     // A truncated header followed by the client hanging up.
     let mut c = RawClient::connect(broker.addr()).await;
@@ -189,12 +194,22 @@ async fn content_without_publish_is_505() {
     // A method where the content header should be.
     let setup = [raw::channel_open(1), raw::basic_publish(1, "", "q")];
     let close = after_handshake(&broker, &setup, &raw::queue_declare(1, "q")).await;
-    assert_eq!(close.code, 505, "method instead of content header: {close:?}");
+    assert_eq!(
+        close.code, 505,
+        "method instead of content header: {close:?}"
+    );
 
     // A body bigger than announced in the header.
-    let setup = [raw::channel_open(1), raw::basic_publish(1, "", "q"), raw::content_header(1, 2)];
+    let setup = [
+        raw::channel_open(1),
+        raw::basic_publish(1, "", "q"),
+        raw::content_header(1, 2),
+    ];
     let close = after_handshake(&broker, &setup, &raw::body(1, b"too long")).await;
-    assert!(matches!(close.code, 501 | 505), "body longer than announced: {close:?}");
+    assert!(
+        matches!(close.code, 501 | 505),
+        "body longer than announced: {close:?}"
+    );
     assert_broker_healthy(&broker.url()).await;
 }
 
@@ -209,7 +224,12 @@ async fn tx_select_is_540() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_exchange_type_is_503() {
     let broker = Broker::start();
-    let close = after_handshake(&broker, &[raw::channel_open(1)], &raw::exchange_declare(1, "weird", "x-no-such-type")).await;
+    let close = after_handshake(
+        &broker,
+        &[raw::channel_open(1)],
+        &raw::exchange_declare(1, "weird", "x-no-such-type"),
+    )
+    .await;
     assert_eq!(close.code, 503, "{close:?}");
     // Through lapin too.
     let conn = connect(&broker.url()).await;
@@ -245,7 +265,14 @@ async fn garbage_after_handshake_closes_only_that_connection() {
             assert!(close.code >= 500, "{close:?}");
         }
     }
-    publish_confirmed(&ch, "", "bystander", b"still here", lapin::BasicProperties::default()).await;
+    publish_confirmed(
+        &ch,
+        "",
+        "bystander",
+        b"still here",
+        lapin::BasicProperties::default(),
+    )
+    .await;
     assert_eq!(queue_len(&ch, "bystander").await, 1);
     assert_broker_healthy(&broker.url()).await;
 }

@@ -13,7 +13,16 @@ async fn large_and_empty_bodies_round_trip() {
     let ch = confirm_channel(&conn).await;
     declare_queue(&ch, "big").await;
     let frame_max = conn.configuration().frame_max() as usize;
-    let sizes = [0, 1, frame_max - 9, frame_max - 8, frame_max - 7, frame_max, 3 * frame_max + 5, 1 << 20];
+    let sizes = [
+        0,
+        1,
+        frame_max - 9,
+        frame_max - 8,
+        frame_max - 7,
+        frame_max,
+        3 * frame_max + 5,
+        1 << 20,
+    ];
     let bodies: Vec<Vec<u8>> = sizes
         .iter()
         .map(|&n| (0..n).map(|i| (i * 31 % 251) as u8).collect())
@@ -23,12 +32,24 @@ async fn large_and_empty_bodies_round_trip() {
     }
     // Through basic.get and through a consumer.
     for (b, n) in bodies.iter().zip(sizes).take(4) {
-        let m = ch.basic_get("big".into(), BasicGetOptions { no_ack: true }).await.unwrap().expect("message");
+        let m = ch
+            .basic_get("big".into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .expect("message");
         assert_eq!(m.delivery.data.len(), n);
         assert!(m.delivery.data == *b, "body of {n} bytes corrupted");
     }
     let mut consumer = ch
-        .basic_consume("big".into(), "c".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
+        .basic_consume(
+            "big".into(),
+            "c".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     for (b, n) in bodies.iter().zip(sizes).skip(4) {
@@ -67,12 +88,23 @@ async fn all_basic_properties_round_trip_and_survive_restart() {
     {
         let conn = connect(&broker.url()).await;
         let ch = confirm_channel(&conn).await;
-        ch.queue_declare("props".into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
+        ch.queue_declare(
+            "props".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        publish_confirmed(&ch, "", "props", b"p", props.clone()).await;
+        publish_confirmed(&ch, "", "props", b"p", props.clone()).await;
+        let m = ch
+            .basic_get("props".into(), BasicGetOptions { no_ack: true })
             .await
+            .unwrap()
             .unwrap();
-        publish_confirmed(&ch, "", "props", b"p", props.clone()).await;
-        publish_confirmed(&ch, "", "props", b"p", props.clone()).await;
-        let m = ch.basic_get("props".into(), BasicGetOptions { no_ack: true }).await.unwrap().unwrap();
         assert_eq!(m.delivery.properties, props);
         conn.close(200, "bye".into()).await.unwrap();
     }
@@ -80,7 +112,11 @@ async fn all_basic_properties_round_trip_and_survive_restart() {
     broker.restart();
     let conn = connect(&broker.url()).await;
     let ch = conn.create_channel().await.unwrap();
-    let m = ch.basic_get("props".into(), BasicGetOptions { no_ack: true }).await.unwrap().expect("persisted");
+    let m = ch
+        .basic_get("props".into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .expect("persisted");
     assert_eq!(m.delivery.properties, props, "properties after restart");
     conn.close(200, "bye".into()).await.unwrap();
 }
@@ -90,32 +126,52 @@ async fn mandatory_unroutable_is_returned_then_confirmed() {
     let broker = Broker::start();
     let conn = connect(&broker.url()).await;
     let ch = confirm_channel(&conn).await;
-    ch.exchange_declare("lonely".into(), ExchangeKind::Direct, ExchangeDeclareOptions::default(), FieldTable::default())
-        .await
-        .unwrap();
+    ch.exchange_declare(
+        "lonely".into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
     let confirm = ch
         .basic_publish(
             "lonely".into(),
             "nowhere".into(),
-            BasicPublishOptions { mandatory: true, ..Default::default() },
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
             b"bounce",
             BasicProperties::default().with_message_id("m1".into()),
         )
         .await
         .unwrap();
     let c = within("confirm", confirm).await.unwrap();
-    assert!(c.is_ack(), "unroutable mandatory publishes are still acked: {c:?}");
+    assert!(
+        c.is_ack(),
+        "unroutable mandatory publishes are still acked: {c:?}"
+    );
     let ret = c.take_message().expect("basic.return before the ack");
     assert_eq!(ret.reply_code, 312, "NO_ROUTE");
     assert_eq!(ret.data, b"bounce");
     assert_eq!(ret.routing_key.as_str(), "nowhere");
-    assert_eq!(ret.properties.message_id().as_ref().map(|s| s.as_str()), Some("m1"));
+    assert_eq!(
+        ret.properties.message_id().as_ref().map(|s| s.as_str()),
+        Some("m1")
+    );
     // Non-mandatory unroutable: silently dropped, no return.
     let c = within(
         "confirm",
-        ch.basic_publish("lonely".into(), "nowhere".into(), BasicPublishOptions::default(), b"drop", BasicProperties::default())
-            .await
-            .unwrap(),
+        ch.basic_publish(
+            "lonely".into(),
+            "nowhere".into(),
+            BasicPublishOptions::default(),
+            b"drop",
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap(),
     )
     .await
     .unwrap();
@@ -133,16 +189,33 @@ async fn purge_and_delete_report_counts() {
     for _ in 0..7 {
         publish_confirmed(&ch, "", "pq", b"x", BasicProperties::default()).await;
     }
-    assert_eq!(ch.queue_purge("pq".into(), QueuePurgeOptions::default()).await.unwrap(), 7);
+    assert_eq!(
+        ch.queue_purge("pq".into(), QueuePurgeOptions::default())
+            .await
+            .unwrap(),
+        7
+    );
     assert_eq!(queue_len(&ch, "pq").await, 0);
     for _ in 0..3 {
         publish_confirmed(&ch, "", "pq", b"x", BasicProperties::default()).await;
     }
-    assert_eq!(ch.queue_delete("pq".into(), QueueDeleteOptions::default()).await.unwrap(), 3);
+    assert_eq!(
+        ch.queue_delete("pq".into(), QueueDeleteOptions::default())
+            .await
+            .unwrap(),
+        3
+    );
     let ch2 = conn.create_channel().await.unwrap();
     assert_code(
-        ch2.queue_declare("pq".into(), QueueDeclareOptions { passive: true, ..Default::default() }, FieldTable::default())
-            .await,
+        ch2.queue_declare(
+            "pq".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await,
         404,
     );
     conn.close(200, "bye".into()).await.unwrap();
@@ -155,11 +228,23 @@ async fn channel_close_requeues_unacked_in_order() {
     let ch = confirm_channel(&conn).await;
     declare_queue(&ch, "cq").await;
     for i in 0..5 {
-        publish_confirmed(&ch, "", "cq", format!("m{i}").as_bytes(), BasicProperties::default()).await;
+        publish_confirmed(
+            &ch,
+            "",
+            "cq",
+            format!("m{i}").as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
     }
     let cch = conn.create_channel().await.unwrap();
     let mut consumer = cch
-        .basic_consume("cq".into(), "c".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            "cq".into(),
+            "c".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     let mut ds = Vec::new();
@@ -168,11 +253,17 @@ async fn channel_close_requeues_unacked_in_order() {
     }
     ds[1].ack(BasicAckOptions::default()).await.unwrap();
     // basic.cancel does not return leases; closing the channel does.
-    cch.basic_cancel("c".into(), BasicCancelOptions::default()).await.unwrap();
+    cch.basic_cancel("c".into(), BasicCancelOptions::default())
+        .await
+        .unwrap();
     assert_eq!(queue_len(&ch, "cq").await, 0, "cancel keeps the leases");
     cch.close(200, "bye".into()).await.unwrap();
     let mut got = Vec::new();
-    while let Some(m) = ch.basic_get("cq".into(), BasicGetOptions { no_ack: true }).await.unwrap() {
+    while let Some(m) = ch
+        .basic_get("cq".into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
         assert!(m.delivery.redelivered);
         got.push(String::from_utf8(m.delivery.data.clone()).unwrap());
     }

@@ -35,19 +35,28 @@ fn seq(publisher: u64, n: u64) -> u64 {
 }
 
 /// Publishes until `stop`; reconnects to every new broker generation.
-async fn publisher(id: u64, mut gens: watch::Receiver<(u64, String)>, stop: Arc<AtomicBool>) -> PublisherReport {
+async fn publisher(
+    id: u64,
+    mut gens: watch::Receiver<(u64, String)>,
+    stop: Arc<AtomicBool>,
+) -> PublisherReport {
     let mut r = PublisherReport::default();
     let mut n = 0u64;
     'outer: while !stop.load(Ordering::Relaxed) {
         let (gen, url) = gens.borrow_and_update().clone();
         let session = async {
-            let conn = tokio::time::timeout(STEP_TIMEOUT, Connection::connect(&url, ConnectionProperties::default()))
-                .await
-                .ok()?
-                .ok()?;
+            let conn = tokio::time::timeout(
+                STEP_TIMEOUT,
+                Connection::connect(&url, ConnectionProperties::default()),
+            )
+            .await
+            .ok()?
+            .ok()?;
             r.connections += 1;
             let ch = conn.create_channel().await.ok()?;
-            ch.confirm_select(ConfirmSelectOptions::default()).await.ok()?;
+            ch.confirm_select(ConfirmSelectOptions::default())
+                .await
+                .ok()?;
             while !stop.load(Ordering::Relaxed) {
                 let mut pending = Vec::with_capacity(WINDOW);
                 for _ in 0..WINDOW {
@@ -107,21 +116,34 @@ async fn publisher(id: u64, mut gens: watch::Receiver<(u64, String)>, stop: Arc<
 /// Consumes with acks until `stop`, reconnecting to every new broker;
 /// returns the sequence numbers whose ack was sent, and why each session
 /// ended.
-async fn consumer(mut gens: watch::Receiver<(u64, String)>, stop: Arc<AtomicBool>) -> (Vec<u64>, Vec<String>) {
+async fn consumer(
+    mut gens: watch::Receiver<(u64, String)>,
+    stop: Arc<AtomicBool>,
+) -> (Vec<u64>, Vec<String>) {
     let mut acked = Vec::new();
     let mut endings = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let (gen, url) = gens.borrow_and_update().clone();
         let session = async {
             let step = |what: &'static str| move |e: lapin::Error| format!("{what}: {e}");
-            let conn = tokio::time::timeout(STEP_TIMEOUT, Connection::connect(&url, ConnectionProperties::default()))
-                .await
-                .map_err(|_| "connect timed out".to_string())?
-                .map_err(step("connect"))?;
+            let conn = tokio::time::timeout(
+                STEP_TIMEOUT,
+                Connection::connect(&url, ConnectionProperties::default()),
+            )
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(step("connect"))?;
             let ch = conn.create_channel().await.map_err(step("channel.open"))?;
-            ch.basic_qos(64, BasicQosOptions::default()).await.map_err(step("basic.qos"))?;
+            ch.basic_qos(64, BasicQosOptions::default())
+                .await
+                .map_err(step("basic.qos"))?;
             let mut c = ch
-                .basic_consume(QUEUE.into(), "acker".into(), BasicConsumeOptions::default(), FieldTable::default())
+                .basic_consume(
+                    QUEUE.into(),
+                    "acker".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
                 .await
                 .map_err(step("basic.consume"))?;
             while !stop.load(Ordering::Relaxed) {
@@ -177,9 +199,16 @@ async fn crash_cycles(args: &[&str], with_consumer: bool) {
     {
         let conn = connect(&broker.url()).await;
         let ch = conn.create_channel().await.unwrap();
-        ch.queue_declare(QUEUE.into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
-            .await
-            .unwrap();
+        ch.queue_declare(
+            QUEUE.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
         conn.close(200, "bye".into()).await.unwrap();
     }
 
@@ -199,10 +228,16 @@ async fn crash_cycles(args: &[&str], with_consumer: bool) {
             broker.kill9();
             broker.restart();
         });
-        if broker.run_logs().contains("store dropped an unconfirmed torn tail") {
+        if broker
+            .run_logs()
+            .contains("store dropped an unconfirmed torn tail")
+        {
             torn_tails += 1;
         }
-        eprintln!("cycle {gen}: killed after {delay} ms, restarted on port {}", broker.port());
+        eprintln!(
+            "cycle {gen}: killed after {delay} ms, restarted on port {}",
+            broker.port()
+        );
         gen_tx.send((gen, broker.url())).unwrap();
     }
     // Let the publishers do some work on the last broker, then stop them.
@@ -224,7 +259,10 @@ async fn crash_cycles(args: &[&str], with_consumer: bool) {
             // a session on the final, never-killed broker must end cleanly.
             let last_gen = format!("gen {CYCLES}: ");
             assert!(
-                endings.iter().filter(|e| e.starts_with(&last_gen)).all(|e| e.ends_with("Ok(())")),
+                endings
+                    .iter()
+                    .filter(|e| e.starts_with(&last_gen))
+                    .all(|e| e.ends_with("Ok(())")),
                 "the consumer's session on the live broker failed: {endings:#?}"
             );
             acked.into_iter().collect()
@@ -242,9 +280,16 @@ async fn crash_cycles(args: &[&str], with_consumer: bool) {
     let conn = connect(&broker.url()).await;
     let ch = conn.create_channel().await.unwrap();
     let total = queue_len(&ch, QUEUE).await;
-    ch.basic_qos(1000, BasicQosOptions::default()).await.unwrap();
+    ch.basic_qos(1000, BasicQosOptions::default())
+        .await
+        .unwrap();
     let mut consumer = ch
-        .basic_consume(QUEUE.into(), "verify".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            QUEUE.into(),
+            "verify".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
@@ -256,13 +301,22 @@ async fn crash_cycles(args: &[&str], with_consumer: bool) {
             d.ack(BasicAckOptions { multiple: true }).await.unwrap();
         }
     }
-    ch.basic_cancel("verify".into(), BasicCancelOptions::default()).await.unwrap();
+    ch.basic_cancel("verify".into(), BasicCancelOptions::default())
+        .await
+        .unwrap();
     assert_eq!(queue_len(&ch, QUEUE).await, 0, "queue drained");
     conn.close(200, "bye".into()).await.unwrap();
     broker.stop();
 
-    let confirmed: BTreeSet<u64> = reports.iter().flat_map(|r| r.confirmed.iter().copied()).collect();
-    let sent: BTreeMap<u64, u64> = reports.iter().enumerate().map(|(i, r)| (i as u64, r.sent)).collect();
+    let confirmed: BTreeSet<u64> = reports
+        .iter()
+        .flat_map(|r| r.confirmed.iter().copied())
+        .collect();
+    let sent: BTreeMap<u64, u64> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (i as u64, r.sent))
+        .collect();
     // Confirmed and not acked by our consumer: must be in the queue. (An ack
     // has no confirmation, so acked ones may or may not come back.)
     let missing: Vec<u64> = confirmed
@@ -300,7 +354,10 @@ async fn crash_cycles(args: &[&str], with_consumer: bool) {
         "every publisher should have reconnected at least once: {:?}",
         reports.iter().map(|r| r.connections).collect::<Vec<_>>()
     );
-    assert!(bogus.is_empty(), "delivered messages nobody sent: {bogus:?}");
+    assert!(
+        bogus.is_empty(),
+        "delivered messages nobody sent: {bogus:?}"
+    );
     assert!(
         missing.is_empty(),
         "{} confirmed messages lost, first: {:?}",

@@ -8,15 +8,26 @@ use std::collections::BTreeSet;
 use weir_tests::*;
 
 async fn declare_exchange(ch: &Channel, name: &str, kind: ExchangeKind) {
-    ch.exchange_declare(name.into(), kind, ExchangeDeclareOptions::default(), FieldTable::default())
-        .await
-        .unwrap_or_else(|e| panic!("declaring exchange {name}: {e}"));
+    ch.exchange_declare(
+        name.into(),
+        kind,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("declaring exchange {name}: {e}"));
 }
 
 async fn bind(ch: &Channel, queue: &str, exchange: &str, key: &str, args: FieldTable) {
-    ch.queue_bind(queue.into(), exchange.into(), key.into(), QueueBindOptions::default(), args)
-        .await
-        .unwrap_or_else(|e| panic!("binding {queue} to {exchange}/{key}: {e}"));
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        key.into(),
+        QueueBindOptions::default(),
+        args,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("binding {queue} to {exchange}/{key}: {e}"));
 }
 
 /// Drains `queue` with basic.get (no-ack) and returns the bodies in order.
@@ -39,16 +50,35 @@ async fn default_exchange_consume_with_acks() {
     let ch = confirm_channel(&conn).await;
     declare_queue(&ch, "work").await;
     for i in 0..20 {
-        publish_confirmed(&ch, "", "work", format!("m{i}").as_bytes(), BasicProperties::default()).await;
+        publish_confirmed(
+            &ch,
+            "",
+            "work",
+            format!("m{i}").as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
     }
     // Unroutable publishes through the default exchange are confirmed and dropped.
-    publish_confirmed(&ch, "", "no-such-queue", b"lost", BasicProperties::default()).await;
+    publish_confirmed(
+        &ch,
+        "",
+        "no-such-queue",
+        b"lost",
+        BasicProperties::default(),
+    )
+    .await;
     assert_eq!(queue_len(&ch, "work").await, 20);
 
     let cch = conn.create_channel().await.unwrap();
     cch.basic_qos(5, BasicQosOptions::default()).await.unwrap();
     let mut consumer = cch
-        .basic_consume("work".into(), "c1".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            "work".into(),
+            "c1".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     for i in 0..20 {
@@ -58,7 +88,9 @@ async fn default_exchange_consume_with_acks() {
         assert_eq!(d.routing_key.as_str(), "work");
         d.ack(BasicAckOptions::default()).await.unwrap();
     }
-    cch.basic_cancel("c1".into(), BasicCancelOptions::default()).await.unwrap();
+    cch.basic_cancel("c1".into(), BasicCancelOptions::default())
+        .await
+        .unwrap();
     // The acks were handled before this reply (same channel, in order).
     assert_eq!(queue_len(&cch, "work").await, 0);
     conn.close(200, "bye".into()).await.unwrap();
@@ -80,7 +112,14 @@ async fn direct_fanout_topic_headers() {
     bind(&ch, "d.both", "ex.direct", "red", FieldTable::default()).await;
     bind(&ch, "d.both", "ex.direct", "green", FieldTable::default()).await;
     for key in ["red", "green", "blue"] {
-        publish_confirmed(&ch, "ex.direct", key, key.as_bytes(), BasicProperties::default()).await;
+        publish_confirmed(
+            &ch,
+            "ex.direct",
+            key,
+            key.as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
     }
     assert_eq!(drain(&ch, "d.red").await, ["red"]);
     assert_eq!(drain(&ch, "d.green").await, ["green"]);
@@ -92,25 +131,59 @@ async fn direct_fanout_topic_headers() {
         declare_queue(&ch, q).await;
         bind(&ch, q, "ex.fanout", "ignored", FieldTable::default()).await;
     }
-    publish_confirmed(&ch, "ex.fanout", "whatever", b"all", BasicProperties::default()).await;
+    publish_confirmed(
+        &ch,
+        "ex.fanout",
+        "whatever",
+        b"all",
+        BasicProperties::default(),
+    )
+    .await;
     assert_eq!(drain(&ch, "f.1").await, ["all"]);
     assert_eq!(drain(&ch, "f.2").await, ["all"]);
 
     // topic
     declare_exchange(&ch, "ex.topic", ExchangeKind::Topic).await;
-    let patterns = [("t.star", "stock.*.nyse"), ("t.hash", "stock.#"), ("t.all", "#"), ("t.exact", "stock.ibm.nyse")];
+    let patterns = [
+        ("t.star", "stock.*.nyse"),
+        ("t.hash", "stock.#"),
+        ("t.all", "#"),
+        ("t.exact", "stock.ibm.nyse"),
+    ];
     for (q, p) in patterns {
         declare_queue(&ch, q).await;
         bind(&ch, q, "ex.topic", p, FieldTable::default()).await;
     }
-    for key in ["stock.ibm.nyse", "stock.ibm", "stock", "stock.a.b.nyse", "bond.x.nyse"] {
-        publish_confirmed(&ch, "ex.topic", key, key.as_bytes(), BasicProperties::default()).await;
+    for key in [
+        "stock.ibm.nyse",
+        "stock.ibm",
+        "stock",
+        "stock.a.b.nyse",
+        "bond.x.nyse",
+    ] {
+        publish_confirmed(
+            &ch,
+            "ex.topic",
+            key,
+            key.as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
     }
     assert_eq!(drain(&ch, "t.star").await, ["stock.ibm.nyse"]);
-    assert_eq!(drain(&ch, "t.hash").await, ["stock.ibm.nyse", "stock.ibm", "stock", "stock.a.b.nyse"]);
+    assert_eq!(
+        drain(&ch, "t.hash").await,
+        ["stock.ibm.nyse", "stock.ibm", "stock", "stock.a.b.nyse"]
+    );
     assert_eq!(
         drain(&ch, "t.all").await,
-        ["stock.ibm.nyse", "stock.ibm", "stock", "stock.a.b.nyse", "bond.x.nyse"]
+        [
+            "stock.ibm.nyse",
+            "stock.ibm",
+            "stock",
+            "stock.a.b.nyse",
+            "bond.x.nyse"
+        ]
     );
     assert_eq!(drain(&ch, "t.exact").await, ["stock.ibm.nyse"]);
 
@@ -135,8 +208,22 @@ async fn direct_fanout_topic_headers() {
         }
         BasicProperties::default().with_headers(t)
     };
-    publish_confirmed(&ch, "ex.headers", "", b"both", hdrs(&[("format", "pdf"), ("type", "report")])).await;
-    publish_confirmed(&ch, "ex.headers", "", b"one", hdrs(&[("format", "pdf"), ("type", "log")])).await;
+    publish_confirmed(
+        &ch,
+        "ex.headers",
+        "",
+        b"both",
+        hdrs(&[("format", "pdf"), ("type", "report")]),
+    )
+    .await;
+    publish_confirmed(
+        &ch,
+        "ex.headers",
+        "",
+        b"one",
+        hdrs(&[("format", "pdf"), ("type", "log")]),
+    )
+    .await;
     publish_confirmed(&ch, "ex.headers", "", b"none", hdrs(&[("format", "zip")])).await;
     publish_confirmed(&ch, "ex.headers", "", b"empty", BasicProperties::default()).await;
     assert_eq!(drain(&ch, "h.all").await, ["both"]);
@@ -152,12 +239,24 @@ async fn exchange_to_exchange_bindings() {
     declare_exchange(&ch, "e2e.src", ExchangeKind::Topic).await;
     declare_exchange(&ch, "e2e.mid", ExchangeKind::Fanout).await;
     declare_exchange(&ch, "e2e.leaf", ExchangeKind::Direct).await;
-    ch.exchange_bind("e2e.mid".into(), "e2e.src".into(), "a.#".into(), ExchangeBindOptions::default(), FieldTable::default())
-        .await
-        .expect("exchange.bind src->mid");
-    ch.exchange_bind("e2e.leaf".into(), "e2e.mid".into(), "".into(), ExchangeBindOptions::default(), FieldTable::default())
-        .await
-        .expect("exchange.bind mid->leaf");
+    ch.exchange_bind(
+        "e2e.mid".into(),
+        "e2e.src".into(),
+        "a.#".into(),
+        ExchangeBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("exchange.bind src->mid");
+    ch.exchange_bind(
+        "e2e.leaf".into(),
+        "e2e.mid".into(),
+        "".into(),
+        ExchangeBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("exchange.bind mid->leaf");
     declare_queue(&ch, "q.mid").await;
     declare_queue(&ch, "q.leaf").await;
     declare_queue(&ch, "q.src").await;
@@ -166,7 +265,14 @@ async fn exchange_to_exchange_bindings() {
     bind(&ch, "q.src", "e2e.src", "#", FieldTable::default()).await;
 
     for key in ["a.x", "a.y", "b.x"] {
-        publish_confirmed(&ch, "e2e.src", key, key.as_bytes(), BasicProperties::default()).await;
+        publish_confirmed(
+            &ch,
+            "e2e.src",
+            key,
+            key.as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
     }
     assert_eq!(drain(&ch, "q.src").await, ["a.x", "a.y", "b.x"]);
     assert_eq!(drain(&ch, "q.mid").await, ["a.x", "a.y"]);
@@ -174,18 +280,37 @@ async fn exchange_to_exchange_bindings() {
     assert_eq!(drain(&ch, "q.leaf").await, ["a.x"]);
 
     // A cycle must not loop or duplicate.
-    ch.exchange_bind("e2e.src".into(), "e2e.leaf".into(), "a.x".into(), ExchangeBindOptions::default(), FieldTable::default())
-        .await
-        .expect("exchange.bind leaf->src (cycle)");
+    ch.exchange_bind(
+        "e2e.src".into(),
+        "e2e.leaf".into(),
+        "a.x".into(),
+        ExchangeBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("exchange.bind leaf->src (cycle)");
     publish_confirmed(&ch, "e2e.src", "a.x", b"cycle", BasicProperties::default()).await;
     assert_eq!(drain(&ch, "q.src").await, ["cycle"]);
     assert_eq!(drain(&ch, "q.mid").await, ["cycle"]);
     assert_eq!(drain(&ch, "q.leaf").await, ["cycle"]);
 
-    ch.exchange_unbind("e2e.mid".into(), "e2e.src".into(), "a.#".into(), ExchangeUnbindOptions::default(), FieldTable::default())
-        .await
-        .expect("exchange.unbind");
-    publish_confirmed(&ch, "e2e.src", "a.z", b"after-unbind", BasicProperties::default()).await;
+    ch.exchange_unbind(
+        "e2e.mid".into(),
+        "e2e.src".into(),
+        "a.#".into(),
+        ExchangeUnbindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("exchange.unbind");
+    publish_confirmed(
+        &ch,
+        "e2e.src",
+        "a.z",
+        b"after-unbind",
+        BasicProperties::default(),
+    )
+    .await;
     assert_eq!(drain(&ch, "q.mid").await, Vec::<String>::new());
     assert_eq!(drain(&ch, "q.src").await, ["after-unbind"]);
     conn.close(200, "bye".into()).await.unwrap();
@@ -197,7 +322,13 @@ async fn basic_get_ack_and_counts() {
     let conn = connect(&broker.url()).await;
     let ch = confirm_channel(&conn).await;
     declare_queue(&ch, "g").await;
-    assert!(ch.basic_get("g".into(), BasicGetOptions::default()).await.unwrap().is_none(), "empty queue");
+    assert!(
+        ch.basic_get("g".into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+            .is_none(),
+        "empty queue"
+    );
     let props = BasicProperties::default()
         .with_content_type("text/plain".into())
         .with_message_id("id-1".into())
@@ -205,12 +336,37 @@ async fn basic_get_ack_and_counts() {
     for i in 0..3 {
         publish_confirmed(&ch, "", "g", format!("g{i}").as_bytes(), props.clone()).await;
     }
-    let m = ch.basic_get("g".into(), BasicGetOptions::default()).await.unwrap().expect("g0");
+    let m = ch
+        .basic_get("g".into(), BasicGetOptions::default())
+        .await
+        .unwrap()
+        .expect("g0");
     assert_eq!(m.delivery.data, b"g0");
     assert_eq!(m.message_count, 2, "messages left after the get");
-    assert_eq!(m.delivery.properties.content_type().as_ref().map(|s| s.as_str()), Some("text/plain"));
-    assert_eq!(m.delivery.properties.message_id().as_ref().map(|s| s.as_str()), Some("id-1"));
-    assert_eq!(m.delivery.properties.correlation_id().as_ref().map(|s| s.as_str()), Some("corr"));
+    assert_eq!(
+        m.delivery
+            .properties
+            .content_type()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some("text/plain")
+    );
+    assert_eq!(
+        m.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some("id-1")
+    );
+    assert_eq!(
+        m.delivery
+            .properties
+            .correlation_id()
+            .as_ref()
+            .map(|s| s.as_str()),
+        Some("corr")
+    );
     m.delivery.ack(BasicAckOptions::default()).await.unwrap();
     let seen: BTreeSet<_> = drain(&ch, "g").await.into_iter().collect();
     assert_eq!(seen, BTreeSet::from(["g1".to_string(), "g2".to_string()]));

@@ -46,9 +46,16 @@ fn records(buf: &[u8]) -> Vec<(usize, usize)> {
 async fn publish_and_stop(broker: &mut Broker) {
     let conn = connect(&broker.url()).await;
     let ch = confirm_channel(&conn).await;
-    ch.queue_declare("tt".into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
-        .await
-        .unwrap();
+    ch.queue_declare(
+        "tt".into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
     for i in 0..N {
         publish_confirmed(&ch, "", "tt", format!("m{i:03}").as_bytes(), persistent()).await;
     }
@@ -60,7 +67,11 @@ async fn bodies(broker: &Broker) -> Vec<String> {
     let conn = connect(&broker.url()).await;
     let ch = conn.create_channel().await.unwrap();
     let mut out = Vec::new();
-    while let Some(m) = ch.basic_get("tt".into(), BasicGetOptions::default()).await.unwrap() {
+    while let Some(m) = ch
+        .basic_get("tt".into(), BasicGetOptions::default())
+        .await
+        .unwrap()
+    {
         out.push(String::from_utf8(m.delivery.data.clone()).unwrap());
         m.delivery.ack(BasicAckOptions::default()).await.unwrap();
     }
@@ -82,11 +93,19 @@ async fn appended_tail_is_truncated(tail: &[u8]) {
 
     let seg = newest_segment(dir.path());
     let clean_len = std::fs::metadata(&seg).unwrap().len();
-    OpenOptions::new().append(true).open(&seg).unwrap().write_all(tail).unwrap();
+    OpenOptions::new()
+        .append(true)
+        .open(&seg)
+        .unwrap()
+        .write_all(tail)
+        .unwrap();
 
     broker.restart();
     let log = broker.run_logs();
-    assert!(log.contains(TRUNCATION_WARNING), "no truncation warning:\n{log}");
+    assert!(
+        log.contains(TRUNCATION_WARNING),
+        "no truncation warning:\n{log}"
+    );
     assert!(log.contains(ENGINE_WARNING), "no engine warning:\n{log}");
     assert_eq!(
         std::fs::metadata(&seg).unwrap().len(),
@@ -94,7 +113,11 @@ async fn appended_tail_is_truncated(tail: &[u8]) {
         "the damaged tail of {} was not cut back to the last good record",
         seg.display()
     );
-    assert_eq!(bodies(&broker).await, expected(N), "every confirmed message, in order");
+    assert_eq!(
+        bodies(&broker).await,
+        expected(N),
+        "every confirmed message, in order"
+    );
 
     // The store keeps working after the repair, across another restart.
     let conn = connect(&broker.url()).await;
@@ -103,7 +126,10 @@ async fn appended_tail_is_truncated(tail: &[u8]) {
     conn.close(200, "bye".into()).await.unwrap();
     broker.stop();
     broker.restart();
-    assert!(!broker.run_logs().contains(TRUNCATION_WARNING), "clean restart reported damage");
+    assert!(
+        !broker.run_logs().contains(TRUNCATION_WARNING),
+        "clean restart reported damage"
+    );
     assert_eq!(bodies(&broker).await, ["after"]);
     broker.stop();
 }
@@ -163,13 +189,23 @@ async fn flipped_byte_in_last_record_is_truncated() {
 
     broker.restart();
     let log = broker.run_logs();
-    assert!(log.contains(TRUNCATION_WARNING), "no truncation warning:\n{log}");
-    assert_eq!(std::fs::metadata(&seg).unwrap().len(), off as u64, "cut at the damaged record");
+    assert!(
+        log.contains(TRUNCATION_WARNING),
+        "no truncation warning:\n{log}"
+    );
+    assert_eq!(
+        std::fs::metadata(&seg).unwrap().len(),
+        off as u64,
+        "cut at the damaged record"
+    );
     let got = bodies(&broker).await;
     // The damaged record may have been the last publish; everything before
     // it is intact, in order, and nothing else appears.
     eprintln!("{} of {N} messages recovered", got.len());
-    assert!(got.len() >= N - 1, "lost more than the damaged record: {got:?}");
+    assert!(
+        got.len() >= N - 1,
+        "lost more than the damaged record: {got:?}"
+    );
     assert_eq!(got, expected(got.len()));
     broker.stop();
 }
