@@ -113,10 +113,14 @@ busy_cores() {
 # QUIET_WAIT seconds, until it is nearly idle, so the brokers don't compete with unrelated work.
 # Each run's JSON also records machine_busy_cores, which shows whether a run was disturbed anyway.
 wait_quiet() {
-  local waited=0 busy
+  local waited=0 quiet=0 busy
   while :; do
     busy="$(busy_cores)"
-    awk -v b="$busy" -v m="$QUIET_MAX" 'BEGIN { exit !(b <= m) }' && return 0
+    # Builds pause between crates, so one idle second proves little: ask for three in a row.
+    if awk -v b="$busy" -v m="$QUIET_MAX" 'BEGIN { exit !(b <= m) }'; then
+      quiet=$((quiet + 1)); [ "$quiet" -ge 3 ] && return 0; continue
+    fi
+    quiet=0
     if [ "$waited" -ge "$QUIET_WAIT" ]; then
       echo "   machine still busy ($busy cores) after ${QUIET_WAIT}s; running anyway" >&2
       return 0
@@ -126,18 +130,20 @@ wait_quiet() {
   done
 }
 
-# run_bench LABEL URL QUEUE_TYPE WORKLOAD: writes $OUT/LABEL-WORKLOAD.json, returns non-zero on failure.
+# run_bench LABEL URL QUEUE_TYPE WORKLOAD BROKER_PID: writes $OUT/LABEL-WORKLOAD.json, returns non-zero
+# on failure. The broker's PID lets weir-bench report the broker's CPU and, by difference, other noise.
 run_bench() {
-  local label="$1" url="$2" qtype="$3" workload="$4" rate=0
+  local label="$1" url="$2" qtype="$3" workload="$4" pid="${5:-}" rate=0 pidarg=()
+  [ -n "$pid" ] && pidarg=(--broker-pid "$pid")
   [ "$workload" = rate ] && rate="$RATE"
   log "$label / $workload ($DURATION s + $WARMUP s warm-up)"
   wait_quiet
   # shellcheck disable=SC2086 # EXTRA is deliberately word-split into flags
   if "$BENCH" --url "$url" --queue-type "$qtype" --publishers 2 --consumers 2 --size 256 \
       --window 256 --prefetch 256 --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" \
-      --durable true --persistent true --label "$label" --json $EXTRA \
+      --durable true --persistent true --label "$label" --json "${pidarg[@]}" $EXTRA \
       >"$OUT/$label-$workload.json" 2>"$OUT/$label-$workload.err"; then
-    jq -r '"   \(.publish_rate|floor) msg/s published, confirm p95 \(.confirm_latency.p95_ms) ms"' \
+    jq -r '"   \(.publish_rate|floor) msg/s published, confirm p95 \(.confirm_latency.p95_ms) ms, other CPU \(.other_cpu_cores // "?") cores"' \
       "$OUT/$label-$workload.json" >&2
   else
     echo "   FAILED: $(tail -1 "$OUT/$label-$workload.err")" >&2
@@ -164,9 +170,10 @@ if [ "$ONLY" != "weir" ]; then
   RABBIT_VERSION="$(rabbitmqctl version 2>/dev/null || echo '?')"
   RABBIT_STATUS="RabbitMQ $RABBIT_VERSION"
   RURL="amqp://guest:guest@127.0.0.1:5672/%2f"
+  RPID="$(rabbitmqctl eval 'os:getpid().' 2>/dev/null | tr -dc 0-9)"
   for qt in classic quorum; do
     for w in saturated rate; do
-      run_bench "rabbitmq-$qt" "$RURL" "$qt" "$w" || true
+      run_bench "rabbitmq-$qt" "$RURL" "$qt" "$w" "$RPID" || true
     done
   done
   # Free the cores and memory before Weir runs (only if the node is ours to stop).
@@ -192,7 +199,7 @@ if [ "$WEIR_STATUS" = built ]; then
   if [ "$WEIR_STATUS" = running ]; then
     # Weir maps classic and quorum alike onto its durable work queue; classic is the plain declaration.
     for w in saturated rate; do
-      run_bench weir "amqp://guest:guest@127.0.0.1:$PORT/%2f" classic "$w" \
+      run_bench weir "amqp://guest:guest@127.0.0.1:$PORT/%2f" classic "$w" "$WEIR_PID" \
         || WEIR_STATUS="running, but a run failed (see $OUT/weir-$w.err)"
     done
   else
@@ -201,6 +208,17 @@ if [ "$WEIR_STATUS" = built ]; then
 fi
 
 # ---------------------------------------------------------------- report
+# One table row per run. "other cores" is machine CPU used by neither broker nor client during the
+# measured window: above ~0.2 the run competed with something else (⚠) and its latency tail is suspect.
+cat >"$OUT/row.jq" <<'JQ'
+def r2: if type == "number" then (. * 100 | round / 100) else "?" end;
+def cpu(us; cores): "\(us | r2) (\(cores | r2))";
+"| \($w) | \($t) | \(.publish_rate | floor) | \(.consume_rate | floor)"
++ " | \(.confirm_latency.p50_ms) / \(.confirm_latency.p95_ms) / \(.confirm_latency.p99_ms)"
++ " | \(.e2e_latency.p50_ms) / \(.e2e_latency.p95_ms) / \(.e2e_latency.p99_ms)"
++ " | \(cpu(.broker_cpu_us_per_msg; .broker_cpu_cores)) | \(cpu(.client_cpu_us_per_msg; .client_cpu_cores))"
++ " | \(.other_cpu_cores | r2)\(if (.other_cpu_cores // 0) > 0.2 then " ⚠" else "" end) |"
+JQ
 {
   echo "# bench-compare $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
@@ -208,16 +226,16 @@ fi
   echo "RabbitMQ: $RABBIT_STATUS; Weir: $WEIR_STATUS"
   echo "each run: 2 publishers (confirms, window 256), 2 consumers (prefetch 256, multi-ack), 256 B, durable+persistent, ${DURATION}s measured after ${WARMUP}s warm-up"
   echo
-  echo "| workload | target | published msg/s | consumed msg/s | confirm p50 / p95 / p99 ms | end-to-end p50 / p95 / p99 ms | client µs/msg | machine busy cores |"
-  echo "|---|---|---:|---:|---|---|---:|---:|"
+  echo "| workload | target | published msg/s | consumed msg/s | confirm p50 / p95 / p99 ms | end-to-end p50 / p95 / p99 ms | broker µs/msg (cores) | client µs/msg (cores) | other cores |"
+  echo "|---|---|---:|---:|---|---|---:|---:|---:|"
   for w in saturated rate; do
     for t in rabbitmq-classic rabbitmq-quorum weir; do
       f="$OUT/$t-$w.json"
       wl="$w"; [ "$w" = rate ] && wl="$RATE msg/s"
       if [ -f "$f" ]; then
-        jq -r --arg w "$wl" --arg t "$t" '"| \($w) | \($t) | \(.publish_rate|floor) | \(.consume_rate|floor) | \(.confirm_latency.p50_ms) / \(.confirm_latency.p95_ms) / \(.confirm_latency.p99_ms) | \(.e2e_latency.p50_ms) / \(.e2e_latency.p95_ms) / \(.e2e_latency.p99_ms) | \(.client_cpu_us_per_msg // "?" | if type=="number" then (.*100|round/100) else . end) | \(.machine_busy_cores // "?" | if type=="number" then (.*100|round/100) else . end) |"' "$f"
+        jq -r --arg w "$wl" --arg t "$t" -f "$OUT/row.jq" "$f"
       else
-        echo "| $wl | $t | — | — | — | — | — | — |"
+        echo "| $wl | $t | — | — | — | — | — | — | — |"
       fi
     done
   done

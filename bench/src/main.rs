@@ -45,7 +45,7 @@ struct Args {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(8..=16_777_216))]
     size: u32,
     /// Unconfirmed publishes allowed in flight per publisher.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     window: u32,
     /// Consumer prefetch (basic.qos) per consumer.
     #[arg(long, default_value_t = 256)]
@@ -80,6 +80,9 @@ struct Args {
     /// Runtime worker threads: 1 = current-thread runtime (default, see crate docs).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// PID of the broker (same machine): its CPU time over the measured window is reported too.
+    #[arg(long)]
+    broker_pid: Option<u32>,
     /// Print one JSON object instead of the human-readable report.
     #[arg(long)]
     json: bool,
@@ -155,6 +158,8 @@ struct Report {
     confirm_service: Percentiles,
     e2e: Percentiles,
     cpu_s: Option<f64>,
+    /// CPU seconds the broker process used during the window (with `--broker-pid`).
+    broker_cpu_s: Option<f64>,
     /// CPU seconds the whole machine spent busy (all processes) during the window.
     machine_busy_s: Option<f64>,
 }
@@ -168,10 +173,17 @@ impl Report {
     }
     /// Client CPU per message moved (one publish + its consume counted once).
     fn cpu_us_per_msg(&self) -> Option<f64> {
+        self.per_msg(self.cpu_s)
+    }
+    /// CPU seconds spread over the messages moved, in µs per message.
+    fn per_msg(&self, cpu_s: Option<f64>) -> Option<f64> {
         let msgs = self.confirmed.max(self.consumed);
-        self.cpu_s
-            .filter(|_| msgs > 0)
-            .map(|s| s * 1e6 / msgs as f64)
+        cpu_s.filter(|_| msgs > 0).map(|s| s * 1e6 / msgs as f64)
+    }
+    /// CPU used by neither the client nor the broker: other work on the machine, i.e. noise.
+    fn other_cores(&self) -> Option<f64> {
+        let other = self.machine_busy_s? - self.cpu_s? - self.broker_cpu_s?;
+        Some((other / self.measured_s).max(0.0))
     }
 
     fn print(&self) {
@@ -217,6 +229,16 @@ impl Report {
             ),
             _ => println!("  client CPU: unavailable"),
         }
+        if let (Some(cpu), Some(per)) = (self.broker_cpu_s, self.per_msg(self.broker_cpu_s)) {
+            println!(
+                "  broker CPU: {:.2} µs/msg, {:.2} cores",
+                per,
+                cpu / self.measured_s
+            );
+        }
+        if let Some(other) = self.other_cores() {
+            println!("  other CPU (noise): {other:.2} cores");
+        }
         if let Some(busy) = self.machine_busy_s {
             // Broker + client + anything else: a busy figure well above broker + client flags noise.
             println!(
@@ -243,6 +265,7 @@ impl Report {
             "rate": a.rate,
             "durable": a.durable,
             "persistent": a.persistent,
+            "threads": a.threads,
             "measured_s": self.measured_s,
             "sent": self.sent,
             "confirmed": self.confirmed,
@@ -259,6 +282,9 @@ impl Report {
             "client_cpu_us_per_msg": self.cpu_us_per_msg(),
             "client_cpu_cores": self.cpu_s.map(|c| c / self.measured_s),
             "machine_busy_cores": self.machine_busy_s.map(|c| c / self.measured_s),
+            "broker_cpu_cores": self.broker_cpu_s.map(|c| c / self.measured_s),
+            "broker_cpu_us_per_msg": self.per_msg(self.broker_cpu_s),
+            "other_cpu_cores": self.other_cores(),
             "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),
         })
         .to_string()
@@ -454,11 +480,15 @@ async fn run(args: Args) -> Result<Report> {
 
     // Sample our own CPU time exactly over the measurement window.
     tokio::time::sleep_until(stats::deadline(plan.warmup_end_ns)).await;
+    let broker_pid = args.broker_pid.map(|p| p.to_string());
+    let broker_cpu = || broker_pid.as_deref().and_then(stats::cpu_time_of);
     let cpu0 = stats::process_cpu_time();
     let machine0 = stats::machine_cpu_ticks();
+    let broker0 = broker_cpu();
     tokio::time::sleep_until(stats::deadline(plan.end_ns)).await;
     let cpu1 = stats::process_cpu_time();
     let machine1 = stats::machine_cpu_ticks();
+    let broker1 = broker_cpu();
 
     let mut confirm = stats::new_histogram();
     let mut confirm_service = stats::new_histogram();
@@ -501,6 +531,10 @@ async fn run(args: Args) -> Result<Report> {
         confirm_service: Percentiles::of(&confirm_service),
         e2e: Percentiles::of(&e2e),
         cpu_s: match (cpu0, cpu1) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
+            _ => None,
+        },
+        broker_cpu_s: match (broker0, broker1) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
             _ => None,
         },

@@ -58,7 +58,12 @@ impl Percentiles {
 /// which is 100 on every mainstream architecture; resolution is therefore 10 ms, plenty over a run of
 /// several seconds. Returns `None` off Linux or if the file cannot be parsed.
 pub fn process_cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_time_of("self")
+}
+
+/// Like [`process_cpu_time`] for another process (`pid` as a string, or "self").
+pub fn cpu_time_of(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is parenthesised and may contain spaces: split after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
