@@ -545,3 +545,17 @@ async fn run(args: Args) -> Result<Report> {
         args,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redact_hides_the_password_only() {
+        assert_eq!(
+            redact("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact("amqp://localhost"), "amqp://localhost");
+    }
+}

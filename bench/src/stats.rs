@@ -92,5 +92,5 @@ pub fn machine_cpu_ticks() -> Option<u64> {
         .collect::<Option<_>>()?;
     // user nice system idle iowait irq softirq steal [guest guest_nice, already inside user/nice]
     let total: u64 = v.iter().take(8).sum();
-    Some(total - v.get(3)? - v.get(4).copied().unwrap_or(0))
+    Some(total.saturating_sub(v.get(3)? + v.get(4).copied().unwrap_or(0)))
 }
