@@ -132,7 +132,8 @@ fn main() {
     match result {
         Ok(report) => {
             if args.json {
-                println!("{}", report.to_json());
+                let json = format!("{}\n", report.to_json());
+                let _ = std::io::Write::write_all(&mut std::io::stdout(), json.as_bytes());
             } else {
                 report.print();
             }
@@ -186,32 +187,41 @@ impl Report {
         Some((other / self.measured_s).max(0.0))
     }
 
+    /// The human-readable report. Written with one `write_all` whose error is ignored, so piping into
+    /// `head` does not panic on a closed stdout.
     fn print(&self) {
+        use std::fmt::Write as _;
+        let mut o = String::new();
+        macro_rules! out {
+            ($($t:tt)*) => {{
+                let _ = writeln!(o, $($t)*);
+            }};
+        }
         let a = &self.args;
         let mode = if a.rate == 0 {
             "saturated".to_string()
         } else {
             format!("{} msg/s", a.rate)
         };
-        println!(
-            "weir-bench {}: {} queue={} type={} publishers={} consumers={} size={} window={} prefetch={} mode={} measured={:.1}s",
-            a.label, redact(&a.url), a.queue, a.queue_type.as_str(), a.publishers, a.consumers,
+        out!(
+            "weir-bench{}: {} queue={} type={} publishers={} consumers={} size={} window={} prefetch={} mode={} measured={:.1}s",
+            if a.label.is_empty() { String::new() } else { format!(" {}", a.label) }, redact(&a.url), a.queue, a.queue_type.as_str(), a.publishers, a.consumers,
             a.size, a.window, a.prefetch, mode, self.measured_s
         );
-        println!(
+        out!(
             "  published (confirmed): {:>10.0} msg/s   nacked: {}",
             self.publish_rate(),
             self.nacked
         );
-        println!(
+        out!(
             "  consumed (acked):      {:>10.0} msg/s   redelivered: {}   left in queue: {}",
             self.consume_rate(),
             self.redelivered,
             self.left_in_queue
                 .map_or("?".to_string(), |n| n.to_string())
         );
-        let line = |name: &str, p: &Percentiles| {
-            println!(
+        let mut line = |name: &str, p: &Percentiles| {
+            out!(
                 "  {name:<22} p50 {:>8.3} ms  p95 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms  (n={})",
                 p.p50, p.p95, p.p99, p.max, p.count
             )
@@ -222,31 +232,32 @@ impl Report {
         }
         line("end-to-end latency:", &self.e2e);
         match (self.cpu_s, self.cpu_us_per_msg()) {
-            (Some(cpu), Some(per)) => println!(
+            (Some(cpu), Some(per)) => out!(
                 "  client CPU: {:.2} µs/msg, {:.2} cores",
                 per,
                 cpu / self.measured_s
             ),
-            _ => println!("  client CPU: unavailable"),
+            _ => out!("  client CPU: unavailable"),
         }
         if let (Some(cpu), Some(per)) = (self.broker_cpu_s, self.per_msg(self.broker_cpu_s)) {
-            println!(
+            out!(
                 "  broker CPU: {:.2} µs/msg, {:.2} cores",
                 per,
                 cpu / self.measured_s
             );
         }
         if let Some(other) = self.other_cores() {
-            println!("  other CPU (noise): {other:.2} cores");
+            out!("  other CPU (noise): {other:.2} cores");
         }
         if let Some(busy) = self.machine_busy_s {
             // Broker + client + anything else: a busy figure well above broker + client flags noise.
-            println!(
+            out!(
                 "  machine busy: {:.2} cores (of {})",
                 busy / self.measured_s,
                 std::thread::available_parallelism().map_or(0, |n| n.get())
             );
         }
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), o.as_bytes());
     }
 
     fn to_json(&self) -> String {
