@@ -101,10 +101,18 @@ impl Broker {
         for u in &cfg.users {
             users.insert(u.name.clone(), u.password.clone());
         }
+        let defaults = ServerConfig::default();
         let amqp = ServerConfig {
             frame_max: cfg.frame_max,
             heartbeat: cfg.heartbeat,
-            ..ServerConfig::default()
+            // A persistent message is one store record, which must fit in a
+            // segment: refuse larger ones up front with 406, not with a
+            // store error after the body arrived.
+            max_message_size: defaults.max_message_size.min(
+                cfg.segment_bytes
+                    .saturating_sub(u64::from(cfg.frame_max) + 1024),
+            ),
+            ..defaults
         };
         let listener =
             TcpListener::bind(cfg.amqp_listen)

@@ -29,6 +29,8 @@ pub struct ChannelConsumer {
 
 /// One open channel.
 pub struct Channel {
+    /// Distinguishes this opening of the channel number from earlier ones.
+    pub epoch: u64,
     /// Publisher confirms are on.
     pub confirm: bool,
     /// Tag of the last publish (confirm mode).
@@ -53,11 +55,14 @@ pub struct Channel {
     pub channel_credit: Option<Arc<Credit>>,
     /// channel.flow state.
     pub flow_active: Arc<AtomicBool>,
+    /// The last queue declared on this channel (what an empty name means).
+    pub last_queue: Option<String>,
 }
 
 impl Default for Channel {
     fn default() -> Self {
         Channel {
+            epoch: 0,
             confirm: false,
             publish_tag: 0,
             batch_needs_store: false,
@@ -68,8 +73,10 @@ impl Default for Channel {
             consumers: HashMap::new(),
             prefetch_count: 0,
             prefetch_size: 0,
-            channel_credit: None,
+            // Unlimited until basic.qos(global) sets it.
+            channel_credit: Some(Credit::new(0, 0)),
             flow_active: Arc::new(AtomicBool::new(true)),
+            last_queue: None,
         }
     }
 }

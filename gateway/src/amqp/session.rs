@@ -35,10 +35,15 @@ const OUT_HIGH_WATER: usize = 4 << 20;
 const DELIVERY_HIGH_WATER: usize = 1 << 20;
 /// How long a peer gets to answer our connection.close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client gets from connecting to connection.open-ok (RabbitMQ: 10 s).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A store confirmation for a channel's publishes up to `tag`.
 struct StoreConfirm {
     channel: u16,
+    /// Which opening of the channel number the publishes belong to: a
+    /// confirm for a closed channel must not reach a reopened one.
+    epoch: u64,
     tag: u64,
     ok: bool,
 }
@@ -131,6 +136,8 @@ pub async fn serve(
         deliveries: Vec::new(),
         notices: Vec::new(),
         locs: Vec::with_capacity(1),
+        next_epoch: 0,
+        next_consumer_tag: 0,
     };
     tracing::debug!(%peer, connection = id, "AMQP connection accepted");
     let result = s.run(stream, confirm_rx, shutdown).await;
@@ -159,6 +166,10 @@ struct Session {
     deliveries: Vec<Delivery>,
     notices: Vec<Notice>,
     locs: Vec<Location>,
+    /// Counter behind [`Channel::epoch`].
+    next_epoch: u64,
+    /// Counter behind server-generated consumer tags.
+    next_consumer_tag: u64,
 }
 
 impl Session {
@@ -175,6 +186,7 @@ impl Session {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut eof = false;
+        let started = Instant::now();
         loop {
             // 1. Interpret every complete frame we have.
             while let Some(ev) = self.conn.poll(&mut input) {
@@ -203,6 +215,11 @@ impl Session {
             }
             // 4. Wait for something to do.
             let want_read = self.conn.out().len() < OUT_HIGH_WATER && !self.conn.is_finished();
+            if !want_read {
+                // We stopped reading, not the client: its heartbeats are
+                // waiting in the socket.
+                last_read = Instant::now();
+            }
             let want_write = !self.conn.out().is_empty();
             tokio::select! {
                 r = stream.readable(), if want_read => {
@@ -242,6 +259,10 @@ impl Session {
                     if closing_since.is_some_and(|t| t.elapsed() > CLOSE_TIMEOUT) {
                         return Ok(());
                     }
+                    if !self.conn.is_open() && !self.conn.is_closing() && started.elapsed() > HANDSHAKE_TIMEOUT {
+                        tracing::info!(peer = %self.peer, "handshake not completed in time, closing");
+                        return Ok(());
+                    }
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
@@ -277,7 +298,14 @@ impl Session {
                 None => self.conn.refuse_open(&format!("vhost {vhost} not found")),
             },
             Event::ChannelOpened(ch) => {
-                self.channels.insert(ch, Channel::default());
+                self.next_epoch += 1;
+                self.channels.insert(
+                    ch,
+                    Channel {
+                        epoch: self.next_epoch,
+                        ..Channel::default()
+                    },
+                );
             }
             Event::ChannelClosed(ch) => self.release_channel(ch),
             Event::Closed => self.release_all(),
@@ -302,15 +330,15 @@ impl Session {
                 }
                 if let Some(c) = self.channels.get_mut(&channel) {
                     if global {
-                        match &c.channel_credit {
-                            Some(cc) => {
-                                cc.max_count.store(prefetch_count as u32, Ordering::Relaxed);
-                                cc.max_bytes.store(prefetch_size, Ordering::Relaxed);
-                            }
-                            None => {
-                                c.channel_credit =
-                                    Some(Credit::new(prefetch_count as u32, prefetch_size))
-                            }
+                        // Every consumer of the channel shares this window, so
+                        // a change reaches existing consumers too; a raised
+                        // limit may let their queues deliver right away.
+                        if let Some(cc) = &c.channel_credit {
+                            cc.max_count.store(prefetch_count as u32, Ordering::Relaxed);
+                            cc.max_bytes.store(prefetch_size, Ordering::Relaxed);
+                        }
+                        for cc in c.consumers.values() {
+                            self.to_dispatch.extend(cc.queue.partitions.iter().cloned());
                         }
                     } else {
                         c.prefetch_count = prefetch_count;
@@ -487,7 +515,7 @@ impl Session {
         }
         let now = now_ms();
         for (part, stored) in targets {
-            part.enqueue(Entry {
+            let refused = part.enqueue(Entry {
                 seq: 0,
                 id,
                 location: if stored { location } else { None },
@@ -497,6 +525,13 @@ impl Session {
                 enqueued_ms: now,
                 message: Some(message.clone()),
             });
+            // The queue was deleted after routing: the message is gone with it.
+            if let Some(Entry {
+                location: Some(l), ..
+            }) = refused
+            {
+                self.settles.push((part.id, id, l));
+            }
         }
         self.route_buf = queues;
         Ok(())
@@ -506,6 +541,9 @@ impl Session {
         let Some(ch) = self.channels.get_mut(&c.channel) else {
             return;
         };
+        if ch.epoch != c.epoch {
+            return;
+        }
         ch.store_confirms_pending = ch.store_confirms_pending.saturating_sub(1);
         if self.conn.channel_is_usable(c.channel) {
             codec::write_confirm(self.conn.out(), c.channel, c.tag, true, !c.ok);
@@ -541,9 +579,11 @@ impl Session {
                 // Ordered behind every earlier append: fires once they are all durable.
                 let tx = self.confirm_tx.clone();
                 c.store_confirms_pending += 1;
+                let epoch = c.epoch;
                 let waiter: weir_backend::Waiter = Box::new(move |r| {
                     let _ = tx.send(StoreConfirm {
                         channel: id,
+                        epoch,
                         tag,
                         ok: r.is_ok(),
                     });
@@ -570,9 +610,17 @@ impl Session {
         self.handle.drain(&mut self.deliveries, &mut self.notices);
         for n in std::mem::take(&mut self.notices) {
             match n {
-                Notice::ConsumerCancelled { channel, tag } => {
+                Notice::ConsumerCancelled { consumer } => {
+                    let (channel, tag) = (consumer.channel, consumer.tag.clone());
                     if let Some(c) = self.channels.get_mut(&channel) {
-                        if c.consumers.remove(&tag).is_some()
+                        // Only if the tag still names this consumer: the client
+                        // may have cancelled it and reused the tag since.
+                        let same = c
+                            .consumers
+                            .get(&tag)
+                            .is_some_and(|cc| Arc::ptr_eq(&cc.consumer, &consumer));
+                        if same
+                            && c.consumers.remove(&tag).is_some()
                             && self.conn.channel_is_usable(channel)
                         {
                             let tag = String::from_utf8_lossy(&tag).into_owned();
@@ -605,9 +653,13 @@ impl Session {
                 None => match self.read_back(&d.entry) {
                     Some(m) => m,
                     None => {
-                        // Unreadable: settle it rather than loop on it forever.
+                        // Unreadable (the store reported why): drop it rather
+                        // than loop on it forever, and free its record.
                         d.consumer.release(d.entry.size);
                         d.partition.settled(&d.entry, false);
+                        if let Some(l) = d.entry.location {
+                            self.settles.push((d.partition.id, d.entry.id, l));
+                        }
                         continue;
                     }
                 },
@@ -653,14 +705,8 @@ impl Session {
             }
         }
         for (p, e) in unsend {
-            if p.is_deleted() {
-                p.settled(&e, false);
-                if let Some(l) = e.location {
-                    self.settles.push((p.id, e.id, l));
-                }
-            } else {
-                p.unsend(std::iter::once(e));
-            }
+            let refused = p.unsend(std::iter::once(e));
+            self.settle_refused(&p, refused);
         }
         dedup_partitions(&mut self.to_dispatch);
         if !self.settles.is_empty() || !self.to_dispatch.is_empty() {
@@ -728,9 +774,19 @@ impl Session {
             }
         }
         for (p, entries) in requeue {
-            p.requeue(entries);
+            let refused = p.requeue(entries);
+            self.settle_refused(&p, refused);
         }
         dedup_partitions(&mut self.to_dispatch);
+    }
+
+    /// Settles in the store what a deleted partition refused to take back.
+    fn settle_refused(&mut self, p: &Arc<Partition>, refused: Vec<Entry>) {
+        for e in refused {
+            if let (true, Some(l)) = (p.durable, e.location) {
+                self.settles.push((p.id, e.id, l));
+            }
+        }
     }
 
     fn release_channel(&mut self, ch: u16) {
@@ -752,6 +808,7 @@ impl Session {
     }
 
     fn release_all(&mut self) {
+        self.handle.close();
         let chans: Vec<u16> = self.channels.keys().copied().collect();
         for ch in chans {
             self.release_channel(ch);
@@ -761,7 +818,8 @@ impl Session {
         self.notices.clear();
         for d in std::mem::take(&mut self.deliveries) {
             d.consumer.release(d.entry.size);
-            d.partition.unsend(std::iter::once(d.entry));
+            let refused = d.partition.unsend(std::iter::once(d.entry));
+            self.settle_refused(&d.partition, refused);
         }
         if let Some(t) = self.tenant.take() {
             t.connection_closed(self.handle.id);
@@ -871,8 +929,13 @@ impl Session {
             },
             AMQPClass::Queue(m) => match m {
                 queue::AMQPMethod::Declare(d) => {
+                    let name = if d.passive {
+                        self.queue_name(ch, d.queue.as_str())?
+                    } else {
+                        d.queue.as_str().to_string()
+                    };
                     let req = QueueDeclare {
-                        name: d.queue.as_str().to_string(),
+                        name,
                         passive: d.passive,
                         durable: d.durable,
                         exclusive: d.exclusive,
@@ -881,6 +944,9 @@ impl Session {
                         connection: conn_id,
                     };
                     let (ok, wait) = tenant.declare_queue(req)?;
+                    if let Some(c) = self.channels.get_mut(&ch) {
+                        c.last_queue = Some(ok.name.clone());
+                    }
                     if !d.nowait {
                         // With nowait the client asked for no answer; the change is
                         // durable with the next fsync, without blocking this connection.
@@ -899,7 +965,7 @@ impl Session {
                     let wait = tenant.bind(
                         b.exchange.as_str(),
                         DestinationKind::Queue,
-                        b.queue.as_str(),
+                        &self.queue_name(ch, b.queue.as_str())?,
                         b.routing_key.as_str(),
                         table_to_json(&b.arguments),
                         conn_id,
@@ -918,7 +984,7 @@ impl Session {
                     let wait = tenant.unbind(
                         b.exchange.as_str(),
                         DestinationKind::Queue,
-                        b.queue.as_str(),
+                        &self.queue_name(ch, b.queue.as_str())?,
                         b.routing_key.as_str(),
                         table_to_json(&b.arguments),
                         conn_id,
@@ -930,7 +996,7 @@ impl Session {
                     );
                 }
                 queue::AMQPMethod::Purge(p) => {
-                    let n = tenant.purge_queue(p.queue.as_str(), conn_id)?;
+                    let n = tenant.purge_queue(&self.queue_name(ch, p.queue.as_str())?, conn_id)?;
                     if !p.nowait {
                         self.conn.send_method(
                             ch,
@@ -941,8 +1007,12 @@ impl Session {
                     }
                 }
                 queue::AMQPMethod::Delete(d) => {
-                    let (n, wait) =
-                        tenant.delete_queue(d.queue.as_str(), d.if_unused, d.if_empty, conn_id)?;
+                    let (n, wait) = tenant.delete_queue(
+                        &self.queue_name(ch, d.queue.as_str())?,
+                        d.if_unused,
+                        d.if_empty,
+                        conn_id,
+                    )?;
                     if !d.nowait {
                         // With nowait the client asked for no answer; the change is
                         // durable with the next fsync, without blocking this connection.
@@ -1010,7 +1080,7 @@ impl Session {
         let conn_id = self.handle.id;
         match m {
             basic::AMQPMethod::Consume(c) => {
-                let q = tenant.queue(c.queue.as_str(), conn_id)?;
+                let q = tenant.queue(&self.queue_name(ch, c.queue.as_str())?, conn_id)?;
                 if q.deleted.load(Ordering::Acquire) {
                     return Err(soft(
                         reply::NOT_FOUND,
@@ -1028,15 +1098,13 @@ impl Session {
                         ),
                     ));
                 }
+                self.next_consumer_tag += 1;
+                let generated = self.next_consumer_tag;
                 let Some(chan) = self.channels.get_mut(&ch) else {
                     return Ok(());
                 };
                 let tag: Bytes = if c.consumer_tag.as_str().is_empty() {
-                    Bytes::from(format!(
-                        "amq.ctag-{}-{}",
-                        conn_id,
-                        chan.consumers.len() + chan.delivery_tag as usize + 1
-                    ))
+                    Bytes::from(format!("amq.ctag-{conn_id}-{generated}"))
                 } else {
                     Bytes::copy_from_slice(c.consumer_tag.as_str().as_bytes())
                 };
@@ -1075,6 +1143,29 @@ impl Session {
                         queue: q.clone(),
                     },
                 );
+                // Attach before answering; deliveries are only written after
+                // this event, so consume-ok still precedes them.
+                q.consumers.fetch_add(1, Ordering::AcqRel);
+                q.had_consumer.store(true, Ordering::Release);
+                let attached = q
+                    .partitions
+                    .iter()
+                    .all(|p| p.add_consumer(consumer.clone()));
+                if !attached {
+                    // Deleted between lookup and attach.
+                    consumer.cancelled.store(true, Ordering::Release);
+                    for p in &q.partitions {
+                        p.remove_consumer(&consumer);
+                    }
+                    q.consumers.fetch_sub(1, Ordering::AcqRel);
+                    if let Some(chan) = self.channels.get_mut(&ch) {
+                        chan.consumers.remove(&tag);
+                    }
+                    return Err(soft(
+                        reply::NOT_FOUND,
+                        format!("no queue '{}' in vhost '{}'", q.name(), tenant.name),
+                    ));
+                }
                 if !c.nowait {
                     let t = String::from_utf8_lossy(&tag).into_owned();
                     self.conn.send_method(
@@ -1083,11 +1174,6 @@ impl Session {
                             consumer_tag: t.as_str().into(),
                         })),
                     );
-                }
-                q.consumers.fetch_add(1, Ordering::AcqRel);
-                q.had_consumer.store(true, Ordering::Release);
-                for p in &q.partitions {
-                    p.add_consumer(consumer.clone());
                 }
             }
             basic::AMQPMethod::Cancel(c) => {
@@ -1113,7 +1199,7 @@ impl Session {
                 }
             }
             basic::AMQPMethod::Get(g) => {
-                let q = tenant.queue(g.queue.as_str(), conn_id)?;
+                let q = tenant.queue(&self.queue_name(ch, g.queue.as_str())?, conn_id)?;
                 let got = q
                     .partitions
                     .iter()
@@ -1130,10 +1216,14 @@ impl Session {
                             None => match self.read_back(&entry) {
                                 Some(m) => m,
                                 None => {
+                                    part.settled(&entry, false);
+                                    if let Some(l) = entry.location {
+                                        self.settles.push((part.id, entry.id, l));
+                                    }
                                     return Err(hard(
                                         reply::INTERNAL_ERROR,
                                         "message unreadable from the store".into(),
-                                    ))
+                                    ));
                                 }
                             },
                         };
@@ -1225,6 +1315,18 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// An empty queue name means the channel's last declared queue, as in
+    /// RabbitMQ.
+    fn queue_name(&self, ch: u16, name: &str) -> Result<String, Failure> {
+        if !name.is_empty() {
+            return Ok(name.to_string());
+        }
+        self.channels
+            .get(&ch)
+            .and_then(|c| c.last_queue.clone())
+            .ok_or_else(|| soft(reply::NOT_FOUND, "no previously declared queue".into()))
     }
 
     fn recover(&mut self, ch: u16, requeue: bool) -> Result<(), Failure> {

@@ -24,10 +24,9 @@ pub struct Delivery {
 pub enum Notice {
     /// The consumer's queue was deleted: send basic.cancel.
     ConsumerCancelled {
-        /// Channel.
-        channel: u16,
-        /// Tag.
-        tag: Bytes,
+        /// The consumer (compared by identity: its channel may since have
+        /// reused the tag for another consumer).
+        consumer: Arc<Consumer>,
     },
 }
 
@@ -37,6 +36,8 @@ pub enum Notice {
 pub struct ConnHandle {
     /// Unique connection id (exclusive-queue ownership).
     pub id: u64,
+    /// Set when the connection is gone: its consumers take no more deliveries.
+    closed: AtomicBool,
     outbox: Mutex<Outbox>,
     notify: Notify,
 }
@@ -52,9 +53,20 @@ impl ConnHandle {
     pub fn new(id: u64) -> Arc<Self> {
         Arc::new(ConnHandle {
             id,
+            closed: AtomicBool::new(false),
             outbox: Mutex::new(Outbox::default()),
             notify: Notify::new(),
         })
+    }
+
+    /// Marks the connection gone.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Whether the connection is gone.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Queues a delivery; the caller wakes the connection with [`Self::wake`]
@@ -116,7 +128,7 @@ pub struct Consumer {
 impl Consumer {
     /// Takes credit for a message of `size` bytes from every window that applies.
     pub fn try_acquire(&self, size: u32) -> bool {
-        if self.cancelled.load(Ordering::Relaxed) || !self.flow_active.load(Ordering::Relaxed) {
+        if self.is_dead() || !self.flow_active.load(Ordering::Relaxed) {
             return false;
         }
         if !self.credit.try_acquire(size) {
@@ -129,6 +141,11 @@ impl Consumer {
             }
         }
         true
+    }
+
+    /// Cancelled, or its connection is gone: detach it.
+    pub fn is_dead(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire) || self.conn.is_closed()
     }
 
     /// Gives back the credit of one settled (or returned) delivery.

@@ -64,6 +64,8 @@ struct PartitionState {
     consumers: Vec<Arc<Consumer>>,
     /// Round-robin cursor into `consumers`.
     next_consumer: usize,
+    /// The queue was deleted.
+    deleted: bool,
 }
 
 /// Snapshot of a partition's depth.
@@ -94,9 +96,17 @@ impl Partition {
         })
     }
 
-    /// Marks the partition's queue deleted.
-    pub fn mark_deleted(&self) {
+    /// Deletes the partition: from now on it refuses entries and consumers.
+    /// Returns the consumers it had and its ready entries, taken atomically
+    /// with the flag so nothing slips in between.
+    pub fn delete(&self) -> (Vec<Arc<Consumer>>, Vec<Entry>) {
+        let mut st = self.state.lock();
+        st.deleted = true;
         self.deleted.store(true, Ordering::Release);
+        st.ready_bytes = 0;
+        self.ready_len.store(0, Ordering::Relaxed);
+        let consumers = std::mem::take(&mut st.consumers);
+        (consumers, st.ready.drain(..).collect())
     }
 
     /// Whether its queue was deleted.
@@ -123,10 +133,16 @@ impl Partition {
     }
 
     /// Adds a new message at the tail and hands out whatever consumers can take.
-    pub fn enqueue(self: &Arc<Self>, mut entry: Entry) {
+    /// Returns the entry if the queue was deleted meanwhile: the caller
+    /// settles it in the store.
+    #[must_use = "an entry refused by a deleted partition must be settled"]
+    pub fn enqueue(self: &Arc<Self>, mut entry: Entry) -> Option<Entry> {
         let mut woken = Vec::new();
         {
             let mut st = self.state.lock();
+            if st.deleted {
+                return Some(entry);
+            }
             entry.seq = st.next_seq;
             st.next_seq += 1;
             if st.ready.len() >= HOT_ENTRIES && entry.location.is_some() {
@@ -141,14 +157,25 @@ impl Partition {
                 .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
+        None
     }
 
     /// Puts leased entries back at their original positions, marked redelivered.
-    pub fn requeue(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) {
+    #[must_use = "entries refused by a deleted partition must be settled"]
+    pub fn requeue(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) -> Vec<Entry> {
         let mut woken = Vec::new();
+        let mut refused = Vec::new();
         {
             let mut st = self.state.lock();
             for mut e in entries {
+                if st.deleted {
+                    self.counters.leased.fetch_sub(1, Ordering::Relaxed);
+                    self.counters
+                        .leased_bytes
+                        .fetch_sub(e.size as u64, Ordering::Relaxed);
+                    refused.push(e);
+                    continue;
+                }
                 e.redelivered = true;
                 st.ready_bytes += e.size as u64;
                 self.counters.leased.fetch_sub(1, Ordering::Relaxed);
@@ -162,16 +189,27 @@ impl Partition {
                 .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
+        refused
     }
 
     /// Puts back entries that were queued for a consumer but never written
     /// (the consumer went away first). They were not delivered, so they keep
     /// their redelivered flag.
-    pub fn unsend(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) {
+    #[must_use = "entries refused by a deleted partition must be settled"]
+    pub fn unsend(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) -> Vec<Entry> {
         let mut woken = Vec::new();
+        let mut refused = Vec::new();
         {
             let mut st = self.state.lock();
             for e in entries {
+                if st.deleted {
+                    self.counters.leased.fetch_sub(1, Ordering::Relaxed);
+                    self.counters
+                        .leased_bytes
+                        .fetch_sub(e.size as u64, Ordering::Relaxed);
+                    refused.push(e);
+                    continue;
+                }
                 st.ready_bytes += e.size as u64;
                 self.counters.leased.fetch_sub(1, Ordering::Relaxed);
                 self.counters
@@ -185,6 +223,7 @@ impl Partition {
                 .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
+        refused
     }
 
     /// A leased entry was settled (acked, or rejected without requeue).
@@ -214,6 +253,12 @@ impl Partition {
     }
 
     fn dispatch_locked(self: &Arc<Self>, st: &mut PartitionState, woken: &mut Vec<Arc<Consumer>>) {
+        if st.consumers.iter().any(|c| c.is_dead()) {
+            // A consumer whose connection or channel went away without
+            // detaching (it raced with a cancel): never offer it anything.
+            st.consumers.retain(|c| !c.is_dead());
+            st.next_consumer = 0;
+        }
         let n = st.consumers.len();
         if n == 0 {
             return;
@@ -282,16 +327,22 @@ impl Partition {
     }
 
     /// Attaches a consumer and starts delivering to it.
-    pub fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) {
+    /// Returns false if the queue was deleted meanwhile.
+    #[must_use]
+    pub fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) -> bool {
         let mut woken = Vec::new();
         {
             let mut st = self.state.lock();
+            if st.deleted {
+                return false;
+            }
             st.consumers.push(c);
             self.dispatch_locked(&mut st, &mut woken);
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
         }
         wake_all(woken);
+        true
     }
 
     /// Detaches a consumer; returns how many remain.
@@ -299,11 +350,6 @@ impl Partition {
         let mut st = self.state.lock();
         st.consumers.retain(|x| !Arc::ptr_eq(x, c));
         st.consumers.len()
-    }
-
-    /// Detaches every consumer (queue deleted); returns them.
-    pub fn take_consumers(&self) -> Vec<Arc<Consumer>> {
-        std::mem::take(&mut self.state.lock().consumers)
     }
 
     /// Whether any consumer is attached.
@@ -496,11 +542,11 @@ mod tests {
     fn credit_bounds_deliveries_and_requeue_restores_position() {
         let p = Partition::new(PartitionId(1), false);
         for id in 1..=4 {
-            p.enqueue(entry(id));
+            assert!(p.enqueue(entry(id)).is_none());
         }
         let conn = ConnHandle::new(1);
         let c = consumer(&conn, 2);
-        p.add_consumer(c.clone());
+        assert!(p.add_consumer(c.clone()));
         let got = drained(&conn);
         assert_eq!(
             got.iter().map(|d| d.entry.id).collect::<Vec<_>>(),
@@ -510,7 +556,7 @@ mod tests {
         // Give back message 1 (requeue) and its credit: it is next again.
         let first = got.into_iter().next().expect("one delivery");
         c.release(first.entry.size);
-        p.requeue(vec![first.entry]);
+        assert!(p.requeue(vec![first.entry]).is_empty());
         let again = drained(&conn);
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].entry.id, 1);
@@ -523,10 +569,10 @@ mod tests {
         let p = Partition::new(PartitionId(1), false);
         let a = ConnHandle::new(1);
         let b = ConnHandle::new(2);
-        p.add_consumer(consumer(&a, 0));
-        p.add_consumer(consumer(&b, 0));
+        assert!(p.add_consumer(consumer(&a, 0)));
+        assert!(p.add_consumer(consumer(&b, 0)));
         for id in 1..=6 {
-            p.enqueue(entry(id));
+            assert!(p.enqueue(entry(id)).is_none());
         }
         let ids = |v: Vec<Delivery>| v.into_iter().map(|d| d.entry.id).collect::<Vec<_>>();
         assert_eq!(ids(drained(&a)), vec![1, 3, 5]);
@@ -553,7 +599,7 @@ mod tests {
                 len: 1,
             });
             e.message = Some(msg.clone());
-            p.enqueue(e);
+            assert!(p.enqueue(e).is_none());
         }
         // Only the hot head keeps the message in memory.
         assert_eq!(Arc::strong_count(&msg), HOT_ENTRIES + 1);

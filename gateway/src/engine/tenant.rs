@@ -197,9 +197,10 @@ impl Tenant {
                 self.name
             )));
         }
-        if let Some(x) = self.exchanges.read().get(&def.name) {
+        let existing = self.exchanges.read().get(&def.name).cloned();
+        if let Some(x) = existing {
             if passive {
-                return Ok(None);
+                return self.barrier(x.def.durable);
             }
             let cur = &x.def;
             let what = "exchange";
@@ -243,7 +244,7 @@ impl Tenant {
                     cur.internal,
                 ));
             }
-            return Ok(None);
+            return self.barrier(x.def.durable);
         }
         if passive {
             return Err(not_found_exchange(&def.name, &self.name));
@@ -257,8 +258,10 @@ impl Tenant {
         let engine = self.engine()?;
         let mut w = self.exchanges.write();
         if w.contains_key(&def.name) {
-            // Raced with another declare of the same name: theirs stands.
-            return Ok(None);
+            // Raced with another declare of the same name: theirs stands;
+            // answer as for an existing exchange (checks and durability).
+            drop(w);
+            return self.declare_exchange(def, passive);
         }
         let wait = if def.durable {
             let key = meta::exchange_key(&self.name, &def.name);
@@ -283,12 +286,22 @@ impl Tenant {
                 self.name
             )));
         }
+        let Some(x) = self.exchanges.read().get(name).cloned() else {
+            return Ok(None);
+        };
+        self.remove_exchange(&x, if_unused)
+    }
+
+    /// Removes exactly the exchange `x` (not a namesake declared since).
+    fn remove_exchange(&self, x: &Arc<Exchange>, if_unused: bool) -> Result<Option<DurableWait>> {
         let engine = self.engine()?;
-        let x = {
+        let name = x.def.name.as_str();
+        {
             let mut w = self.exchanges.write();
-            let Some(x) = w.get(name).cloned() else {
-                return Ok(None);
-            };
+            match w.get(name) {
+                Some(cur) if Arc::ptr_eq(cur, x) => {}
+                _ => return Ok(None),
+            }
             if if_unused && x.binding_count() > 0 {
                 return Err(EngineError::PreconditionFailed(format!(
                     "exchange '{name}' in vhost '{}' in use",
@@ -296,8 +309,7 @@ impl Tenant {
                 )));
             }
             w.remove(name);
-            x
-        };
+        }
         x.deleted.store(true, Ordering::Release);
         // Bindings from it, and exchange-to-exchange bindings to it.
         let mut keys: Vec<Vec<u8>> = Vec::new();
@@ -306,7 +318,11 @@ impl Tenant {
         }
         let dest = Destination::Exchange(x.clone());
         for other in self.exchanges() {
-            for b in other.unbind_all_to(&dest) {
+            let gone = other.unbind_all_to(&dest);
+            if gone.is_empty() {
+                continue;
+            }
+            for b in gone {
                 keys.push(meta::binding_key(
                     &self.name,
                     &binding_def(&other.def.name, &b),
@@ -371,7 +387,10 @@ impl Tenant {
                 messages: q.message_count(),
                 consumers: q.consumers.load(Ordering::Relaxed),
             };
-            return Ok((declared, None));
+            // Its creation may still be on its way to disk: answer only
+            // once it is durable.
+            let wait = self.barrier(q.def.durable && q.exclusive_owner.is_none())?;
+            return Ok((declared, wait));
         }
         if req.passive {
             return Err(not_found_queue(&name, &self.name));
@@ -390,14 +409,10 @@ impl Tenant {
             }
         }
         let mut w = self.queues.write();
-        if let Some(q) = w.get(&name) {
+        if w.contains_key(&name) {
             // Raced with another declare: answer as for an existing queue.
-            let declared = QueueDeclared {
-                name,
-                messages: q.message_count(),
-                consumers: q.consumers.load(Ordering::Relaxed),
-            };
-            return Ok((declared, None));
+            drop(w);
+            return self.declare_queue(QueueDeclare { name, ..req });
         }
         let def = QueueDef {
             name: name.clone(),
@@ -483,7 +498,11 @@ impl Tenant {
         let dest = Destination::Queue(q.clone());
         let mut keys: Vec<Vec<u8>> = Vec::new();
         for x in self.exchanges() {
-            for b in x.unbind_all_to(&dest) {
+            let gone = x.unbind_all_to(&dest);
+            if gone.is_empty() {
+                continue;
+            }
+            for b in gone {
                 keys.push(meta::binding_key(&self.name, &binding_def(&x.def.name, &b)));
             }
             self.maybe_auto_delete_exchange(&x);
@@ -491,15 +510,13 @@ impl Tenant {
         let mut count = 0u64;
         let mut settled = Vec::new();
         for p in &q.partitions {
-            p.mark_deleted();
-            for c in p.take_consumers() {
+            let (consumers, entries) = p.delete();
+            for c in consumers {
                 c.cancelled.store(true, Ordering::Release);
                 c.conn.notice(Notice::ConsumerCancelled {
-                    channel: c.channel,
-                    tag: c.tag.clone(),
+                    consumer: c.clone(),
                 });
             }
-            let entries = p.purge();
             count += entries.len() as u64;
             settled.extend(
                 entries
@@ -560,7 +577,35 @@ impl Tenant {
         connection: u64,
     ) -> Result<Option<DurableWait>> {
         let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
-        if !x.bind(dest, key, arguments.clone()) || !durable {
+        let added = x.bind(dest.clone(), key, arguments.clone());
+        // A delete of either end that ran concurrently has already swept its
+        // bindings: undo ours rather than route into (or from) a dead entity.
+        let dead = x.deleted.load(Ordering::Acquire)
+            || match &dest {
+                Destination::Queue(q) => q.deleted.load(Ordering::Acquire),
+                Destination::Exchange(d) => d.deleted.load(Ordering::Acquire),
+            };
+        if dead {
+            x.unbind(&dest, key, &arguments);
+            return Err(EngineError::NotFound(format!(
+                "{} '{destination}' in vhost '{}' was deleted",
+                if kind == DestinationKind::Queue {
+                    "queue"
+                } else {
+                    "exchange"
+                },
+                self.name
+            )));
+        }
+        if !added {
+            // Already bound; wait for the original's durability like a redeclare.
+            return if durable {
+                Ok(Some(self.engine()?.persist(&[])?))
+            } else {
+                Ok(None)
+            };
+        }
+        if !durable {
             return Ok(None);
         }
         let def = BindingDef {
@@ -590,7 +635,9 @@ impl Tenant {
     ) -> Result<Option<DurableWait>> {
         let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
         let removed = x.unbind(&dest, key, &arguments);
-        self.maybe_auto_delete_exchange(&x);
+        if removed {
+            self.maybe_auto_delete_exchange(&x);
+        }
         if !removed || !durable {
             return Ok(None);
         }
@@ -631,9 +678,18 @@ impl Tenant {
         Ok((x, dest, durable))
     }
 
+    /// For an entity that already exists: resolves once everything appended
+    /// so far (its creation included) is durable.
+    fn barrier(&self, durable: bool) -> Result<Option<DurableWait>> {
+        if !durable {
+            return Ok(None);
+        }
+        Ok(Some(self.engine()?.persist(&[])?))
+    }
+
     fn maybe_auto_delete_exchange(&self, x: &Arc<Exchange>) {
         if x.def.auto_delete && x.binding_count() == 0 && !x.deleted.load(Ordering::Acquire) {
-            if let Err(e) = self.delete_exchange(&x.def.name, false) {
+            if let Err(e) = self.remove_exchange(x, false) {
                 tracing::warn!(exchange = %x.def.name, error = %e, "auto-delete of exchange failed");
             }
         }

@@ -9,6 +9,7 @@
 //! the next frame is interpreted.
 
 use super::codec::{self, FrameError, RawFrame, Reader};
+use super::depth;
 use super::reply;
 use amq_protocol::frame::parsing::parse_content_header;
 use amq_protocol::protocol::{basic, channel, connection, AMQPClass};
@@ -574,6 +575,14 @@ impl Connection {
                 _ => {}
             }
         }
+        if depth::check_method(class_id, method_id, &payload[4..]).is_err() {
+            return self.fail(
+                reply::SYNTAX_ERROR,
+                format!("SYNTAX_ERROR - malformed or too deeply nested field table in method {class_id}.{method_id}"),
+                class_id,
+                method_id,
+            );
+        }
         let method = match amq_protocol::protocol::parse_class(&payload[..]) {
             Ok((&[], m)) => m,
             _ => return self.syntax_error(class_id, method_id),
@@ -847,6 +856,17 @@ impl Connection {
         let content = std::mem::replace(&mut state.content, Content::Idle);
         match (frame.kind, content) {
             (codec::FRAME_HEADER, Content::AwaitingHeader(publish)) => {
+                if frame.payload.len() < 14
+                    || depth::check_properties(&frame.payload[12..]).is_err()
+                {
+                    return self.fail(
+                        reply::FRAME_ERROR,
+                        "FRAME_ERROR - malformed content header or too deeply nested headers"
+                            .into(),
+                        60,
+                        40,
+                    );
+                }
                 let header = match parse_content_header(&frame.payload[..]) {
                     Ok((&[], h)) => h,
                     _ => {

@@ -7,6 +7,7 @@
 
 pub mod codec;
 pub mod connection;
+pub mod depth;
 pub mod reply;
 
 pub use amq_protocol::protocol::{self as methods, AMQPClass};
