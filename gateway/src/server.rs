@@ -95,6 +95,7 @@ impl Broker {
         })?;
         let dyn_store: Arc<dyn Store> = store.clone();
         let engine = Engine::open(dyn_store)?;
+        release_recovery_memory();
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %cfg.data_dir.display(), "store opened");
         let mut users = HashMap::new();
         users.insert("guest".to_string(), cfg.default_pass.clone());
@@ -197,6 +198,18 @@ impl Broker {
             Ok(()) => tracing::info!("store flushed and closed"),
             Err(e) => tracing::error!(error = %e, "closing store"),
         }
+    }
+}
+
+/// Recovery builds large temporary indexes (every live message of every
+/// partition) out of many small allocations; once they are freed, glibc keeps
+/// the fragmented heap, and a restarted broker would hold far more memory than
+/// the same broker before the restart. Hand the free pages back.
+fn release_recovery_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory; no pointers change.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
