@@ -8,7 +8,7 @@
 #
 # Usage: scripts/bench-compare.sh [--duration S] [--warmup S] [--rate R] [--only rabbitmq|weir]
 #                                 [--out DIR] [--bench-args "extra weir-bench flags"]
-#                                 [--quiet-wait S (120)] [--quiet-max CORES (0.3)]
+#                                 [--quiet-wait S (60)] [--quiet-max CORES (0.3)]
 #
 # What it does: installs Debian's rabbitmq-server if missing and starts it if it isn't running; builds
 # weir-bench and the weir broker in release; runs the RabbitMQ targets; stops RabbitMQ if this script
@@ -28,7 +28,7 @@ RATE=1000
 ONLY=""
 OUT=""
 EXTRA=""
-QUIET_WAIT=120   # seconds to wait for an idle machine before each run
+QUIET_WAIT=60    # seconds to wait for an idle machine before each run
 QUIET_MAX=0.3    # "idle": at most this many busy cores
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -56,7 +56,11 @@ WEIR_DIR=""
 cleanup() {
   set +e
   if [ -n "$WEIR_PID" ] && kill -0 "$WEIR_PID" 2>/dev/null; then
-    kill "$WEIR_PID"; wait "$WEIR_PID" 2>/dev/null
+    # SIGTERM for a clean store close; SIGKILL if it hasn't exited within 10 s.
+    kill "$WEIR_PID"
+    for _ in $(seq 100); do kill -0 "$WEIR_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$WEIR_PID" 2>/dev/null
+    wait "$WEIR_PID" 2>/dev/null
   fi
   [ -n "$WEIR_DIR" ] && rm -rf "$WEIR_DIR"
   if [ "$STARTED_RABBIT" = 1 ]; then stop_rabbit; fi
