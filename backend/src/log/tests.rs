@@ -970,3 +970,30 @@ fn close_cuts_the_preallocated_tail() {
         .len();
     assert_eq!(len, u64::from(loc.offset + loc.len));
 }
+
+/// Appends nobody waits on (acks, unconfirmed publishes) are written without
+/// an fsync of their own, but an idle store still syncs them soon after.
+#[test]
+fn unwaited_appends_are_synced_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    publish(&store, &[P1], b"one");
+    let before = store.stats().syncs;
+    let id = store.allocate_ids(1);
+    store
+        .append(
+            &[Op::Publish {
+                id,
+                partitions: &[P1],
+                data: data(b"two"),
+            }],
+            &mut Vec::new(),
+            None,
+        )
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.stats().syncs == before {
+        assert!(std::time::Instant::now() < deadline, "never synced");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! Each round it takes everything appended since the previous round, writes it
 //! with one `write` per segment touched (normally one), issues one
-//! `fdatasync`, then completes the round's waiters in order. Only then does it
+//! `fdatasync` if anyone waits on the round (otherwise the next waited round,
+//! or an idle timer, syncs it), then completes the round's waiters in order. Only then does it
 //! reclaim segments that became empty, because reclamation relies on the
 //! settles that emptied them being durable.
 
@@ -31,7 +32,16 @@ struct Round {
     chunks: Arc<Vec<Chunk>>,
     waiters: Vec<Waiter>,
     reclaim: Option<Reclaim>,
+    /// Fsync at the end of the round. Only rounds that someone waits on (a
+    /// confirm, a declare) or that reclaim segments need it; a round of acks
+    /// alone is written but left for the next such round's fsync, which
+    /// covers it. Unwaited data is still synced within [`IDLE_SYNC`].
+    sync: bool,
 }
+
+/// Longest that written, unsynced data (acks, unconfirmed publishes) waits
+/// for an fsync when no round asks for one.
+const IDLE_SYNC: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Segments to delete after this round's data is durable.
 struct Reclaim {
@@ -83,10 +93,22 @@ fn preallocate(file: &File, size: u64) {
 }
 
 fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
-    while let Some(round) = next_round(shared) {
-        if let Err(err) = write_round(shared, cur, &round.chunks) {
+    // When the head segment first held written but unsynced data.
+    let mut dirty_since: Option<std::time::Instant> = None;
+    while let Some(mut round) = next_round(shared, dirty_since.is_some()) {
+        // Under a steady stream of unwaited rounds, still sync every IDLE_SYNC.
+        if dirty_since.is_some_and(|t| t.elapsed() >= IDLE_SYNC) {
+            round.sync = true;
+        }
+        if let Err(err) = write_round(shared, cur, &round.chunks, round.sync) {
             fail(shared, round.waiters, err);
             return;
+        }
+        match cur.as_ref() {
+            Some(c) if c.dirty => {
+                dirty_since.get_or_insert_with(std::time::Instant::now);
+            }
+            _ => dirty_since = None,
         }
         {
             // Everything in the round is in the kernel now (and `written` says
@@ -120,7 +142,7 @@ fn call_waiter(w: Waiter, result: Result<(), StoreError>) {
 }
 
 /// Waits for work and takes it. `None` when the store is closing and drained.
-fn next_round(shared: &Shared) -> Option<Round> {
+fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
     let mut st = shared.state.lock();
     loop {
         if !st.pending.is_empty() || !st.waiters.is_empty() || st.reclaim_hint {
@@ -129,7 +151,23 @@ fn next_round(shared: &Shared) -> Option<Round> {
         if st.closing {
             return None;
         }
-        shared.wake.wait(&mut st);
+        if dirty {
+            if shared.wake.wait_for(&mut st, IDLE_SYNC).timed_out()
+                && st.pending.is_empty()
+                && st.waiters.is_empty()
+                && !st.reclaim_hint
+            {
+                // Quiet for a while with unsynced data: sync it now.
+                return Some(Round {
+                    chunks: Arc::new(Vec::new()),
+                    waiters: Vec::new(),
+                    reclaim: None,
+                    sync: true,
+                });
+            }
+        } else {
+            shared.wake.wait(&mut st);
+        }
     }
     st.reclaim_hint = false;
     let chunks = Arc::new(std::mem::take(&mut st.pending));
@@ -167,10 +205,12 @@ fn next_round(shared: &Shared) -> Option<Round> {
             checkpoint,
         }
     });
+    let sync = !waiters.is_empty() || reclaim.is_some();
     Some(Round {
         chunks,
         waiters,
         reclaim,
+        sync,
     })
 }
 
@@ -178,6 +218,7 @@ fn write_round(
     shared: &Shared,
     cur: &mut Option<Current>,
     chunks: &[Chunk],
+    durable: bool,
 ) -> Result<(), StoreError> {
     #[cfg(test)]
     if shared
@@ -244,13 +285,15 @@ fn write_round(
             .fetch_add(chunk.buf.len() as u64, Ordering::Relaxed);
     }
     if let Some(c) = cur.as_mut() {
-        if c.dirty && sync {
+        if c.dirty && sync && durable {
             c.file
                 .sync_data()
                 .map_err(|e| StoreError::io(format!("fsync segment {}", c.id), e))?;
             shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            c.dirty = false;
+        } else if !sync {
+            c.dirty = false;
         }
-        c.dirty = false;
     }
     if created && sync {
         sync_dir(&shared.log_dir)?;
