@@ -46,6 +46,11 @@ pub struct Cli {
     /// Allow the default user from non-loopback addresses [default: false].
     #[arg(long, env = "WEIR_GUEST_REMOTE")]
     pub guest_remote: Option<bool>,
+    /// Seconds a delivery may stay unacknowledged before its channel is
+    /// closed (406) and its messages return to the queue; 0 = never
+    /// [default: 1800, as RabbitMQ's consumer_timeout].
+    #[arg(long, env = "WEIR_CONSUMER_TIMEOUT")]
+    pub consumer_timeout: Option<u64>,
 }
 
 /// The TOML file: the same settings, all optional.
@@ -61,6 +66,7 @@ pub struct FileConfig {
     frame_max: Option<u32>,
     default_pass: Option<String>,
     guest_remote: Option<bool>,
+    consumer_timeout: Option<u64>,
     #[serde(default)]
     users: Vec<UserConfig>,
 }
@@ -96,6 +102,8 @@ pub struct Config {
     pub default_pass: String,
     /// `guest` allowed from anywhere.
     pub guest_remote: bool,
+    /// Lease (visibility) timeout in seconds; 0 disables it.
+    pub consumer_timeout_secs: u64,
     /// Other users.
     pub users: Vec<UserConfig>,
 }
@@ -159,6 +167,10 @@ impl Config {
                 .or(file.default_pass)
                 .unwrap_or_else(|| "guest".into()),
             guest_remote: cli.guest_remote.or(file.guest_remote).unwrap_or(false),
+            consumer_timeout_secs: cli
+                .consumer_timeout
+                .or(file.consumer_timeout)
+                .unwrap_or(1800),
             users: file.users,
         };
         if cfg.frame_max < 4096 {

@@ -22,6 +22,8 @@ pub struct Shared {
     pub amqp: ServerConfig,
     users: HashMap<String, String>,
     guest_remote: bool,
+    /// How long a delivery may stay unacknowledged (None = forever).
+    pub consumer_timeout: Option<Duration>,
 }
 
 impl Shared {
@@ -128,6 +130,8 @@ impl Broker {
                 amqp,
                 users,
                 guest_remote: cfg.guest_remote,
+                consumer_timeout: (cfg.consumer_timeout_secs > 0)
+                    .then(|| Duration::from_secs(cfg.consumer_timeout_secs)),
             }),
             store,
             listener,

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A delivered, unacknowledged message: the lease the channel holds until the
 /// client acks, nacks or rejects it, or the channel goes away.
@@ -17,6 +18,9 @@ pub struct Lease {
     pub consumer: Option<Arc<Consumer>>,
     /// The entry.
     pub entry: Entry,
+    /// When it was delivered: a lease older than the consumer timeout closes
+    /// its channel and returns to the queue (the visibility timeout).
+    pub since: Instant,
 }
 
 /// A consumer as its channel knows it.

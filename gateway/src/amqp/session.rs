@@ -259,6 +259,7 @@ impl Session {
                     if closing_since.is_some_and(|t| t.elapsed() > CLOSE_TIMEOUT) {
                         return Ok(());
                     }
+                    self.expire_leases();
                     if !self.conn.is_open() && !self.conn.is_closing() && started.elapsed() > HANDSHAKE_TIMEOUT {
                         tracing::info!(peer = %self.peer, "handshake not completed in time, closing");
                         return Ok(());
@@ -637,6 +638,8 @@ impl Session {
             }
         }
         let frame_max = self.conn.frame_max();
+        // One clock read per batch, not per delivery.
+        let batch_time = Instant::now();
         let deliveries = std::mem::take(&mut self.deliveries);
         let mut unsend: Vec<(Arc<Partition>, Entry)> = Vec::new();
         for d in deliveries {
@@ -700,6 +703,7 @@ impl Session {
                         partition: d.partition,
                         consumer: Some(d.consumer),
                         entry: d.entry,
+                        since: batch_time,
                     },
                 );
             }
@@ -778,6 +782,36 @@ impl Session {
             self.settle_refused(&p, refused);
         }
         dedup_partitions(&mut self.to_dispatch);
+    }
+
+    /// Closes channels holding a lease older than the consumer timeout, as
+    /// RabbitMQ's `consumer_timeout` does: the channel's leases return to
+    /// their queues (redelivered) for other consumers. Leases are ordered by
+    /// tag, which is delivery order, so the first one is the oldest.
+    fn expire_leases(&mut self) {
+        let Some(timeout) = self.shared.consumer_timeout else {
+            return;
+        };
+        let expired: Vec<u16> = self
+            .channels
+            .iter()
+            .filter(|(_, c)| {
+                c.leases
+                    .first_key_value()
+                    .is_some_and(|(_, l)| l.since.elapsed() > timeout)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for ch in expired {
+            let text = format!(
+                "PRECONDITION_FAILED - delivery acknowledgement on channel {ch} timed out. Timeout value used: {} ms",
+                timeout.as_millis()
+            );
+            self.fail(ch, Failure::Channel(reply::PRECONDITION_FAILED, text), 0, 0);
+        }
+        if !self.to_dispatch.is_empty() {
+            self.end_batch();
+        }
     }
 
     /// Settles in the store what a deleted partition refused to take back.
@@ -1256,6 +1290,7 @@ impl Session {
                                     partition: part,
                                     consumer: None,
                                     entry,
+                                    since: Instant::now(),
                                 }],
                                 Settle::Ack,
                             );
@@ -1266,6 +1301,7 @@ impl Session {
                                     partition: part,
                                     consumer: None,
                                     entry,
+                                    since: Instant::now(),
                                 },
                             );
                         }
