@@ -867,3 +867,144 @@ pub async fn next_error_code(
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// brokers configured without the harness's flags
+
+/// Environment variables `weir` reads its settings from; the harness clears
+/// them so a test's own setup is the only source.
+pub const WEIR_SETTING_VARS: &[&str] = &[
+    "WEIR_CONFIG",
+    "WEIR_DATA_DIR",
+    "WEIR_AMQP_LISTEN",
+    "WEIR_FSYNC",
+    "WEIR_SEGMENT_MB",
+    "WEIR_HEARTBEAT",
+    "WEIR_FRAME_MAX",
+    "WEIR_DEFAULT_PASS",
+    "WEIR_GUEST_REMOTE",
+];
+
+/// A `weir` command with no arguments, inherited settings cleared (see
+/// [`WEIR_SETTING_VARS`]), `WEIR_LOG=info` unless the environment sets it,
+/// no colours, stdin closed and stdout/stderr piped.
+pub fn weir_command() -> Command {
+    let mut cmd = Command::new(weir_bin());
+    for var in WEIR_SETTING_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if std::env::var_os("WEIR_LOG").is_none() {
+        cmd.env("WEIR_LOG", "info");
+    }
+    cmd
+}
+
+/// Runs `weir` to completion with the settings `setup` adds to
+/// [`weir_command`]; returns its exit status and everything it printed.
+/// Panics if it is still running after [`START_TIMEOUT`].
+pub fn run_weir_to_exit(setup: impl FnOnce(&mut Command)) -> (ExitStatus, String) {
+    let mut cmd = weir_command();
+    setup(&mut cmd);
+    let mut child = cmd.spawn().expect("spawning weir");
+    let logs = Arc::new(LogBuf::default());
+    let out = pump_joinable(child.stdout.take().unwrap(), logs.clone());
+    let err = pump_joinable(child.stderr.take().unwrap(), logs.clone());
+    let status = wait_bounded(&mut child, START_TIMEOUT).unwrap_or_else(|| {
+        panic!(
+            "weir was expected to exit but still ran after {START_TIMEOUT:?}\n--- log ---\n{}",
+            logs.text.lock().unwrap()
+        )
+    });
+    // The pipes close with the process: read them to the end.
+    let _ = out.join();
+    let _ = err.join();
+    let text = logs.text.lock().unwrap().clone();
+    (status, text)
+}
+
+fn pump_joinable(
+    stream: impl Read + Send + 'static,
+    logs: Arc<LogBuf>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match r.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => logs.push_line(line.trim_end_matches('\n')),
+            }
+        }
+    })
+}
+
+impl Broker {
+    /// Starts `weir` without the harness's `--data-dir`/`--amqp-listen`
+    /// flags: `setup` gets a free loopback port and a [`weir_command`] and
+    /// tells the broker to listen on `127.0.0.1:<port>` and to keep its store
+    /// in `data_dir` its own way (environment variables, `--config`). Tried
+    /// on up to four ports. The caller keeps `data_dir`. A later
+    /// [`Broker::restart`] passes the usual flags (same port and directory),
+    /// not `setup`'s environment.
+    pub fn start_custom(data_dir: &Path, setup: impl Fn(u16, &mut Command)) -> Broker {
+        let mut b = Self::new(data_dir.to_path_buf(), None, &[]);
+        let mut last_err = String::new();
+        for _attempt in 0..4 {
+            let port = free_port();
+            let mut cmd = weir_command();
+            setup(port, &mut cmd);
+            match b.spawn_command(cmd, port) {
+                Ok(()) => return b,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("weir did not start: {last_err}\n--- log ---\n{}", b.logs());
+    }
+
+    fn spawn_command(&mut self, mut cmd: Command, port: u16) -> Result<(), String> {
+        {
+            let mut t = self.logs.text.lock().unwrap();
+            t.push_str(&format!("=== starting weir (custom) for port {port} ===\n"));
+            self.run_start = t.len();
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("spawning weir: {e}"))?;
+        pump(child.stdout.take().unwrap(), self.logs.clone());
+        pump(child.stderr.take().unwrap(), self.logs.clone());
+        self.port = port;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut t = self.logs.text.lock().unwrap();
+        loop {
+            if t[self.run_start..].contains("AMQP listener ready") {
+                break;
+            }
+            drop(t);
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Err(format!("weir exited during startup with {status}"));
+            }
+            t = self.logs.text.lock().unwrap();
+            let now = Instant::now();
+            if now >= deadline {
+                drop(t);
+                self.kill9();
+                return Err("timed out waiting for `AMQP listener ready`".into());
+            }
+            t = self
+                .logs
+                .changed
+                .wait_timeout(t, Duration::from_millis(100).min(deadline - now))
+                .unwrap()
+                .0;
+        }
+        drop(t);
+        StdTcpStream::connect_timeout(&self.addr(), Duration::from_secs(5))
+            .map_err(|e| format!("ready logged but port {port} refuses: {e}"))?;
+        Ok(())
+    }
+}
