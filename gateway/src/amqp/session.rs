@@ -653,14 +653,13 @@ impl Session {
             }
             let message = match &d.entry.message {
                 Some(m) => m.clone(),
-                None => match self.read_back(&d.entry) {
+                None => match self.read_back(&d.partition, &d.entry) {
                     Some(m) => m,
                     None => {
                         // Unreadable (the store reported why): drop it rather
                         // than loop on it forever, and free its record.
                         d.consumer.release(d.entry.size);
-                        d.partition.settled(&d.entry, false);
-                        if let Some(l) = d.entry.location {
+                        if let Some(l) = d.partition.settled(&d.entry, false) {
                             self.settles.push((d.partition.id, d.entry.id, l));
                         }
                         continue;
@@ -668,6 +667,9 @@ impl Session {
                 },
             };
             let Some(c) = self.channels.get_mut(&d.consumer.channel) else {
+                // Checked usable above; never drop a delivery silently.
+                d.consumer.release(d.entry.size);
+                unsend.push((d.partition, d.entry));
                 continue;
             };
             c.delivery_tag += 1;
@@ -691,8 +693,7 @@ impl Session {
             );
             if d.consumer.no_ack {
                 d.consumer.release(d.entry.size);
-                d.partition.settled(&d.entry, true);
-                if let (true, Some(l)) = (d.partition.durable, d.entry.location) {
+                if let Some(l) = d.partition.settled(&d.entry, true) {
                     self.settles.push((d.partition.id, d.entry.id, l));
                 }
                 self.to_dispatch.push(d.partition.clone());
@@ -718,8 +719,9 @@ impl Session {
         }
     }
 
-    fn read_back(&self, e: &Entry) -> Option<Arc<Message>> {
-        let loc = e.location?;
+    fn read_back(&self, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
+        // Compaction may have moved the record since the entry was handed out.
+        let loc = p.leased_location(e)?;
         match self.store.read(loc) {
             Ok(m) => Some(Arc::new(Message {
                 id: m.id,
@@ -762,8 +764,7 @@ impl Session {
                 Settle::Requeue => l.partition.is_deleted(),
             };
             if drop_it {
-                l.partition.settled(&l.entry, matches!(how, Settle::Ack));
-                if let (true, Some(loc)) = (l.partition.durable, l.entry.location) {
+                if let Some(loc) = l.partition.settled(&l.entry, matches!(how, Settle::Ack)) {
                     self.settles.push((l.partition.id, l.entry.id, loc));
                 }
                 self.to_dispatch.push(l.partition);
@@ -1247,11 +1248,10 @@ impl Session {
                         let left = q.message_count();
                         let message = match &entry.message {
                             Some(m) => m.clone(),
-                            None => match self.read_back(&entry) {
+                            None => match self.read_back(&part, &entry) {
                                 Some(m) => m,
                                 None => {
-                                    part.settled(&entry, false);
-                                    if let Some(l) = entry.location {
+                                    if let Some(l) = part.settled(&entry, false) {
                                         self.settles.push((part.id, entry.id, l));
                                     }
                                     return Err(hard(

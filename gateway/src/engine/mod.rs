@@ -203,24 +203,21 @@ impl Engine {
                     }
                     for p in &q.partitions {
                         let mut err = None;
-                        p.for_each_in_segment(segment, |e| {
+                        p.for_each_in_segment(segment, |id, location| {
                             if err.is_some() {
                                 return;
                             }
-                            let Some(from) = e.location else { return };
+                            let from = *location;
                             locs.clear();
-                            match self.store.append(
-                                &[Op::Relocate {
-                                    partition: p.id,
-                                    id: e.id,
-                                    from,
-                                }],
-                                &mut locs,
-                                None,
-                            ) {
+                            let op = Op::Relocate {
+                                partition: p.id,
+                                id,
+                                from,
+                            };
+                            match self.store.append(&[op], &mut locs, None) {
                                 Ok(()) => {
                                     if let Some(l) = locs.first() {
-                                        e.location = Some(*l);
+                                        *location = *l;
                                         moved += 1;
                                     }
                                 }

@@ -14,10 +14,10 @@ use super::consumer::{Consumer, Delivery};
 use super::message::{now_ms, Entry};
 use parking_lot::Mutex;
 use serde_json::Value;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use weir_backend::PartitionId;
+use weir_backend::{Location, MessageId, PartitionId};
 
 /// Durable entries deeper than this in a partition keep only their location
 /// in memory; their bodies are read back from the store when delivered, so
@@ -66,6 +66,11 @@ struct PartitionState {
     next_consumer: usize,
     /// The queue was deleted.
     deleted: bool,
+    /// Current store location of every leased (delivered, unsettled) durable
+    /// entry. The channel holding the lease has a copy of the entry, but
+    /// compaction may move the record meanwhile: settles and requeues take
+    /// the location from here. Bounded by the consumers' credit.
+    leased: HashMap<MessageId, Location>,
 }
 
 /// Snapshot of a partition's depth.
@@ -168,6 +173,9 @@ impl Partition {
         {
             let mut st = self.state.lock();
             for mut e in entries {
+                if let Some(l) = st.leased.remove(&e.id) {
+                    e.location = Some(l);
+                }
                 if st.deleted {
                     self.counters.leased.fetch_sub(1, Ordering::Relaxed);
                     self.counters
@@ -201,7 +209,10 @@ impl Partition {
         let mut refused = Vec::new();
         {
             let mut st = self.state.lock();
-            for e in entries {
+            for mut e in entries {
+                if let Some(l) = st.leased.remove(&e.id) {
+                    e.location = Some(l);
+                }
                 if st.deleted {
                     self.counters.leased.fetch_sub(1, Ordering::Relaxed);
                     self.counters
@@ -226,8 +237,26 @@ impl Partition {
         refused
     }
 
+    /// Where a leased entry's record is now.
+    pub fn leased_location(&self, entry: &Entry) -> Option<Location> {
+        let l = entry.location?;
+        Some(
+            self.state
+                .lock()
+                .leased
+                .get(&entry.id)
+                .copied()
+                .unwrap_or(l),
+        )
+    }
+
     /// A leased entry was settled (acked, or rejected without requeue).
-    pub fn settled(&self, entry: &Entry, acked: bool) {
+    /// Returns where its record is now, for the store's settle.
+    #[must_use = "a settled durable entry must be settled in the store"]
+    pub fn settled(&self, entry: &Entry, acked: bool) -> Option<Location> {
+        let location = entry
+            .location
+            .map(|l| self.state.lock().leased.remove(&entry.id).unwrap_or(l));
         self.counters.leased.fetch_sub(1, Ordering::Relaxed);
         self.counters
             .leased_bytes
@@ -235,6 +264,7 @@ impl Partition {
         if acked {
             self.counters.acked.fetch_add(1, Ordering::Relaxed);
         }
+        location
     }
 
     /// Tries to deliver ready messages to consumers with credit.
@@ -280,6 +310,9 @@ impl Partition {
             let Some(mut entry) = st.ready.pop_front() else {
                 break;
             };
+            if let Some(l) = entry.location {
+                st.leased.insert(entry.id, l);
+            }
             st.ready_bytes -= entry.size as u64;
             entry.attempts = entry.attempts.saturating_add(1);
             self.counters.delivered.fetch_add(1, Ordering::Relaxed);
@@ -307,6 +340,9 @@ impl Partition {
         let mut st = self.state.lock();
         let mut e = st.ready.pop_front()?;
         st.ready_bytes -= e.size as u64;
+        if let Some(l) = e.location {
+            st.leased.insert(e.id, l);
+        }
         e.attempts = e.attempts.saturating_add(1);
         self.counters.delivered.fetch_add(1, Ordering::Relaxed);
         self.counters.leased.fetch_add(1, Ordering::Relaxed);
@@ -374,11 +410,18 @@ impl Partition {
     }
 
     /// Calls `f` on every ready entry stored in `segment` (compaction).
-    pub fn for_each_in_segment(&self, segment: u32, mut f: impl FnMut(&mut Entry)) {
+    /// Ready and leased entries alike, so a long-held lease does not pin its
+    /// segment (and, reclamation being oldest-first, every later one).
+    pub fn for_each_in_segment(&self, segment: u32, mut f: impl FnMut(MessageId, &mut Location)) {
         let mut st = self.state.lock();
         for e in st.ready.iter_mut() {
-            if e.location.is_some_and(|l| l.segment == segment) {
-                f(e);
+            if let Some(l) = e.location.as_mut().filter(|l| l.segment == segment) {
+                f(e.id, l);
+            }
+        }
+        for (id, l) in st.leased.iter_mut() {
+            if l.segment == segment {
+                f(*id, l);
             }
         }
     }
@@ -562,6 +605,46 @@ mod tests {
         assert_eq!(again[0].entry.id, 1);
         assert!(again[0].entry.redelivered);
         assert_eq!(again[0].entry.attempts, 2);
+    }
+
+    #[test]
+    fn compaction_reaches_leased_entries_and_settles_use_the_new_location() {
+        let p = Partition::new(PartitionId(1), true);
+        let at = |segment| weir_backend::Location {
+            segment,
+            offset: 0,
+            len: 1,
+        };
+        for id in 1..=2 {
+            let mut e = entry(id);
+            e.location = Some(at(1));
+            assert!(p.enqueue(e).is_none());
+        }
+        let conn = ConnHandle::new(1);
+        let c = consumer(&conn, 1);
+        assert!(p.add_consumer(c.clone()));
+        let leased = drained(&conn).into_iter().next().expect("one delivery");
+        assert_eq!(leased.entry.id, 1);
+        // Compaction moves both records out of segment 1: the ready one and
+        // the leased one (whose entry the channel holds a stale copy of).
+        let mut seen = Vec::new();
+        p.for_each_in_segment(1, |id, l| {
+            seen.push(id);
+            *l = at(9);
+        });
+        seen.sort();
+        assert_eq!(seen, vec![1, 2]);
+        assert_eq!(
+            leased.entry.location,
+            Some(at(1)),
+            "the lease's copy is stale"
+        );
+        assert_eq!(p.leased_location(&leased.entry), Some(at(9)));
+        assert_eq!(p.settled(&leased.entry, true), Some(at(9)));
+        c.release(leased.entry.size);
+        p.dispatch();
+        let next = drained(&conn).into_iter().next().expect("second delivery");
+        assert_eq!(next.entry.location, Some(at(9)));
     }
 
     #[test]
