@@ -754,6 +754,9 @@ impl Session {
     }
 
     fn settle_leases(&mut self, leases: Vec<Lease>, how: Settle) {
+        // Grouped by partition so each takes its lock once per batch (a
+        // `multiple` ack usually settles many leases of one queue).
+        let mut drop: Vec<(Arc<Partition>, Vec<Entry>)> = Vec::new();
         let mut requeue: Vec<(Arc<Partition>, Vec<Entry>)> = Vec::new();
         for l in leases {
             if let Some(c) = &l.consumer {
@@ -763,20 +766,20 @@ impl Session {
                 Settle::Ack | Settle::Drop => true,
                 Settle::Requeue => l.partition.is_deleted(),
             };
-            if drop_it {
-                if let Some(loc) = l.partition.settled(&l.entry, matches!(how, Settle::Ack)) {
-                    self.settles.push((l.partition.id, l.entry.id, loc));
-                }
-                self.to_dispatch.push(l.partition);
-            } else {
-                match requeue
-                    .iter_mut()
-                    .find(|(p, _)| Arc::ptr_eq(p, &l.partition))
-                {
-                    Some((_, v)) => v.push(l.entry),
-                    None => requeue.push((l.partition, vec![l.entry])),
-                }
+            let groups = if drop_it { &mut drop } else { &mut requeue };
+            match groups
+                .iter_mut()
+                .find(|(p, _)| Arc::ptr_eq(p, &l.partition))
+            {
+                Some((_, v)) => v.push(l.entry),
+                None => groups.push((l.partition, vec![l.entry])),
             }
+        }
+        let acked = matches!(how, Settle::Ack);
+        for (p, entries) in drop {
+            let settles = &mut self.settles;
+            p.settled_many(&entries, acked, |id, loc| settles.push((p.id, id, loc)));
+            self.to_dispatch.push(p);
         }
         for (p, entries) in requeue {
             let refused = p.requeue(entries);

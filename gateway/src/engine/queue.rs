@@ -267,6 +267,34 @@ impl Partition {
         location
     }
 
+    /// [`Self::settled`] for many entries, taking the lock once; `stored`
+    /// receives the current location of each durable one.
+    pub fn settled_many(
+        &self,
+        entries: &[Entry],
+        acked: bool,
+        mut stored: impl FnMut(MessageId, Location),
+    ) {
+        let bytes: u64 = entries.iter().map(|e| e.size as u64).sum();
+        let n = entries.len() as u64;
+        self.counters.leased.fetch_sub(n, Ordering::Relaxed);
+        self.counters
+            .leased_bytes
+            .fetch_sub(bytes, Ordering::Relaxed);
+        if acked {
+            self.counters.acked.fetch_add(n, Ordering::Relaxed);
+        }
+        if entries.iter().all(|e| e.location.is_none()) {
+            return;
+        }
+        let mut st = self.state.lock();
+        for e in entries {
+            if let Some(l) = e.location {
+                stored(e.id, st.leased.remove(&e.id).unwrap_or(l));
+            }
+        }
+    }
+
     /// Tries to deliver ready messages to consumers with credit.
     pub fn dispatch(self: &Arc<Self>) {
         if self.ready_len() == 0 {
