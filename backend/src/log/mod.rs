@@ -41,6 +41,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// Pending (unwritten) bytes that wake the writer even with no waiter.
+const WAKE_PENDING_BYTES: usize = 1 << 20;
+
 /// How many sealed segments [`Store::compaction_candidates`] names at most.
 const MAX_COMPACTION_CANDIDATES: usize = 4;
 /// How many of the oldest sealed segments it looks at.
@@ -493,7 +496,7 @@ impl Store for LogStore {
         if st.closing || st.failed {
             return Err(StoreError::Closed);
         }
-        let was_idle = st.pending.is_empty() && st.waiters.is_empty();
+        let had_waiters = !st.waiters.is_empty();
         let mut src = source_data.iter();
         for op in ops {
             match op {
@@ -559,17 +562,21 @@ impl Store for LogStore {
                 }
             }
         }
+        let waited = waiter.is_some();
         if let Some(w) = waiter {
             st.waiters.push(w);
         }
-        let wake = was_idle && !(st.pending.is_empty() && st.waiters.is_empty());
+        // Appends nobody waits on (acks, unconfirmed publishes) do not wake
+        // the writer: they ride with the next waited round, or the writer's
+        // idle timer writes them. A waiter wakes it once per round; a large
+        // backlog wakes it too, so pending memory stays bounded.
+        let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
+        let wake = (waited && !had_waiters) || pending_bytes >= WAKE_PENDING_BYTES;
         drop(st);
         self.shared
             .stats
             .appended_bytes
             .fetch_add(total as u64, Ordering::Relaxed);
-        // The writer only sleeps when there is nothing pending, so it needs a
-        // wake-up only on the empty → non-empty transition.
         if wake {
             self.shared.wake.notify_one();
         }

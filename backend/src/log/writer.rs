@@ -144,30 +144,26 @@ fn call_waiter(w: Waiter, result: Result<(), StoreError>) {
 /// Waits for work and takes it. `None` when the store is closing and drained.
 fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
     let mut st = shared.state.lock();
+    let mut idle_timeout = false;
     loop {
-        if !st.pending.is_empty() || !st.waiters.is_empty() || st.reclaim_hint {
+        let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
+        if !st.waiters.is_empty() || st.reclaim_hint || pending_bytes >= super::WAKE_PENDING_BYTES {
             break;
         }
         if st.closing {
-            return None;
-        }
-        if dirty {
-            if shared.wake.wait_for(&mut st, IDLE_SYNC).timed_out()
-                && st.pending.is_empty()
-                && st.waiters.is_empty()
-                && !st.reclaim_hint
-            {
-                // Quiet for a while with unsynced data: sync it now.
-                return Some(Round {
-                    chunks: Arc::new(Vec::new()),
-                    waiters: Vec::new(),
-                    reclaim: None,
-                    sync: true,
-                });
+            if st.pending.is_empty() {
+                return None;
             }
-        } else {
-            shared.wake.wait(&mut st);
+            break;
         }
+        if idle_timeout && (dirty || !st.pending.is_empty()) {
+            // Quiet for a while with unwritten or unsynced data that nobody
+            // waits on: write and sync it now.
+            break;
+        }
+        // Appends without a waiter do not wake us (see `LogStore::append`),
+        // so even an idle writer looks again every IDLE_SYNC.
+        idle_timeout = shared.wake.wait_for(&mut st, IDLE_SYNC).timed_out();
     }
     st.reclaim_hint = false;
     let chunks = Arc::new(std::mem::take(&mut st.pending));
@@ -205,7 +201,7 @@ fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
             checkpoint,
         }
     });
-    let sync = !waiters.is_empty() || reclaim.is_some();
+    let sync = !waiters.is_empty() || reclaim.is_some() || idle_timeout;
     Some(Round {
         chunks,
         waiters,
