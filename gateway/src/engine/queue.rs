@@ -168,43 +168,24 @@ impl Partition {
     /// Puts leased entries back at their original positions, marked redelivered.
     #[must_use = "entries refused by a deleted partition must be settled"]
     pub fn requeue(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) -> Vec<Entry> {
-        let mut woken = Vec::new();
-        let mut refused = Vec::new();
-        {
-            let mut st = self.state.lock();
-            for mut e in entries {
-                if let Some(l) = st.leased.remove(&e.id) {
-                    e.location = Some(l);
-                }
-                if st.deleted {
-                    self.counters.leased.fetch_sub(1, Ordering::Relaxed);
-                    self.counters
-                        .leased_bytes
-                        .fetch_sub(e.size as u64, Ordering::Relaxed);
-                    refused.push(e);
-                    continue;
-                }
-                e.redelivered = true;
-                st.ready_bytes += e.size as u64;
-                self.counters.leased.fetch_sub(1, Ordering::Relaxed);
-                self.counters
-                    .leased_bytes
-                    .fetch_sub(e.size as u64, Ordering::Relaxed);
-                insert_by_seq(&mut st.ready, e);
-            }
-            self.dispatch_locked(&mut st, &mut woken);
-            self.ready_len
-                .store(st.ready.len() as u64, Ordering::Relaxed);
-        }
-        wake_all(woken);
-        refused
+        self.put_back(entries, true)
     }
 
     /// Puts back entries that were queued for a consumer but never written
     /// (the consumer went away first). They were not delivered, so they keep
-    /// their redelivered flag.
+    /// their redelivered flag and attempt count.
     #[must_use = "entries refused by a deleted partition must be settled"]
     pub fn unsend(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) -> Vec<Entry> {
+        self.put_back(entries, false)
+    }
+
+    /// Returns leased entries to the ready list (by `seq`, their original
+    /// place) and offers them to consumers; a deleted partition refuses them.
+    fn put_back(
+        self: &Arc<Self>,
+        entries: impl IntoIterator<Item = Entry>,
+        delivered: bool,
+    ) -> Vec<Entry> {
         let mut woken = Vec::new();
         let mut refused = Vec::new();
         {
@@ -213,20 +194,21 @@ impl Partition {
                 if let Some(l) = st.leased.remove(&e.id) {
                     e.location = Some(l);
                 }
-                if st.deleted {
-                    self.counters.leased.fetch_sub(1, Ordering::Relaxed);
-                    self.counters
-                        .leased_bytes
-                        .fetch_sub(e.size as u64, Ordering::Relaxed);
-                    refused.push(e);
-                    continue;
-                }
-                st.ready_bytes += e.size as u64;
                 self.counters.leased.fetch_sub(1, Ordering::Relaxed);
                 self.counters
                     .leased_bytes
                     .fetch_sub(e.size as u64, Ordering::Relaxed);
-                self.counters.delivered.fetch_sub(1, Ordering::Relaxed);
+                if st.deleted {
+                    refused.push(e);
+                    continue;
+                }
+                if delivered {
+                    e.redelivered = true;
+                } else {
+                    self.counters.delivered.fetch_sub(1, Ordering::Relaxed);
+                    e.attempts = e.attempts.saturating_sub(1);
+                }
+                st.ready_bytes += e.size as u64;
                 insert_by_seq(&mut st.ready, e);
             }
             self.dispatch_locked(&mut st, &mut woken);
