@@ -63,7 +63,10 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 .sync_all()
                 .map_err(|e| StoreError::io(format!("fsync segment {}", c.id), e))
         }) {
-            tracing::warn!(error = %e, segment = c.id, "sealing the head segment at close");
+            // Unwaited writes of the last 100 ms depend on this sync: make
+            // close() report it rather than claim a clean flush.
+            tracing::error!(error = %e, segment = c.id, "sealing the head segment at close");
+            shared.state.lock().failed = true;
         }
     }
 }

@@ -492,7 +492,10 @@ impl Session {
                 routing_key,
                 header: &message.properties,
                 body: &message.body,
-                attrs: Default::default(),
+                attrs: weir_backend::MessageAttrs {
+                    priority: message.priority,
+                    expires_at_ms: 0,
+                },
             };
             let res = self.store.append(
                 &[Op::Publish {
@@ -720,9 +723,24 @@ impl Session {
     }
 
     fn read_back(&self, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
-        // Compaction may have moved the record since the entry was handed out.
-        let loc = p.leased_location(e)?;
-        match self.store.read(loc) {
+        // Compaction may have moved the record since the entry was handed
+        // out, and may move it again (and reclaim the old segment) between
+        // the lookup and the read: retry while the location keeps changing.
+        let mut loc = p.leased_location(e)?;
+        let mut read = self.store.read(loc);
+        for _ in 0..3 {
+            if read.is_ok() {
+                break;
+            }
+            match p.leased_location(e) {
+                Some(now) if now != loc => {
+                    loc = now;
+                    read = self.store.read(loc);
+                }
+                _ => break,
+            }
+        }
+        match read {
             Ok(m) => Some(Arc::new(Message {
                 id: m.id,
                 exchange: Bytes::from(m.exchange.into_bytes()),

@@ -40,6 +40,9 @@ pub struct Engine {
     tenants: RwLock<HashMap<String, Arc<Tenant>>>,
     next_partition: AtomicU64,
     next_connection: AtomicU64,
+    /// Partitions of deleted queues whose leases are still out: compaction
+    /// keeps moving those records so they do not pin the log.
+    retired: parking_lot::Mutex<Vec<std::sync::Weak<queue::Partition>>>,
 }
 
 impl Engine {
@@ -53,6 +56,7 @@ impl Engine {
             tenants: RwLock::new(HashMap::new()),
             next_partition: AtomicU64::new(1),
             next_connection: AtomicU64::new(1),
+            retired: parking_lot::Mutex::new(Vec::new()),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
 
@@ -185,6 +189,18 @@ impl Engine {
         Ok(rx)
     }
 
+    /// Remembers the partitions of a deleted queue until their leases end.
+    pub(crate) fn retire(&self, partitions: &[Arc<queue::Partition>]) {
+        let mut r = self.retired.lock();
+        r.retain(|w| w.upgrade().is_some_and(|p| p.has_leases()));
+        r.extend(
+            partitions
+                .iter()
+                .filter(|p| p.has_leases())
+                .map(Arc::downgrade),
+        );
+    }
+
     /// Relocates the survivors of sparse old segments so the store can
     /// reclaim them. Returns how many entries moved.
     pub fn compact(&self) -> Result<usize> {
@@ -192,42 +208,45 @@ impl Engine {
         if candidates.is_empty() {
             return Ok(0);
         }
-        let tenants: Vec<_> = self.tenants.read().values().cloned().collect();
+        let mut partitions: Vec<Arc<queue::Partition>> = Vec::new();
+        for t in self.tenants.read().values() {
+            for q in t.queues() {
+                partitions.extend(q.partitions.iter().filter(|p| p.durable).cloned());
+            }
+        }
+        {
+            let mut retired = self.retired.lock();
+            retired.retain(|w| w.upgrade().is_some_and(|p| p.has_leases()));
+            partitions.extend(retired.iter().filter_map(|w| w.upgrade()));
+        }
         let mut moved = 0;
         let mut locs = Vec::with_capacity(1);
         for segment in candidates {
-            for t in &tenants {
-                for q in t.queues() {
-                    if !q.def.durable {
-                        continue;
+            for p in &partitions {
+                let mut err = None;
+                p.for_each_in_segment(segment, |id, location| {
+                    if err.is_some() {
+                        return;
                     }
-                    for p in &q.partitions {
-                        let mut err = None;
-                        p.for_each_in_segment(segment, |id, location| {
-                            if err.is_some() {
-                                return;
+                    let from = *location;
+                    locs.clear();
+                    let op = Op::Relocate {
+                        partition: p.id,
+                        id,
+                        from,
+                    };
+                    match self.store.append(&[op], &mut locs, None) {
+                        Ok(()) => {
+                            if let Some(l) = locs.first() {
+                                *location = *l;
+                                moved += 1;
                             }
-                            let from = *location;
-                            locs.clear();
-                            let op = Op::Relocate {
-                                partition: p.id,
-                                id,
-                                from,
-                            };
-                            match self.store.append(&[op], &mut locs, None) {
-                                Ok(()) => {
-                                    if let Some(l) = locs.first() {
-                                        *location = *l;
-                                        moved += 1;
-                                    }
-                                }
-                                Err(x) => err = Some(x),
-                            }
-                        });
-                        if let Some(e) = err {
-                            return Err(e.into());
                         }
+                        Err(x) => err = Some(x),
                     }
+                });
+                if let Some(e) = err {
+                    return Err(e.into());
                 }
             }
         }

@@ -219,6 +219,11 @@ impl Partition {
         refused
     }
 
+    /// Whether any durable entry of this partition is leased.
+    pub fn has_leases(&self) -> bool {
+        !self.state.lock().leased.is_empty()
+    }
+
     /// Where a leased entry's record is now.
     pub fn leased_location(&self, entry: &Entry) -> Option<Location> {
         let l = entry.location?;

@@ -524,6 +524,7 @@ impl Tenant {
                     .filter_map(|e| e.location.map(|l| (p.id, e.id, l))),
             );
         }
+        engine.retire(&q.partitions);
         let mut ops: Vec<Op> = settled
             .iter()
             .map(|(p, id, l)| Op::Settle {
