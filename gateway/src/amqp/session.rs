@@ -183,7 +183,8 @@ impl Session {
         let mut last_read = Instant::now();
         let mut last_write = Instant::now();
         let mut closing_since: Option<Instant> = None;
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut tick_period = Duration::from_secs(1);
+        let mut tick = tokio::time::interval(tick_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut eof = false;
         let started = Instant::now();
@@ -212,6 +213,19 @@ impl Session {
             }
             if eof {
                 return Ok(());
+            }
+            // Heartbeats go out after hb/2 of silence and the peer is dropped
+            // after 2·hb: tick often enough to send one well before that.
+            let hb = u64::from(self.conn.heartbeat());
+            let period = if hb > 0 && self.conn.is_open() {
+                Duration::from_millis((hb * 250).clamp(250, 1000))
+            } else {
+                Duration::from_secs(1)
+            };
+            if period != tick_period {
+                tick_period = period;
+                tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             }
             // 4. Wait for something to do.
             let want_read = self.conn.out().len() < OUT_HIGH_WATER && !self.conn.is_finished();
@@ -252,7 +266,7 @@ impl Session {
                             tracing::info!(peer = %self.peer, "missed heartbeats from client, closing");
                             return Ok(());
                         }
-                        if last_write.elapsed() >= Duration::from_secs(hb / 2).max(Duration::from_secs(1)) {
+                        if last_write.elapsed() >= Duration::from_millis(hb * 500) {
                             self.conn.send_heartbeat();
                         }
                     }
