@@ -157,67 +157,13 @@ impl Broker {
     }
 
     fn spawn_once(&mut self, port: u16) -> Result<(), String> {
-        let addr = format!("127.0.0.1:{port}");
-        {
-            let mut t = self.logs.text.lock().unwrap();
-            t.push_str(&format!("=== starting weir on {addr} ===\n"));
-            self.run_start = t.len();
-        }
-        let mut cmd = Command::new(weir_bin());
+        let mut cmd = weir_command();
         cmd.arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--amqp-listen")
-            .arg(&addr)
-            .args(&self.extra_args)
-            .env("NO_COLOR", "1")
-            .env_remove("WEIR_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if std::env::var_os("WEIR_LOG").is_none() {
-            cmd.env("WEIR_LOG", "info");
-        }
-        let mut child = cmd.spawn().map_err(|e| format!("spawning weir: {e}"))?;
-        let out = child.stdout.take().unwrap();
-        let err = child.stderr.take().unwrap();
-        pump(out, self.logs.clone());
-        pump(err, self.logs.clone());
-        self.port = port;
-        self.child = Some(child);
-
-        // Wait for the ready line (or for the process to die), bounded.
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut t = self.logs.text.lock().unwrap();
-        loop {
-            if t[self.run_start..].contains("AMQP listener ready") {
-                break;
-            }
-            drop(t);
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                return Err(format!("weir exited during startup with {status}"));
-            }
-            t = self.logs.text.lock().unwrap();
-            let now = Instant::now();
-            if now >= deadline {
-                drop(t);
-                self.kill9();
-                return Err("timed out waiting for `AMQP listener ready`".into());
-            }
-            // Woken by every new log line; the timeout only bounds how late we
-            // notice a silent exit.
-            t = self
-                .logs
-                .changed
-                .wait_timeout(t, Duration::from_millis(100).min(deadline - now))
-                .unwrap()
-                .0;
-        }
-        drop(t);
-        // The port must accept now.
-        StdTcpStream::connect_timeout(&self.addr(), Duration::from_secs(5))
-            .map_err(|e| format!("ready logged but {addr} refuses: {e}"))?;
-        Ok(())
+            .arg(format!("127.0.0.1:{port}"))
+            .args(&self.extra_args);
+        self.spawn_command(cmd, port)
     }
 
     pub fn port(&self) -> u16 {
@@ -883,6 +829,7 @@ pub const WEIR_SETTING_VARS: &[&str] = &[
     "WEIR_FRAME_MAX",
     "WEIR_DEFAULT_PASS",
     "WEIR_GUEST_REMOTE",
+    "WEIR_CONSUMER_TIMEOUT",
 ];
 
 /// A `weir` command with no arguments, inherited settings cleared (see
@@ -969,7 +916,7 @@ impl Broker {
     fn spawn_command(&mut self, mut cmd: Command, port: u16) -> Result<(), String> {
         {
             let mut t = self.logs.text.lock().unwrap();
-            t.push_str(&format!("=== starting weir (custom) for port {port} ===\n"));
+            t.push_str(&format!("=== starting weir on 127.0.0.1:{port} ===\n"));
             self.run_start = t.len();
         }
         let mut child = cmd.spawn().map_err(|e| format!("spawning weir: {e}"))?;
@@ -995,6 +942,8 @@ impl Broker {
                 self.kill9();
                 return Err("timed out waiting for `AMQP listener ready`".into());
             }
+            // Woken by every new log line; the timeout only bounds how late we
+            // notice a silent exit.
             t = self
                 .logs
                 .changed

@@ -131,6 +131,8 @@ pub async fn serve(
         channels: HashMap::new(),
         confirm_tx,
         route_buf: Vec::new(),
+        publish_targets: Vec::new(),
+        publish_durable: Vec::new(),
         settles: Vec::new(),
         to_dispatch: Vec::new(),
         deliveries: Vec::new(),
@@ -159,6 +161,10 @@ struct Session {
     channels: HashMap<u16, Channel>,
     confirm_tx: mpsc::UnboundedSender<StoreConfirm>,
     route_buf: Vec<Arc<Queue>>,
+    /// Per publish: each destination's partition and whether it is stored.
+    publish_targets: Vec<(Arc<Partition>, bool)>,
+    /// Per publish: the stored partitions.
+    publish_durable: Vec<PartitionId>,
     /// Settles gathered in this batch, appended to the store once.
     settles: Vec<(PartitionId, MessageId, Location)>,
     /// Partitions whose consumers got credit back in this batch.
@@ -488,15 +494,18 @@ impl Session {
         });
         let size = message.size();
         // Pick each queue's partition, and store once for all durable ones.
-        let mut targets: Vec<(&Arc<Partition>, bool)> = Vec::with_capacity(queues.len());
-        let mut durable_parts: Vec<PartitionId> = Vec::new();
+        // (Buffers reused across publishes: nothing allocated per message.)
+        let mut targets = std::mem::take(&mut self.publish_targets);
+        let mut durable_parts = std::mem::take(&mut self.publish_durable);
+        targets.clear();
+        durable_parts.clear();
         for q in &queues {
             let part = q.partition_for_publish();
             let stored = message.persistent && part.durable;
             if stored {
                 durable_parts.push(part.id);
             }
-            targets.push((part, stored));
+            targets.push((part.clone(), stored));
         }
         let mut location = None;
         if !durable_parts.is_empty() {
@@ -531,8 +540,9 @@ impl Session {
             );
             c.batch_needs_store = true;
         }
+        self.publish_durable = durable_parts;
         let now = now_ms();
-        for (part, stored) in targets {
+        for (part, stored) in targets.drain(..) {
             let refused = part.enqueue(Entry {
                 seq: 0,
                 id,
@@ -551,6 +561,7 @@ impl Session {
                 self.settles.push((part.id, id, l));
             }
         }
+        self.publish_targets = targets;
         self.route_buf = queues;
         Ok(())
     }
@@ -657,9 +668,10 @@ impl Session {
         let frame_max = self.conn.frame_max();
         // One clock read per batch, not per delivery.
         let batch_time = Instant::now();
-        let deliveries = std::mem::take(&mut self.deliveries);
+        // Taken for the loop and put back after, keeping its capacity.
+        let mut deliveries = std::mem::take(&mut self.deliveries);
         let mut unsend: Vec<(Arc<Partition>, Entry)> = Vec::new();
-        for d in deliveries {
+        for d in deliveries.drain(..) {
             let usable = self.conn.channel_is_usable(d.consumer.channel)
                 && !d.consumer.cancelled.load(Ordering::Acquire)
                 && self.channels.contains_key(&d.consumer.channel);
@@ -726,6 +738,7 @@ impl Session {
                 );
             }
         }
+        self.deliveries = deliveries;
         for (p, e) in unsend {
             let refused = p.unsend(std::iter::once(e));
             self.settle_refused(&p, refused);
@@ -924,31 +937,25 @@ impl Session {
                         arguments: table_to_json(&d.arguments),
                     };
                     let wait = tenant.declare_exchange(def, d.passive)?;
-                    if !d.nowait {
-                        // With nowait the client asked for no answer; the change is
-                        // durable with the next fsync, without blocking this connection.
-                        durable(wait).await?;
-                        self.conn.send_method(
-                            ch,
-                            AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(
-                                exchange::DeclareOk {},
-                            )),
-                        );
-                    }
+                    self.reply_when_durable(
+                        ch,
+                        d.nowait,
+                        wait,
+                        AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(
+                            exchange::DeclareOk {},
+                        )),
+                    )
+                    .await?;
                 }
                 exchange::AMQPMethod::Delete(d) => {
                     let wait = tenant.delete_exchange(d.exchange.as_str(), d.if_unused)?;
-                    if !d.nowait {
-                        // With nowait the client asked for no answer; the change is
-                        // durable with the next fsync, without blocking this connection.
-                        durable(wait).await?;
-                        self.conn.send_method(
-                            ch,
-                            AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(
-                                exchange::DeleteOk {},
-                            )),
-                        );
-                    }
+                    self.reply_when_durable(
+                        ch,
+                        d.nowait,
+                        wait,
+                        AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
+                    )
+                    .await?;
                 }
                 exchange::AMQPMethod::Bind(b) => {
                     let wait = tenant.bind(
@@ -959,15 +966,13 @@ impl Session {
                         table_to_json(&b.arguments),
                         conn_id,
                     )?;
-                    if !b.nowait {
-                        // With nowait the client asked for no answer; the change is
-                        // durable with the next fsync, without blocking this connection.
-                        durable(wait).await?;
-                        self.conn.send_method(
-                            ch,
-                            AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
-                        );
-                    }
+                    self.reply_when_durable(
+                        ch,
+                        b.nowait,
+                        wait,
+                        AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
+                    )
+                    .await?;
                 }
                 exchange::AMQPMethod::Unbind(b) => {
                     let wait = tenant.unbind(
@@ -978,17 +983,13 @@ impl Session {
                         table_to_json(&b.arguments),
                         conn_id,
                     )?;
-                    if !b.nowait {
-                        // With nowait the client asked for no answer; the change is
-                        // durable with the next fsync, without blocking this connection.
-                        durable(wait).await?;
-                        self.conn.send_method(
-                            ch,
-                            AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(
-                                exchange::UnbindOk {},
-                            )),
-                        );
-                    }
+                    self.reply_when_durable(
+                        ch,
+                        b.nowait,
+                        wait,
+                        AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
+                    )
+                    .await?;
                 }
                 other => {
                     return Err(hard(
@@ -1017,19 +1018,17 @@ impl Session {
                     if let Some(c) = self.channels.get_mut(&ch) {
                         c.last_queue = Some(ok.name.clone());
                     }
-                    if !d.nowait {
-                        // With nowait the client asked for no answer; the change is
-                        // durable with the next fsync, without blocking this connection.
-                        durable(wait).await?;
-                        self.conn.send_method(
-                            ch,
-                            AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
-                                queue: ok.name.as_str().into(),
-                                message_count: ok.messages.min(u32::MAX as u64) as u32,
-                                consumer_count: ok.consumers,
-                            })),
-                        );
-                    }
+                    self.reply_when_durable(
+                        ch,
+                        d.nowait,
+                        wait,
+                        AMQPClass::Queue(queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                            queue: ok.name.as_str().into(),
+                            message_count: ok.messages.min(u32::MAX as u64) as u32,
+                            consumer_count: ok.consumers,
+                        })),
+                    )
+                    .await?;
                 }
                 queue::AMQPMethod::Bind(b) => {
                     let wait = tenant.bind(
@@ -1040,15 +1039,13 @@ impl Session {
                         table_to_json(&b.arguments),
                         conn_id,
                     )?;
-                    if !b.nowait {
-                        // With nowait the client asked for no answer; the change is
-                        // durable with the next fsync, without blocking this connection.
-                        durable(wait).await?;
-                        self.conn.send_method(
-                            ch,
-                            AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
-                        );
-                    }
+                    self.reply_when_durable(
+                        ch,
+                        b.nowait,
+                        wait,
+                        AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {})),
+                    )
+                    .await?;
                 }
                 queue::AMQPMethod::Unbind(b) => {
                     let wait = tenant.unbind(
@@ -1059,11 +1056,14 @@ impl Session {
                         table_to_json(&b.arguments),
                         conn_id,
                     )?;
-                    durable(wait).await?;
-                    self.conn.send_method(
+                    // queue.unbind has no nowait: always answered.
+                    self.reply_when_durable(
                         ch,
+                        false,
+                        wait,
                         AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {})),
-                    );
+                    )
+                    .await?;
                 }
                 queue::AMQPMethod::Purge(p) => {
                     let n = tenant.purge_queue(&self.queue_name(ch, p.queue.as_str())?, conn_id)?;
@@ -1083,17 +1083,15 @@ impl Session {
                         d.if_empty,
                         conn_id,
                     )?;
-                    if !d.nowait {
-                        // With nowait the client asked for no answer; the change is
-                        // durable with the next fsync, without blocking this connection.
-                        durable(wait).await?;
-                        self.conn.send_method(
-                            ch,
-                            AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
-                                message_count: n.min(u32::MAX as u64) as u32,
-                            })),
-                        );
-                    }
+                    self.reply_when_durable(
+                        ch,
+                        d.nowait,
+                        wait,
+                        AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+                            message_count: n.min(u32::MAX as u64) as u32,
+                        })),
+                    )
+                    .await?;
                 }
                 other => {
                     return Err(hard(
@@ -1385,6 +1383,24 @@ impl Session {
                 ))
             }
         }
+        Ok(())
+    }
+
+    /// Answers a definition change once it is durable. With `nowait` the
+    /// client asked for no answer: the change becomes durable with the next
+    /// fsync without blocking this connection.
+    async fn reply_when_durable(
+        &mut self,
+        ch: u16,
+        nowait: bool,
+        wait: Option<DurableWait>,
+        reply: AMQPClass,
+    ) -> Result<(), Failure> {
+        if nowait {
+            return Ok(());
+        }
+        durable(wait).await?;
+        self.conn.send_method(ch, reply);
         Ok(())
     }
 

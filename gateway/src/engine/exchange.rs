@@ -220,7 +220,6 @@ impl Exchange {
         if seen.contains(&Arc::as_ptr(self)) {
             return;
         }
-        seen.push(Arc::as_ptr(self));
         let mut next: Vec<Arc<Exchange>> = Vec::new();
         {
             let b = self.bindings.read();
@@ -258,6 +257,12 @@ impl Exchange {
                 }
             }
         }
+        if next.is_empty() {
+            // The common case: no exchange-to-exchange hop, nothing to track
+            // (and nothing allocated per message).
+            return;
+        }
+        seen.push(Arc::as_ptr(self));
         for x in next {
             x.route(routing_key, headers, out, seen);
         }

@@ -9,6 +9,7 @@ use super::{DurableWait, Engine, EngineError, Result};
 use parking_lot::RwLock;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::fmt::Display;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use weir_backend::Op;
@@ -84,8 +85,8 @@ fn inequivalent(
     what: &str,
     name: &str,
     tenant: &str,
-    received: impl std::fmt::Display,
-    current: impl std::fmt::Display,
+    received: impl Display,
+    current: impl Display,
 ) -> EngineError {
     EngineError::PreconditionFailed(format!(
         "inequivalent arg '{arg}' for {what} '{name}' in vhost '{tenant}': received '{received}' but current is '{current}'"
@@ -203,47 +204,35 @@ impl Tenant {
                 return self.barrier(x.def.durable);
             }
             let cur = &x.def;
-            let what = "exchange";
-            if cur.kind != def.kind {
-                return Err(inequivalent(
-                    "type",
-                    what,
-                    &def.name,
-                    &self.name,
-                    def.kind.as_str(),
-                    cur.kind.as_str(),
-                ));
-            }
-            if cur.durable != def.durable {
-                return Err(inequivalent(
-                    "durable",
-                    what,
-                    &def.name,
-                    &self.name,
-                    def.durable,
-                    cur.durable,
-                ));
-            }
-            if cur.auto_delete != def.auto_delete {
-                return Err(inequivalent(
-                    "auto_delete",
-                    what,
-                    &def.name,
-                    &self.name,
-                    def.auto_delete,
-                    cur.auto_delete,
-                ));
-            }
-            if cur.internal != def.internal {
-                return Err(inequivalent(
-                    "internal",
-                    what,
-                    &def.name,
-                    &self.name,
-                    def.internal,
-                    cur.internal,
-                ));
-            }
+            let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
+                ok.then_some(()).ok_or_else(|| {
+                    inequivalent(arg, "exchange", &def.name, &self.name, recv, current)
+                })
+            };
+            same(
+                "type",
+                cur.kind == def.kind,
+                &def.kind.as_str(),
+                &cur.kind.as_str(),
+            )?;
+            same(
+                "durable",
+                cur.durable == def.durable,
+                &def.durable,
+                &cur.durable,
+            )?;
+            same(
+                "auto_delete",
+                cur.auto_delete == def.auto_delete,
+                &def.auto_delete,
+                &cur.auto_delete,
+            )?;
+            same(
+                "internal",
+                cur.internal == def.internal,
+                &def.internal,
+                &cur.internal,
+            )?;
             return self.barrier(x.def.durable);
         }
         if passive {
@@ -350,17 +339,16 @@ impl Tenant {
         if let Some(q) = existing {
             check_exclusive(&q, req.connection, &self.name)?;
             if !req.passive {
-                let what = "queue";
-                if q.def.durable != req.durable {
-                    return Err(inequivalent(
-                        "durable",
-                        what,
-                        &name,
-                        &self.name,
-                        req.durable,
-                        q.def.durable,
-                    ));
-                }
+                let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
+                    ok.then_some(())
+                        .ok_or_else(|| inequivalent(arg, "queue", &name, &self.name, recv, current))
+                };
+                same(
+                    "durable",
+                    q.def.durable == req.durable,
+                    &req.durable,
+                    &q.def.durable,
+                )?;
                 if q.exclusive_owner.is_some() != req.exclusive {
                     // RabbitMQ answers an exclusivity mismatch as a lock conflict.
                     return Err(EngineError::ResourceLocked(format!(
@@ -368,18 +356,14 @@ impl Tenant {
                         self.name
                     )));
                 }
-                if q.def.auto_delete != req.auto_delete {
-                    return Err(inequivalent(
-                        "auto_delete",
-                        what,
-                        &name,
-                        &self.name,
-                        req.auto_delete,
-                        q.def.auto_delete,
-                    ));
-                }
+                same(
+                    "auto_delete",
+                    q.def.auto_delete == req.auto_delete,
+                    &req.auto_delete,
+                    &q.def.auto_delete,
+                )?;
                 if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
-                    return Err(inequivalent(&k, what, &name, &self.name, recv, cur));
+                    return Err(inequivalent(&k, "queue", &name, &self.name, recv, cur));
                 }
             }
             let declared = QueueDeclared {
