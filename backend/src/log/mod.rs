@@ -21,8 +21,47 @@
 mod checkpoint;
 mod record;
 mod recovery;
+mod repair;
+mod scan;
 mod segment;
 mod writer;
+
+pub use repair::{repair, RepairReport, QUARANTINE_DIR};
+
+/// Entry points for the fuzz targets (`fuzz/fuzz_targets/store_*.rs`): they
+/// run the decoders on arbitrary bytes and must never panic.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Frames and decodes one record from the start of `data`.
+    pub fn decode_record(data: &[u8]) {
+        if let Ok((payload, _)) = super::record::split_frame(data) {
+            let _ = super::record::decode_payload(payload);
+        }
+        let _ = super::scan::describe(data, 0);
+    }
+
+    /// Walks `data` as a head segment and as a sealed one the way recovery
+    /// does, describing every damaged range.
+    pub fn recover_tail(data: &[u8]) {
+        for head in [true, false] {
+            let mut off = 0usize;
+            while off < data.len() {
+                match super::scan::next_item(data, off, head) {
+                    super::scan::Item::Record { len } => {
+                        assert!(len > 0 && off + len <= data.len());
+                        off += len;
+                    }
+                    super::scan::Item::Damaged { end } => {
+                        assert!(end > off && end <= data.len());
+                        let _ = super::scan::describe(&data[off..end], off as u64);
+                        off = end;
+                    }
+                    super::scan::Item::TornTail | super::scan::Item::CleanEnd => break,
+                }
+            }
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests;
@@ -64,6 +103,9 @@ pub struct LogOptions {
     /// over pairs ever placed in it) is below this is a compaction candidate.
     /// Default 0.5.
     pub compact_below: f64,
+    /// Keep a preallocated reserve segment (`log/reserve`) that only the
+    /// records freeing space may use once the disk is full. Default `true`.
+    pub reserve: bool,
 }
 
 impl Default for LogOptions {
@@ -72,6 +114,7 @@ impl Default for LogOptions {
             segment_size: 64 << 20,
             sync: true,
             compact_below: 0.5,
+            reserve: true,
         }
     }
 }
@@ -107,6 +150,10 @@ pub(crate) struct State {
     reclaim_hint: bool,
     closing: bool,
     failed: bool,
+    /// The disk is full (no reserve segment could be allocated): only records
+    /// that free space are accepted. Cleared by the writer once a reserve
+    /// could be allocated again.
+    no_space: bool,
     /// Recycled chunk buffers.
     spare: Vec<Vec<u8>>,
 }
@@ -148,6 +195,8 @@ pub struct LogStore {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
     recovered: Mutex<Option<Recovered>>,
+    /// The data directory lock, released by `close`.
+    lock: Mutex<Option<crate::lock::DirLock>>,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -178,8 +227,22 @@ impl LogStore {
         let log_dir = dir.join("log");
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| StoreError::io(format!("creating {}", log_dir.display()), e))?;
+        // Before reading anything: a second process must not even truncate a
+        // "torn" tail that is really the first one's append in flight.
+        let lock = crate::lock::DirLock::acquire(dir)?;
 
         let rec = recovery::recover(dir, &log_dir, opts.sync)?;
+        // A spare segment's worth of disk, so that acks, purges and deletes
+        // can still be recorded (and space reclaimed) once publishers filled
+        // the disk. Without it, new messages are refused from the start.
+        let no_space = opts.reserve
+            && match writer::ensure_reserve(&log_dir, opts.segment_size, opts.sync) {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot allocate the reserve segment (disk full?); new messages are refused until space is freed");
+                    true
+                }
+            };
         let head = rec.segments.keys().next_back().map_or(1, |last| last + 1);
         let mut segments = rec.segments;
         let stats = Stats::default();
@@ -214,6 +277,7 @@ impl LogStore {
                 reclaim_hint,
                 closing: false,
                 failed: false,
+                no_space,
                 spare: Vec::new(),
             }),
             wake: Condvar::new(),
@@ -233,6 +297,7 @@ impl LogStore {
             shared,
             writer: Mutex::new(Some(handle)),
             recovered: Mutex::new(Some(rec.recovered)),
+            lock: Mutex::new(Some(lock)),
         }))
     }
 
@@ -304,6 +369,7 @@ impl LogStore {
             Record::Message(m) => {
                 let d = m.data().map_err(|r| corrupt(r.to_string()))?;
                 let idx = MessageIndex {
+                    kind: m.kind,
                     id: m.id,
                     exchange: range_of(&raw, d.exchange.as_bytes()),
                     routing_key: range_of(&raw, d.routing_key.as_bytes()),
@@ -333,6 +399,7 @@ impl LogStore {
 
 /// Where the fields of a decoded message record sit in its buffer.
 struct MessageIndex {
+    kind: MessageKind,
     id: MessageId,
     exchange: std::ops::Range<usize>,
     routing_key: std::ops::Range<usize>,
@@ -365,6 +432,9 @@ fn encoded_len(op: &Op<'_>, source: Option<&MessageData<'_>>) -> usize {
     FRAME_HEADER
         + match op {
             Op::Publish {
+                partitions, data, ..
+            }
+            | Op::Page {
                 partitions, data, ..
             } => record::message_payload_len(partitions.len(), data),
             Op::Settle { .. } => record::SETTLE_PAYLOAD_LEN,
@@ -461,19 +531,21 @@ impl Store for LogStore {
                 sources.push((raw, idx));
             }
         }
-        let source_data: Vec<MessageData<'_>> =
-            sources.iter().map(|(raw, idx)| idx.data(raw)).collect();
+        let source_data: Vec<(MessageData<'_>, MessageKind)> = sources
+            .iter()
+            .map(|(raw, idx)| (idx.data(raw), idx.kind))
+            .collect();
 
         // Validate the whole batch first so a rejected op leaves nothing behind.
         let mut total = 0usize;
         let mut src = source_data.iter();
         for op in ops {
             let source = if matches!(op, Op::Relocate { .. }) {
-                src.next()
+                src.next().map(|(d, _)| d)
             } else {
                 None
             };
-            if let Op::Publish { partitions, .. } = op {
+            if let Op::Publish { partitions, .. } | Op::Page { partitions, .. } = op {
                 if partitions.is_empty() || partitions.len() > u32::MAX as usize {
                     return Err(StoreError::io(
                         "append",
@@ -495,6 +567,16 @@ impl Store for LogStore {
         let mut st = self.shared.state.lock();
         if st.closing || st.failed {
             return Err(StoreError::Closed);
+        }
+        if st.no_space
+            && ops.iter().any(|op| {
+                matches!(
+                    op,
+                    Op::Publish { .. } | Op::Relocate { .. } | Op::Page { .. }
+                )
+            })
+        {
+            return Err(StoreError::NoSpace);
         }
         let had_waiters = !st.waiters.is_empty();
         let mut src = source_data.iter();
@@ -519,6 +601,22 @@ impl Store for LogStore {
                     self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(loc);
                 }
+                Op::Page {
+                    id,
+                    partitions,
+                    data,
+                } => {
+                    let len = encoded_len(op, None);
+                    let (loc, buf) = st.place(len, segment_size);
+                    let n = record::encode_message(buf, MessageKind::Page, *id, partitions, data);
+                    debug_assert_eq!(n, len);
+                    let info = st.head_info();
+                    info.live += partitions.len() as u64;
+                    info.placed += partitions.len() as u64;
+                    info.max_id = info.max_id.max(*id);
+                    self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    locations.push(loc);
+                }
                 Op::Settle {
                     partition,
                     id,
@@ -533,10 +631,16 @@ impl Store for LogStore {
                     id,
                     from,
                 } => {
-                    let data = src.next().expect("one source per relocate");
+                    let (data, kind) = src.next().expect("one source per relocate");
                     let len = encoded_len(op, Some(data));
                     let (loc, buf) = st.place(len, segment_size);
-                    record::encode_message(buf, MessageKind::Relocate, *id, &[*partition], data);
+                    // A paged copy stays paged: relocation must not make
+                    // transient data survive a restart.
+                    let kind = match kind {
+                        MessageKind::Page => MessageKind::Page,
+                        _ => MessageKind::Relocate,
+                    };
+                    record::encode_message(buf, kind, *id, &[*partition], data);
                     let info = st.head_info();
                     info.live += 1;
                     info.placed += 1;
@@ -639,6 +743,8 @@ impl Store for LogStore {
 
     fn close(&self) -> Result<(), StoreError> {
         self.stop_writer();
+        // The writer is gone: nothing of ours touches the directory any more.
+        self.lock.lock().take();
         if self.shared.state.lock().failed {
             Err(StoreError::Closed)
         } else {

@@ -2,12 +2,36 @@
 //! retained segment in order.
 
 use super::checkpoint::{self, Checkpoint};
-use super::record::{self, FrameError, MessageKind, Record};
+use super::record::{self, MessageKind, Record};
+use super::scan;
 use super::segment::{self, SegmentInfo};
 use crate::{Location, MessageId, PartitionId, Recovered, RecoveredMessage, SegmentId, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::path::Path;
+
+/// The error for damage at `buf[off..end]` of segment `seg`.
+fn damage(path: &Path, seg: SegmentId, buf: &[u8], off: usize, end: usize) -> StoreError {
+    StoreError::Damaged(Box::new(damage_info(path, seg, buf, off, end)))
+}
+
+/// Describes the damage at `buf[off..end]` of segment `seg`.
+pub(crate) fn damage_info(
+    path: &Path,
+    seg: SegmentId,
+    buf: &[u8],
+    off: usize,
+    end: usize,
+) -> crate::Damage {
+    crate::Damage {
+        file: path.to_path_buf(),
+        segment: seg,
+        offset: off as u64,
+        len: (end - off) as u64,
+        reason: scan::reason(&buf[off..end]),
+        lost: scan::describe(&buf[off..end], off as u64),
+    }
+}
 
 /// What open needs to continue where the previous run stopped.
 pub(crate) struct RecoveryOutput {
@@ -61,45 +85,27 @@ pub(crate) fn recover(
         let mut off = 0usize;
         let mut zero_tail = false;
         while off < buf.len() {
-            if last && buf[off..].iter().all(|b| *b == 0) {
-                // The preallocated, never-written rest of the head segment:
-                // a clean end, not a torn record.
-                zero_tail = true;
-                break;
-            }
-            let (payload, len) = match record::split_frame(&buf[off..]) {
-                Ok(ok) => ok,
-                Err(err) => {
-                    let reason = match err {
-                        FrameError::Truncated => "torn record".to_string(),
-                        FrameError::Corrupt(r) => r,
-                    };
-                    if !last {
-                        // Sealed segments were fsynced before the next one was
-                        // created, so damage here is not a torn write: it is
-                        // lost confirmed data, and we refuse to hide it.
-                        return Err(StoreError::Corrupt {
-                            segment: seg,
-                            offset: off as u64,
-                            reason,
-                        });
-                    }
+            let len = match scan::next_item(&buf, off, last) {
+                scan::Item::Record { len } => len,
+                scan::Item::CleanEnd => {
+                    // The preallocated, never-written rest of the head
+                    // segment: a clean end, not a torn record.
+                    zero_tail = true;
                     break;
                 }
-            };
-            let rec = match record::decode_payload(payload) {
-                Ok(r) => r,
-                Err(reason) if !last => {
-                    return Err(StoreError::Corrupt {
-                        segment: seg,
-                        offset: off as u64,
-                        reason,
-                    })
+                // Unconfirmed: the last round was never fsynced.
+                scan::Item::TornTail => break,
+                scan::Item::Damaged { end } => {
+                    return Err(damage(&path, seg, &buf, off, end));
                 }
-                // A record with a valid checksum that does not decode is a
-                // bug or a format mismatch, not a torn write; still, in the
-                // tail it was never acknowledged, so it goes with the tail.
-                Err(_) => break,
+            };
+            // next_item validated the record; decode it again to use it.
+            let rec = match record::split_frame(&buf[off..]) {
+                Ok((payload, _)) => record::decode_payload(payload).ok(),
+                Err(_) => None,
+            };
+            let Some(rec) = rec else {
+                return Err(damage(&path, seg, &buf, off, off + len));
             };
             let loc = Location {
                 segment: seg,
@@ -107,6 +113,13 @@ pub(crate) fn recover(
                 len: len as u32,
             };
             match rec {
+                Record::Message(m) if m.kind == MessageKind::Page => {
+                    // Paged transient data dies with the process; only its
+                    // id must never be handed out again.
+                    max_id = Some(max_id.map_or(m.id, |x| x.max(m.id)));
+                    info.max_id = info.max_id.max(m.id);
+                    info.placed += m.partition_count() as u64;
+                }
                 Record::Message(m) => {
                     max_id = Some(max_id.map_or(m.id, |x| x.max(m.id)));
                     info.max_id = info.max_id.max(m.id);

@@ -19,9 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::{Location, MessageId, PartitionId};
 
-/// Durable entries deeper than this in a partition keep only their location
-/// in memory; their bodies are read back from the store when delivered, so
-/// memory does not grow with queue depth.
+/// Entries deeper than this in a partition keep only their location in
+/// memory; their bodies are read back from the store when delivered, so
+/// memory does not grow with queue depth. Durable entries have a location
+/// anyway; transient ones (a transient message, or any message in a
+/// non-durable queue) published while the partition is this deep are paged
+/// to the store for it (`Op::Page`: never fsynced, dropped at restart).
 pub const HOT_ENTRIES: usize = 2048;
 
 /// Cheap counters kept for every partition.
