@@ -559,3 +559,83 @@ async fn deep_transient_queues_page_to_the_store_and_vanish_at_restart() {
     assert_code(r, 404);
     broker.stop();
 }
+
+/// The case: publishers themselves fill the disk, the broker is
+/// restarted with the disk still full, and a purge must still be recorded,
+/// free the space and let publishing resume, without another restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_filled_by_publishers_purge_after_restart_frees_it() {
+    let Some(fs) = Tmpfs::mount("24m") else {
+        return;
+    };
+    let data = fs.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut args = vec!["--segment-mb", "1"];
+    if binary_knows("--disk-free-limit") {
+        args.extend(["--disk-free-limit", "0"]);
+    }
+    let mut broker = Broker::start_in_with(&data, &args);
+    let conn = connect(&broker.url()).await;
+    let ch = confirm_channel(&conn).await;
+    declare_durable(&ch, "big").await;
+    let mut acked = 0u32;
+    let mut nacks = 0;
+    let mut i = 0;
+    while nacks < 10 {
+        assert!(i < 20_000, "never nacked with the disk full");
+        let mut b = format!("b{i:06}").into_bytes();
+        b.resize(8000, b'b');
+        if try_publish(&ch, "big", &b).await {
+            acked += 1;
+        } else {
+            nacks += 1;
+        }
+        i += 1;
+    }
+    assert!(
+        acked > 1000,
+        "only {acked} confirmed before the disk filled"
+    );
+    conn.close(200, "bye".into()).await.unwrap();
+    broker.stop();
+
+    // Restart with the disk still full: every confirmed message is there,
+    // and the purge is recorded.
+    broker.restart();
+    let conn = connect(&broker.url()).await;
+    let ch = confirm_channel(&conn).await;
+    assert_eq!(queue_len(&ch, "big").await, acked);
+    let purged = ch
+        .queue_purge("big".into(), QueuePurgeOptions::default())
+        .await
+        .expect("purge with a full disk after restart");
+    assert_eq!(purged, acked);
+
+    // Reclaiming the purged segments frees the disk: publishing resumes.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if try_publish(&ch, "big", b"after").await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "publishing did not recover after the purge\n{}",
+            broker.run_logs()
+        );
+        // Polling: the client has no event to wait for.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    conn.close(200, "bye".into()).await.unwrap();
+    broker.stop();
+    broker.restart();
+    let left = drain(&broker.url(), "big").await;
+    if std::env::var_os("HS_VERBOSE").is_some() {
+        eprintln!("acked {acked}\n{}", broker.logs());
+    }
+    assert!(
+        left.iter().all(|b| b == b"after") && !left.is_empty(),
+        "purged messages came back: {} left",
+        left.len()
+    );
+    broker.stop();
+}

@@ -231,7 +231,6 @@ impl LogStore {
         // "torn" tail that is really the first one's append in flight.
         let lock = crate::lock::DirLock::acquire(dir)?;
 
-        let rec = recovery::recover(dir, &log_dir, opts.sync)?;
         // A spare segment's worth of disk, so that acks, purges and deletes
         // can still be recorded (and space reclaimed) once publishers filled
         // the disk. Without it, new messages are refused from the start.
@@ -243,7 +242,17 @@ impl LogStore {
                     true
                 }
             };
-        let head = rec.segments.keys().next_back().map_or(1, |last| last + 1);
+        if opts.reserve {
+            writer::ensure_meta_reserve(&log_dir);
+        }
+        let rec = recovery::recover(dir, &log_dir, opts.sync, no_space)?;
+        let (head, head_size) = match rec.continued_head {
+            Some((seg, end)) => (seg, end),
+            None => (
+                rec.segments.keys().next_back().map_or(1, |last| last + 1),
+                0,
+            ),
+        };
         let mut segments = rec.segments;
         let stats = Stats::default();
         stats
@@ -255,9 +264,12 @@ impl LogStore {
         // Anything already reclaimable (everything settled before the last
         // shutdown) goes on the writer's first round.
         let reclaim_hint = segments.values().next().is_some_and(|s| s.live == 0);
-        // Always start a fresh head segment: the old last segment may just
-        // have been truncated, and sealing it keeps the writer simple.
-        segments.insert(head, SegmentInfo::default());
+        // Normally start a fresh head segment: the old last segment may just
+        // have been truncated, and sealing it keeps the writer simple. With
+        // the disk full, continue the last one in its preallocated space.
+        if rec.continued_head.is_none() {
+            segments.insert(head, SegmentInfo::default());
+        }
 
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
@@ -268,7 +280,7 @@ impl LogStore {
                 waiters: Vec::new(),
                 inflight: None,
                 head,
-                head_size: 0,
+                head_size,
                 segments,
                 meta: rec.meta,
                 meta_version: rec.recovered.meta_version,
@@ -282,7 +294,7 @@ impl LogStore {
             }),
             wake: Condvar::new(),
             next_id: AtomicU64::new(rec.next_id),
-            written: AtomicU64::new(pack_pos(head, 0)),
+            written: AtomicU64::new(pack_pos(head, head_size)),
             reads: ReadCache::new(log_dir),
             stats,
             #[cfg(test)]

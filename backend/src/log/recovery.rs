@@ -45,6 +45,9 @@ pub(crate) struct RecoveryOutput {
     pub next_id: MessageId,
     /// What the checkpoint on disk covers.
     pub checkpoint: Checkpoint,
+    /// The last segment and its logical end, when its preallocated zero tail
+    /// was kept (`keep_zero_tail`) so appends can continue in it.
+    pub continued_head: Option<(SegmentId, u64)>,
 }
 
 /// Reads the checkpoint and scans `<dir>/log`. Truncates a torn tail of the
@@ -53,6 +56,7 @@ pub(crate) fn recover(
     dir: &Path,
     log_dir: &Path,
     sync: bool,
+    keep_zero_tail: bool,
 ) -> Result<RecoveryOutput, StoreError> {
     let mut ckpt = checkpoint::load(dir)?;
     let ids = segment::list_segments(log_dir)?;
@@ -75,6 +79,7 @@ pub(crate) fn recover(
     let mut live: HashMap<PartitionId, BTreeMap<MessageId, RecoveredMessage>> = HashMap::new();
     let mut segments = BTreeMap::new();
     let mut truncated_bytes = 0u64;
+    let mut continued_head = None;
 
     for (i, &seg) in ids.iter().enumerate() {
         let last = i + 1 == ids.len();
@@ -163,7 +168,20 @@ pub(crate) fn recover(
             }
             off += len;
         }
-        if zero_tail {
+        if zero_tail && keep_zero_tail {
+            // Disk full and no reserve: the preallocated rest of the last
+            // segment is the only space we are sure to have, so appends
+            // (settles, purges) continue in it instead of a new segment.
+            continued_head = Some((seg, off as u64));
+            if sync {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| StoreError::io(format!("opening {}", path.display()), e))?;
+                f.sync_data()
+                    .map_err(|e| StoreError::io(format!("fsync {}", path.display()), e))?;
+            }
+        } else if zero_tail {
             let f = OpenOptions::new()
                 .write(true)
                 .open(&path)
@@ -235,5 +253,6 @@ pub(crate) fn recover(
         segments,
         next_id,
         checkpoint: ckpt,
+        continued_head,
     })
 }

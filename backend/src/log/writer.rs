@@ -57,9 +57,13 @@ struct Reclaim {
 pub(crate) fn run(shared: Arc<Shared>) {
     let mut cur: Option<Current> = None;
     run_rounds(&shared, &mut cur);
-    // Closing: leave the head segment ending at its last record.
+    // Closing: leave the head segment ending at its last record, unless the
+    // disk is full and no reserve is left: then its preallocated rest is the
+    // space the next run records settles in (see `recover`).
+    let keep_tail = shared.opts.reserve && !reserve_path(&shared.log_dir).exists();
     if let Some(c) = cur {
-        if let Err(e) = seal(&c).and_then(|()| {
+        let sealed = if keep_tail { Ok(()) } else { seal(&c) };
+        if let Err(e) = sealed.and_then(|()| {
             c.file
                 .sync_all()
                 .map_err(|e| StoreError::io(format!("fsync segment {}", c.id), e))
@@ -152,6 +156,31 @@ pub(crate) fn ensure_reserve(
     res
 }
 
+/// Path of the small reserve that lets a checkpoint be written on a full
+/// disk, so that settled segments can still be reclaimed.
+fn meta_reserve_path(log_dir: &std::path::Path) -> std::path::PathBuf {
+    log_dir.join("reserve.meta")
+}
+
+/// Size of the checkpoint reserve.
+const META_RESERVE: u64 = 1 << 20;
+
+/// Best effort: creates the checkpoint reserve if it is missing.
+pub(crate) fn ensure_meta_reserve(log_dir: &std::path::Path) {
+    let path = meta_reserve_path(log_dir);
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() >= META_RESERVE) {
+        return;
+    }
+    let res = File::create(&path).and_then(|f| {
+        preallocate(&f, META_RESERVE)?;
+        f.set_len(META_RESERVE)
+    });
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&path);
+        tracing::debug!(error = %e, "cannot allocate the checkpoint reserve");
+    }
+}
+
 /// How long the writer waits between attempts to allocate the reserve again
 /// while the disk is full.
 const RESERVE_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
@@ -178,6 +207,11 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
                 return;
             }
             Err(RoundError::NoSpace { written, err }) => {
+                if shared.state.lock().closing {
+                    // Nowhere to put it and no later round to retry in.
+                    fail(shared, round.waiters, err);
+                    return;
+                }
                 requeue(shared, round.chunks, written, round.waiters, err);
                 continue;
             }
@@ -351,10 +385,17 @@ fn write_round(
                     shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            debug_assert_eq!(chunk.offset, 0, "a new segment file starts at 0");
             let path = segment_path(&shared.log_dir, chunk.segment);
             let file = match allocate_segment(shared, &path) {
                 Ok(f) => f,
+                // Only the head continued at open (disk full) already exists:
+                // appends go on in its preallocated space.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && chunk.offset > 0 => {
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .map_err(|e| no_space(format!("opening {}", path.display()), e))?
+                }
                 Err(e) if is_no_space(&e) => {
                     // Disk full: the reserve becomes this segment, and from
                     // now on only records that free space are accepted.
@@ -442,6 +483,7 @@ fn allocate_segment(shared: &Shared, path: &std::path::Path) -> std::io::Result<
 fn retry_reserve(shared: &Shared) {
     match ensure_reserve(&shared.log_dir, shared.opts.segment_size, shared.opts.sync) {
         Ok(()) => {
+            ensure_meta_reserve(&shared.log_dir);
             if shared.opts.sync {
                 let _ = sync_dir(&shared.log_dir);
             }
@@ -524,7 +566,17 @@ fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
 
 fn reclaim(shared: &Shared, r: Reclaim) {
     if let Some((version, next_id, encoded)) = r.checkpoint {
-        if let Err(e) = checkpoint::store(&shared.dir, &encoded, shared.opts.sync) {
+        let mut stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
+        if let Err(StoreError::Io { source, .. }) = &stored {
+            // Disk full: give up the checkpoint reserve so reclamation (which
+            // frees far more) can proceed; it is recreated with the space.
+            if is_no_space(source)
+                && std::fs::remove_file(meta_reserve_path(&shared.log_dir)).is_ok()
+            {
+                stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
+            }
+        }
+        if let Err(e) = stored {
             // Without a durable checkpoint the segments' metadata is still
             // needed; keep them and retry on a later round.
             tracing::warn!(error = %e, "writing meta.checkpoint failed; not reclaiming");
@@ -558,6 +610,11 @@ fn reclaim(shared: &Shared, r: Reclaim) {
         if let Err(e) = sync_dir(&shared.log_dir) {
             tracing::warn!(error = %e, "fsync of the log directory after reclamation failed");
         }
+    }
+    if shared.opts.reserve {
+        // Space was just freed: take back the checkpoint reserve if a full
+        // disk made us spend it.
+        ensure_meta_reserve(&shared.log_dir);
     }
     let mut st = shared.state.lock();
     for id in removed {
