@@ -639,3 +639,55 @@ async fn disk_filled_by_publishers_purge_after_restart_frees_it() {
     );
     broker.stop();
 }
+
+/// Resident memory of a process, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Measurement, not a check: resident memory per queued transient 1 KB
+/// message in a deep non-durable queue. Run with `--ignored --no-capture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_memory_per_paged_transient_message() {
+    const N: usize = 100_000;
+    let mut broker = Broker::start();
+    let pid = broker.pid().unwrap();
+    let conn = connect(&broker.url()).await;
+    let ch = confirm_channel(&conn).await;
+    declare_queue(&ch, "mem").await;
+    let before = rss_bytes(pid);
+    let body = vec![b'x'; 1000];
+    for i in 0..N {
+        let c = ch
+            .basic_publish(
+                "".into(),
+                "mem".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+        if i % 1000 == 999 {
+            assert!(c.await.unwrap().is_ack());
+        }
+    }
+    assert_eq!(queue_len(&ch, "mem").await, N as u32);
+    let after = rss_bytes(pid);
+    eprintln!(
+        "MEASURE: {N} transient 1000-byte messages in a non-durable queue: RSS {} MiB -> {} MiB, {} bytes per message",
+        before >> 20,
+        after >> 20,
+        (after.saturating_sub(before)) / N as u64
+    );
+    conn.close(200, "bye".into()).await.unwrap();
+    broker.stop();
+}

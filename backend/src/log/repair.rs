@@ -85,7 +85,14 @@ fn quarantine(dir: &Path, seg: u32, off: usize, bytes: &[u8]) -> Result<PathBuf,
     let qdir = dir.join(QUARANTINE_DIR);
     std::fs::create_dir_all(&qdir)
         .map_err(|e| StoreError::io(format!("creating {}", qdir.display()), e))?;
-    let path = qdir.join(format!("{seg:08}-{off}-{}.bin", bytes.len()));
+    // Never overwrite an earlier quarantine (a later repair can find damage
+    // at the same offset once the first range was cut out).
+    let mut path = qdir.join(format!("{seg:08}-{off}-{}.bin", bytes.len()));
+    let mut n = 1;
+    while path.exists() {
+        path = qdir.join(format!("{seg:08}-{off}-{}.{n}.bin", bytes.len()));
+        n += 1;
+    }
     write_durably(&path, bytes)?;
     sync_dir(&qdir)?;
     sync_dir(dir)?;
