@@ -38,6 +38,12 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Appends from different callers are ordered: if `append` A returns
     /// before `append` B starts, A's records precede B's in the store.
+    ///
+    /// While the disk is full, batches holding a publish, relocate or page
+    /// fail with [`StoreError::NoSpace`] (nothing of them is appended);
+    /// settles and metadata are still accepted. A waiter may be called with
+    /// an error without the store failing for good (a write that ran out of
+    /// space): its appends were not made durable yet.
     fn append(
         &self,
         ops: &[Op<'_>],

@@ -691,3 +691,71 @@ async fn measure_memory_per_paged_transient_message() {
     conn.close(200, "bye".into()).await.unwrap();
     broker.stop();
 }
+
+/// Damage in a sealed (older) segment: refused the same way, and `--repair`
+/// at startup quarantines it and starts with every other message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_sealed_segment_is_repaired_by_the_repair_flag() {
+    const N: usize = 2000;
+    const VICTIM: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start_in_with(dir.path(), &["--segment-mb", "1"]);
+    {
+        let conn = connect(&broker.url()).await;
+        let ch = confirm_channel(&conn).await;
+        declare_durable(&ch, "sealed").await;
+        for i in 0..N {
+            let mut b = format!("s{i:05}-").into_bytes();
+            b.resize(800, b's');
+            let c = ch
+                .basic_publish(
+                    "".into(),
+                    "sealed".into(),
+                    BasicPublishOptions::default(),
+                    &b,
+                    persistent(),
+                )
+                .await
+                .unwrap();
+            if i % 200 == 199 || i == N - 1 {
+                assert!(c.await.unwrap().is_ack());
+            }
+        }
+        conn.close(200, "bye".into()).await.unwrap();
+    }
+    broker.stop();
+    let segs = segments(dir.path());
+    assert!(segs.len() >= 2);
+    let first = &segs[0];
+    let mut bytes = std::fs::read(first).unwrap();
+    let needle = format!("s{VICTIM:05}-").into_bytes();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("victim in the first segment");
+    bytes[at + 300] ^= 0x01;
+    std::fs::write(first, &bytes).unwrap();
+
+    let (status, out) = run_weir_to_exit(start_args(dir.path(), &["--segment-mb", "1"]));
+    assert!(
+        !status.success(),
+        "started on a corrupt sealed segment:\n{out}"
+    );
+    let name = first.file_name().unwrap().to_str().unwrap();
+    assert!(out.contains(name) && out.contains("weir repair"), "{out}");
+
+    let mut broker = Broker::start_in_with(dir.path(), &["--segment-mb", "1", "--repair"]);
+    assert!(
+        broker.run_logs().contains("messages lost to damage"),
+        "{}",
+        broker.run_logs()
+    );
+    let got = drain(&broker.url(), "sealed").await;
+    assert_eq!(got.len(), N - 1);
+    assert!(got.iter().all(|b| !b.starts_with(&needle)));
+    let quarantined = std::fs::read_dir(dir.path().join("quarantine"))
+        .unwrap()
+        .count();
+    assert_eq!(quarantined, 1);
+    broker.stop();
+}

@@ -719,6 +719,10 @@ impl Store for LogStore {
     fn compaction_candidates(&self) -> Vec<SegmentId> {
         let threshold = self.shared.opts.compact_below;
         let st = self.shared.state.lock();
+        if st.no_space {
+            // Relocations are refused while the disk is full.
+            return Vec::new();
+        }
         let sealed = || st.segments.iter().filter(|(&id, _)| id < st.head);
         let mut out = Vec::new();
         // Head-of-line rule: only the oldest segments can be deleted, so a
