@@ -1141,3 +1141,127 @@ fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
         "paged ids are never reused"
     );
 }
+
+/// A small tmpfs for out-of-space tests; `None` (test skipped) when it
+/// cannot be mounted (not root).
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("SKIPPED: cannot mount a tmpfs");
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+fn fill_fs(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![1u8; 16 << 10];
+    while f.write(&chunk).is_ok_and(|n| n > 0) {}
+}
+
+/// Publishes with a waiter; returns the location and whether it became durable.
+fn try_publish(store: &LogStore, body: &[u8]) -> Result<(MessageId, bool), StoreError> {
+    let id = store.allocate_ids(1);
+    let (tx, rx) = mpsc::channel();
+    store.append(
+        &[Op::Publish {
+            id,
+            partitions: &[P1],
+            data: data(body),
+        }],
+        &mut Vec::new(),
+        Some(Box::new(move |r| {
+            let _ = tx.send(r.is_ok());
+        })),
+    )?;
+    Ok((id, rx.recv_timeout(Duration::from_secs(20)).unwrap()))
+}
+
+#[test]
+fn out_of_space_write_fails_waiters_without_failing_the_store_and_recovers() {
+    let Some(fs) = Tmpfs::mount("3m") else { return };
+    let dir = fs.0.path().join("store");
+    let opts = LogOptions {
+        segment_size: 256 << 10,
+        reserve: false,
+        ..LogOptions::default()
+    };
+    let store = LogStore::open(&dir, opts.clone()).unwrap();
+    let mut durable = Vec::new();
+    let (first, ok) = try_publish(&store, &[7u8; 1000]).unwrap();
+    assert!(ok);
+    durable.push(first);
+    fill_fs(&fs.0.path().join("filler"));
+    // Fill the preallocated head; the roll then finds no space.
+    let mut failed = 0;
+    for _ in 0..2000 {
+        match try_publish(&store, &[7u8; 1000]) {
+            Ok((id, true)) => durable.push(id),
+            Ok((_, false)) => failed += 1,
+            Err(StoreError::NoSpace) => break,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!(failed, 1, "exactly the round that hit the full disk fails");
+    // Settles are still accepted (kept in memory until there is room).
+    store
+        .append(
+            &[Op::Settle {
+                partition: P1,
+                id: first,
+                location: Location {
+                    segment: 1,
+                    offset: 0,
+                    len: 1,
+                },
+            }],
+            &mut Vec::new(),
+            None,
+        )
+        .unwrap();
+    std::fs::remove_file(fs.0.path().join("filler")).unwrap();
+    // Space is back: publishes become durable again, no reopen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_publish(&store, b"after") {
+            Ok((id, true)) => {
+                durable.push(id);
+                break;
+            }
+            Ok((_, false)) | Err(StoreError::NoSpace) => {}
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    store.close().unwrap();
+    drop(store);
+    let store = LogStore::open(&dir, opts).unwrap();
+    let rec = store.take_recovered();
+    let got: std::collections::BTreeSet<_> = ids_of(&rec, P1).into_iter().collect();
+    // The settle written from memory after the space came back is durable.
+    assert!(!got.contains(&first));
+    for id in &durable[1..] {
+        assert!(got.contains(id), "durable publish {id} lost");
+    }
+}

@@ -481,7 +481,13 @@ fn allocate_segment(shared: &Shared, path: &std::path::Path) -> std::io::Result<
 /// While the disk is full: tries to allocate a reserve again, and when that
 /// works accepts new messages again.
 fn retry_reserve(shared: &Shared) {
-    match ensure_reserve(&shared.log_dir, shared.opts.segment_size, shared.opts.sync) {
+    let res = if shared.opts.reserve {
+        ensure_reserve(&shared.log_dir, shared.opts.segment_size, shared.opts.sync)
+    } else {
+        // No reserve to take back: let the next round simply try again.
+        Ok(())
+    };
+    match res {
         Ok(()) => {
             ensure_meta_reserve(&shared.log_dir);
             if shared.opts.sync {
