@@ -181,6 +181,9 @@ pub(crate) struct Shared {
     written: AtomicU64,
     reads: ReadCache,
     stats: Stats,
+    /// The last segment when open continued appending into it (disk full):
+    /// the only segment the writer opens instead of creating.
+    continued_head: Option<SegmentId>,
     #[cfg(test)]
     fail_next_write: std::sync::atomic::AtomicBool,
 }
@@ -237,9 +240,15 @@ impl LogStore {
         let no_space = opts.reserve
             && match writer::ensure_reserve(&log_dir, opts.segment_size, opts.sync) {
                 Ok(()) => false,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot allocate the reserve segment (disk full?); new messages are refused until space is freed");
+                Err(e) if writer::is_no_space(&e) => {
+                    tracing::warn!(error = %e, "disk full: cannot allocate the reserve segment; new messages are refused until space is freed");
                     true
+                }
+                Err(e) => {
+                    // Not a space problem: run without the reserve rather
+                    // than refuse every publish.
+                    tracing::warn!(error = %e, "cannot create the reserve segment; running without one");
+                    false
                 }
             };
         if opts.reserve {
@@ -297,6 +306,7 @@ impl LogStore {
             written: AtomicU64::new(pack_pos(head, head_size)),
             reads: ReadCache::new(log_dir),
             stats,
+            continued_head: rec.continued_head.map(|(seg, _)| seg),
             #[cfg(test)]
             fail_next_write: std::sync::atomic::AtomicBool::new(false),
         });

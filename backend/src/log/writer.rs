@@ -390,7 +390,10 @@ fn write_round(
                 Ok(f) => f,
                 // Only the head continued at open (disk full) already exists:
                 // appends go on in its preallocated space.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && chunk.offset > 0 => {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AlreadyExists
+                        && shared.continued_head == Some(chunk.segment) =>
+                {
                     OpenOptions::new()
                         .write(true)
                         .open(&path)
