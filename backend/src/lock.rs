@@ -79,4 +79,11 @@ mod tests {
         drop(first);
         DirLock::acquire(dir.path()).unwrap();
     }
+
+    #[test]
+    fn free_bytes_reports_the_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(crate::free_bytes(dir.path()).unwrap() > 0);
+        assert!(crate::free_bytes(&dir.path().join("missing")).is_err());
+    }
 }

@@ -263,4 +263,30 @@ mod tests {
             }]
         );
     }
+
+    #[test]
+    fn fuzz_entry_points_never_panic_on_mutated_segments() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (clean, _) = segment(8);
+        for _ in 0..3000 {
+            let mut b = clean.clone();
+            match rng.gen_range(0..4) {
+                0 => {
+                    for _ in 0..rng.gen_range(1..4) {
+                        let i = rng.gen_range(0..b.len());
+                        b[i] ^= 1 << rng.gen_range(0..8);
+                    }
+                }
+                1 => b.truncate(rng.gen_range(0..b.len())),
+                2 => b.resize(b.len() + rng.gen_range(0..300), 0),
+                _ => {
+                    let n = rng.gen_range(0..200);
+                    b = (0..n).map(|_| rng.gen()).collect();
+                }
+            }
+            crate::log::fuzzing::recover_tail(&b);
+            crate::log::fuzzing::decode_record(&b);
+        }
+    }
 }
