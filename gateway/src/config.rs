@@ -51,6 +51,30 @@ pub struct Cli {
     /// [default: 1800, as RabbitMQ's consumer_timeout].
     #[arg(long, env = "WEIR_CONSUMER_TIMEOUT")]
     pub consumer_timeout: Option<u64>,
+    // --- Store hardening (data safety) ---
+    /// Before opening the store, move damaged log ranges into
+    /// `<data-dir>/quarantine/` and keep every valid record (as `weir
+    /// repair`), reporting exactly what was lost. Without it, damage that is
+    /// not a torn tail refuses to start.
+    #[arg(long)]
+    pub repair: bool,
+    /// A subcommand instead of running the broker.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    // --- end store hardening ---
+}
+
+/// Subcommands of `weir`.
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Quarantine damaged ranges of the store's log (copied into
+    /// `<data-dir>/quarantine/`), keep every valid record before and after
+    /// them, report what was lost, and exit. The broker must not be running.
+    Repair {
+        /// Directory of the embedded store [default: the broker's --data-dir].
+        #[arg(long, env = "WEIR_DATA_DIR")]
+        data_dir: Option<PathBuf>,
+    },
 }
 
 /// The TOML file: the same settings, all optional.
@@ -106,6 +130,8 @@ pub struct Config {
     pub consumer_timeout_secs: u64,
     /// Other users.
     pub users: Vec<UserConfig>,
+    /// Quarantine damaged log ranges before opening the store.
+    pub repair: bool,
 }
 
 /// Configuration errors, reported at startup.
@@ -172,6 +198,7 @@ impl Config {
                 .or(file.consumer_timeout)
                 .unwrap_or(1800),
             users: file.users,
+            repair: cli.repair,
         };
         if cfg.frame_max < 4096 {
             return Err(ConfigError::Invalid(format!(
