@@ -931,7 +931,8 @@ impl Session {
     /// Settles in the store what a deleted partition refused to take back.
     fn settle_refused(&mut self, p: &Arc<Partition>, refused: Vec<Entry>) {
         for e in refused {
-            if let (true, Some(l)) = (p.durable, e.location) {
+            // Paged entries of non-durable queues have a location too.
+            if let Some(l) = e.location {
                 self.settles.push((p.id, e.id, l));
             }
         }
