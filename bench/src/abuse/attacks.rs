@@ -546,20 +546,21 @@ pub async fn login_rate(t: &Target, secs: u64) -> Result<String> {
     ))
 }
 
-/// Attack 11b: Fill a queue with `mb` of transient 64 KB messages, purge and delete it; RSS before and
-/// after (the lowest seen in the 10 s after the delete).
-pub async fn trim(t: &Target, mb: u64, rss: Option<&RssSampler>) -> Result<String> {
+/// Attack 11b: Fill a queue with `count` transient messages of `size` bytes, purge and delete it;
+/// RSS before and after (the lowest seen in the 10 s after the delete). Small messages fragment the
+/// heap, which is what keeps freed memory from going back to the system.
+pub async fn trim(t: &Target, count: u64, size: usize, rss: Option<&RssSampler>) -> Result<String> {
     let q = "abuse.trim";
     let mut c = t.conn().await?;
     ops::declare_queue(&mut c, q, false).await?;
     ops::confirm_select(&mut c).await?;
-    let frames = ops::encode_publish(c.frame_max, "", q, 65536, false)?;
+    let frames = ops::encode_publish(c.frame_max, "", q, size, false)?;
     let out = ops::publish_confirmed(
         &mut c,
         &frames,
         1,
-        mb * 16,
-        64,
+        count,
+        1000,
         Instant::now() + Duration::from_secs(60),
         Duration::from_secs(5),
     )

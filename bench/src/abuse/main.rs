@@ -155,10 +155,12 @@ enum Attack {
         #[arg(long, default_value_t = 5)]
         secs: u64,
     },
-    /// 11b: fill a queue with MB of transient 64 KB messages, purge, delete; RSS before and after.
+    /// 11b: fill a queue with COUNT transient SIZE-byte messages, purge, delete; RSS before and after.
     Trim {
-        #[arg(long, default_value_t = 1500)]
-        mb: u64,
+        #[arg(long, default_value_t = 2_100_000)]
+        count: u64,
+        #[arg(long, default_value_t = 256)]
+        size: usize,
     },
 }
 
@@ -273,7 +275,9 @@ async fn run(args: Args) -> Result<String> {
                 attacks::fanout(&target, queues, *publishes).await
             }
             Attack::LoginRate { secs } => attacks::login_rate(&target, *secs).await,
-            Attack::Trim { mb } => attacks::trim(&target, *mb, rss.as_ref()).await,
+            Attack::Trim { count, size } => {
+                attacks::trim(&target, *count, *size, rss.as_ref()).await
+            }
             Attack::Flip { .. } => unreachable!("handled above"),
         }
     };
