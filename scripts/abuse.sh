@@ -17,6 +17,8 @@
 #   DISK_FREE_LIMIT  passed as --disk-free-limit when the broker has that flag (default 128MB)
 #   DISK_MB          size of the tmpfs for disk-full (default 400)
 #   BIND_COUNT       binds in the bind-burst write (default 20000; the issue also tried 100000)
+#   WEIR_REPAIR      how to run the repair subcommand, the data dir appended
+#                    (default "repair --data-dir"; used only if `weir repair --help` succeeds)
 #
 # Columns: rss_peak_mb = highest VmRSS sampled every 50 ms (and VmHWM); probe_wait_ms = longest round
 # of a second client that keeps connecting + opening a channel + passive-declaring (capped at 30 s);
@@ -164,7 +166,8 @@ attack_corruption() {
     out+=" restart=refused reason=\"$(quote "$(grep -aiE "error|corrupt" "$L" | tail -1)")\""
     if "$WEIR_BIN" repair --help >/dev/null 2>&1; then
       local rep
-      rep=$("$WEIR_BIN" repair --data-dir "$D" 2>&1 | tail -3 | tr '\n' ' ')
+      # shellcheck disable=SC2086 # WEIR_REPAIR is a list of words
+      rep=$("$WEIR_BIN" ${WEIR_REPAIR:-repair --data-dir} "$D" 2>&1 | tail -3 | tr '\n' ' ')
       out+=" repair=\"$(quote "$rep")\""
       if start_broker "$D" "$L"; then
         rec=$(count $q)
