@@ -319,8 +319,8 @@ impl Conn {
         }
     }
 
-    /// Wait for the next method on `channel`, skipping heartbeats; a close from the server becomes an
-    /// error carrying its reply code and text.
+    /// Wait for the next method on `channel`, skipping heartbeats and connection.(un)blocked; a close
+    /// from the server becomes an error carrying its reply code and text.
     pub async fn recv_method(&mut self, channel: u16) -> Result<AMQPClass> {
         loop {
             match self.recv_frame().await? {
@@ -338,6 +338,13 @@ impl Conn {
                         c.reply_text.as_str()
                     ))
                 }
+                // A broker under a resource alarm may announce it at any time; it is not a reply.
+                AMQPFrame::Method(
+                    0,
+                    AMQPClass::Connection(
+                        connection::AMQPMethod::Blocked(_) | connection::AMQPMethod::Unblocked(_),
+                    ),
+                ) => {}
                 AMQPFrame::Method(ch, m) if ch == channel => return Ok(m),
                 AMQPFrame::Heartbeat => {}
                 other => return err(format!("unexpected frame during setup: {other}")),
