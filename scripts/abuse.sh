@@ -2,7 +2,7 @@
 # Replays the attacks of issue 5 against a real `weir`, each on a fresh broker (fresh data dir and
 # port), and prints one line of figures per attack. See docs/reliability.md.
 #
-#   scripts/abuse.sh [attack...]          # default: every attack, in order (~10 minutes)
+#   scripts/abuse.sh [attack...]          # default: every attack, in order (~4-5 minutes)
 #   WEIR_BIN=/path/to/weir scripts/abuse.sh topic-backtrack disk-full
 #
 # Attacks: login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
