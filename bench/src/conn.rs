@@ -13,7 +13,7 @@ use amq_protocol::protocol::{channel, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use amq_protocol::uri::AMQPUri;
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 /// The channel every connection of the benchmark uses.
@@ -64,6 +64,8 @@ pub struct Conn {
     rbuf: BytesMut,
     /// Frames encoded but not yet written; flushed with one `write_all` so a wakeup costs one syscall.
     pub wbuf: Vec<u8>,
+    /// How much of `wbuf` [`Conn::pump`] has already written (always 0 for `flush` users).
+    wpos: usize,
     /// Negotiated maximum frame size (including the 8 bytes of framing).
     pub frame_max: u32,
 }
@@ -87,6 +89,7 @@ impl Conn {
             stream,
             rbuf: BytesMut::with_capacity(256 * 1024),
             wbuf: Vec::with_capacity(256 * 1024),
+            wpos: 0,
             frame_max: DEFAULT_FRAME_MAX,
         };
         conn.handshake(uri)
@@ -111,7 +114,15 @@ impl Conn {
         }
 
         let mut capabilities = FieldTable::default();
-        for cap in ["publisher_confirms", "basic.nack", "consumer_cancel_notify"] {
+        // connection.blocked: brokers only send it to clients that say they understand it (the abuse
+        // tool watches for it); authentication_failure_close: a refused login gets close 403, not EOF.
+        for cap in [
+            "publisher_confirms",
+            "basic.nack",
+            "consumer_cancel_notify",
+            "connection.blocked",
+            "authentication_failure_close",
+        ] {
             capabilities.insert(ShortString::from(cap), AMQPValue::Boolean(true));
         }
         let mut props = FieldTable::default();
@@ -198,14 +209,60 @@ impl Conn {
 
     /// Write everything buffered in one call.
     pub async fn flush(&mut self) -> Result<()> {
-        if !self.wbuf.is_empty() {
+        if self.wpos < self.wbuf.len() {
             self.stream
-                .write_all(&self.wbuf)
+                .write_all(&self.wbuf[self.wpos..])
                 .await
                 .ctx("writing to socket")?;
-            self.wbuf.clear();
         }
+        self.wbuf.clear();
+        self.wpos = 0;
         Ok(())
+    }
+
+    /// Bytes of `wbuf` not yet written by [`Conn::pump`].
+    #[allow(dead_code)] // used by weir-abuse, which compiles this file too
+    pub fn unwritten(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+
+    /// Wait until the socket can make progress, then write what it takes of `wbuf` and read what has
+    /// arrived. Unlike `flush`, it never blocks on a peer that stopped reading: frames the peer sends
+    /// meanwhile (connection.blocked, close) are still read. Returns `false` on EOF.
+    #[allow(dead_code)] // used by weir-abuse, which compiles this file too
+    pub async fn pump(&mut self) -> Result<bool> {
+        let want_write = self.wpos < self.wbuf.len();
+        let interest = if want_write {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        let ready = self.stream.ready(interest).await.ctx("polling socket")?;
+        if want_write && ready.is_writable() {
+            match self.stream.try_write(&self.wbuf[self.wpos..]) {
+                Ok(n) => {
+                    self.wpos += n;
+                    if self.wpos == self.wbuf.len() {
+                        self.wbuf.clear();
+                        self.wpos = 0;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return err(format!("writing to socket: {e}")),
+            }
+        }
+        if ready.is_readable() {
+            if self.rbuf.capacity() - self.rbuf.len() < 64 * 1024 {
+                self.rbuf.reserve(256 * 1024);
+            }
+            match self.stream.try_read_buf(&mut self.rbuf) {
+                Ok(0) => return Ok(false),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return err(format!("reading from socket: {e}")),
+            }
+        }
+        Ok(true)
     }
 
     /// Read whatever bytes are available (at least one); errors on EOF.
@@ -262,8 +319,8 @@ impl Conn {
         }
     }
 
-    /// Wait for the next method on `channel`, skipping heartbeats; a close from the server becomes an
-    /// error carrying its reply code and text.
+    /// Wait for the next method on `channel`, skipping heartbeats and connection.(un)blocked; a close
+    /// from the server becomes an error carrying its reply code and text.
     pub async fn recv_method(&mut self, channel: u16) -> Result<AMQPClass> {
         loop {
             match self.recv_frame().await? {
@@ -281,6 +338,13 @@ impl Conn {
                         c.reply_text.as_str()
                     ))
                 }
+                // A broker under a resource alarm may announce it at any time; it is not a reply.
+                AMQPFrame::Method(
+                    0,
+                    AMQPClass::Connection(
+                        connection::AMQPMethod::Blocked(_) | connection::AMQPMethod::Unblocked(_),
+                    ),
+                ) => {}
                 AMQPFrame::Method(ch, m) if ch == channel => return Ok(m),
                 AMQPFrame::Heartbeat => {}
                 other => return err(format!("unexpected frame during setup: {other}")),
