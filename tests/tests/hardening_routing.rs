@@ -372,3 +372,105 @@ async fn fanout_to_eight_thousand_queues() {
     })
     .await;
 }
+
+/// Publishes `count` messages on a confirm channel and waits for the last
+/// confirm; returns the time per publish.
+async fn timed_publishes(
+    rd: &mut Reader,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    exchange: &str,
+    key: &str,
+    count: u64,
+    tags_before: u64,
+) -> Duration {
+    let mut frames = Vec::new();
+    for _ in 0..count {
+        frames.extend(publish(1, exchange, key, b"m"));
+    }
+    let started = Instant::now();
+    wr.write_all(&frames).await.expect("write");
+    loop {
+        let f = rd.expect(60, 80).await;
+        let tag = u64::from_be_bytes(f.payload[4..12].try_into().expect("8 bytes"));
+        if tag == tags_before + count {
+            break;
+        }
+    }
+    started.elapsed() / count as u32
+}
+
+/// The figures of issue 5 findings 1, 2 and 10, black-box, for comparing
+/// builds: `WEIR_BIN=target/release/weir cargo nextest run -p weir-tests
+/// --test hardening_routing --run-ignored only --no-capture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_routing_costs() {
+    let broker = Broker::start();
+    let (mut rd, mut wr) = open_split(broker.addr()).await;
+    wr.write_all(&confirm_select(1)).await.expect("write");
+    rd.expect(85, 11).await;
+    let mut tags = 0;
+
+    // Finding 1: the issue's 49-byte pattern and a 30-word key.
+    wr.write_all(&raw::queue_declare(1, "topic-q"))
+        .await
+        .expect("write");
+    rd.expect(50, 11).await;
+    let pattern = format!("{}b", "#.a.".repeat(12));
+    wr.write_all(&queue_bind(1, "topic-q", "amq.topic", &pattern))
+        .await
+        .expect("write");
+    rd.expect(50, 21).await;
+    let key = vec!["a"; 30].join(".");
+    let t = timed_publishes(&mut rd, &mut wr, "amq.topic", &key, 1, tags).await;
+    tags += 1;
+    eprintln!(
+        "MEASURE topic {}-byte pattern, 30-word key: {t:?} per publish (to confirm)",
+        pattern.len()
+    );
+
+    // Finding 2: 20,000 binds in one write.
+    wr.write_all(&raw::exchange_declare(1, "burst", "direct"))
+        .await
+        .expect("write");
+    rd.expect(40, 11).await;
+    let mut frames = Vec::new();
+    for k in 0..BINDS {
+        frames.extend(queue_bind(1, "topic-q", "burst", &format!("key.{k}")));
+    }
+    let started = Instant::now();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&frames).await.expect("write");
+        wr
+    });
+    for _ in 0..BINDS {
+        rd.expect(50, 21).await;
+    }
+    let mut wr = writer.await.expect("writer");
+    eprintln!(
+        "MEASURE {BINDS} binds in one write: {:?}",
+        started.elapsed()
+    );
+
+    // Finding 10: fan-out to 1,000, 4,000, 8,000 queues.
+    let mut bound = 0;
+    for (i, n) in [1_000usize, 4_000, 8_000].into_iter().enumerate() {
+        let x = format!("fan{i}");
+        let mut frames = raw::exchange_declare(1, &x, "fanout");
+        for q in 0..n {
+            frames.extend(raw::queue_declare(1, &format!("fan{i}-{q}")));
+            frames.extend(queue_bind(1, &format!("fan{i}-{q}"), &x, ""));
+        }
+        wr.write_all(&frames).await.expect("write");
+        rd.expect(40, 11).await;
+        for _ in 0..n {
+            rd.expect(50, 11).await;
+            rd.expect(50, 21).await;
+        }
+        bound += n;
+        let count = 20;
+        let t = timed_publishes(&mut rd, &mut wr, &x, "", count, tags).await;
+        tags += count;
+        eprintln!("MEASURE fanout to {n} queues: {t:?} per publish ({bound} queues in all)");
+    }
+}
