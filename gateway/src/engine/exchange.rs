@@ -1159,6 +1159,42 @@ mod tests {
         assert_eq!(h(&a), h(&b));
     }
 
+    /// Bind and unbind cost as the exchange grows (issue 5 finding 2): per
+    /// operation it should stay flat. A measurement:
+    /// `cargo test --release -p weir-gateway bind_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn bind_cost() {
+        for kind in [ExchangeKind::Direct, ExchangeKind::Topic] {
+            for n in [25_000u32, 50_000, 100_000] {
+                let x = exchange(kind);
+                let q = queue("q");
+                let d = Destination::Queue(q);
+                let keys: Vec<String> = (0..n).map(|i| format!("a.{}.{}", i % 100, i)).collect();
+                let t = Instant::now();
+                for k in &keys {
+                    x.bind(d.clone(), k, empty());
+                }
+                let bind = t.elapsed();
+                let t = Instant::now();
+                let mut out = Vec::new();
+                x.route("a.7.7", &NoHeaders, &mut out, &mut Vec::new());
+                let route = t.elapsed();
+                let t = Instant::now();
+                for k in &keys {
+                    x.unbind(&d, k, &empty());
+                }
+                let unbind = t.elapsed();
+                assert_eq!(x.binding_count(), 0);
+                println!(
+                    "{kind:?} {n}: bind {:?}/op, unbind {:?}/op, one route {route:?}",
+                    bind / n,
+                    unbind / n
+                );
+            }
+        }
+    }
+
     /// Fan-out cost per publish for 1,000 / 4,000 / 8,000 queues (issue 5
     /// finding 10). A measurement, not an assertion:
     /// `cargo test --release -p weir-gateway fanout_cost -- --ignored --nocapture`.
