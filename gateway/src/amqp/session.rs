@@ -195,9 +195,13 @@ impl Session {
         let mut eof = false;
         let started = Instant::now();
         loop {
-            // 1. Interpret every complete frame we have.
+            // 1. Interpret every complete frame we have. One read can hold
+            // tens of thousands of frames (binds, declares, publishes): spend
+            // the task's cooperative budget per event so the runtime gets to
+            // serve other connections (and accept new ones) in between.
             while let Some(ev) = self.conn.poll(&mut input) {
                 self.handle_event(ev).await;
+                tokio::task::consume_budget().await;
             }
             self.end_batch();
             // 2. Deliveries and notices from the engine.

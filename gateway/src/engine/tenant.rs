@@ -160,6 +160,18 @@ impl Tenant {
         self.queues.read().values().cloned().collect()
     }
 
+    /// The exchanges with a binding to `dest`: a hash probe per exchange
+    /// under a read lock, so deleting a queue neither copies the exchange
+    /// table nor write-locks exchanges that have nothing to unbind.
+    fn sources_of(&self, dest: &Destination) -> Vec<Arc<Exchange>> {
+        self.exchanges
+            .read()
+            .values()
+            .filter(|x| x.has_binding_to(dest))
+            .cloned()
+            .collect()
+    }
+
     /// Every exchange.
     pub fn exchanges(&self) -> Vec<Arc<Exchange>> {
         self.exchanges.read().values().cloned().collect()
@@ -306,7 +318,7 @@ impl Tenant {
             keys.push(meta::binding_key(&self.name, &binding_def(name, &b)));
         }
         let dest = Destination::Exchange(x.clone());
-        for other in self.exchanges() {
+        for other in self.sources_of(&dest) {
             let gone = other.unbind_all_to(&dest);
             if gone.is_empty() {
                 continue;
@@ -481,7 +493,7 @@ impl Tenant {
         q.deleted.store(true, Ordering::Release);
         let dest = Destination::Queue(q.clone());
         let mut keys: Vec<Vec<u8>> = Vec::new();
-        for x in self.exchanges() {
+        for x in self.sources_of(&dest) {
             let gone = x.unbind_all_to(&dest);
             if gone.is_empty() {
                 continue;
