@@ -51,9 +51,12 @@ for t in "${ALL[@]}"; do
     log "build $t"
     cargo fuzz build -s "$SANITIZER" "$t"
     mkdir -p "fuzz/corpus/$t"
+    # New inputs go to corpus/ (not committed); committed seeds are read too.
+    dirs=("fuzz/corpus/$t")
+    [[ -d "fuzz/seeds/$t" ]] && dirs+=("fuzz/seeds/$t")
     out=$(mktemp)
     log "run $t for ${SECS}s"
-    if cargo fuzz run -s "$SANITIZER" "$t" "fuzz/corpus/$t" -- \
+    if cargo fuzz run -s "$SANITIZER" "$t" "${dirs[@]}" -- \
         -max_total_time="$SECS" -max_len="$(max_len "$t")" -rss_limit_mb=2048 \
         -print_final_stats=1 >"$out" 2>&1; then
         status=ok

@@ -12,6 +12,7 @@ use amq_protocol::protocol::{channel, connection, AMQPClass};
 use amq_protocol::types::FieldTable;
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
 use weir_protocols::amqp::{codec, reply, Connection, Event, ServerConfig};
 
 const MAX_MESSAGE: u64 = 64 * 1024;
@@ -81,9 +82,10 @@ fuzz_target!(|data: &[u8]| {
         ..ServerConfig::default()
     };
     let frame_max = config.frame_max as usize;
+    static HANDSHAKE: OnceLock<Vec<u8>> = OnceLock::new();
     let mut stream = codec::PROTOCOL_HEADER.to_vec();
     if opts & 1 != 0 {
-        stream.extend(handshake());
+        stream.extend_from_slice(HANDSHAKE.get_or_init(handshake));
     }
     stream.extend_from_slice(body);
     let chunk = 1usize << (((opts >> 1) & 7) * 2); // 1 B .. 16 KiB

@@ -790,14 +790,16 @@ impl Connection {
                 let sasl::Credentials { username, password } =
                     match sasl::decode(&mechanism, start_ok.response.as_bytes()) {
                         Ok(c) => c,
-                        Err(e) => return self.fail(
-                            reply::ACCESS_REFUSED,
-                            format!(
+                        Err(e) => {
+                            return self.fail(
+                                reply::ACCESS_REFUSED,
+                                format!(
                                 "ACCESS_REFUSED - login with mechanism {mechanism} refused: {e}"
                             ),
-                            10,
-                            11,
-                        ),
+                                10,
+                                11,
+                            )
+                        }
                     };
                 self.phase = Phase::Authenticating;
                 self.pending.push_back(Event::Login {
@@ -1816,6 +1818,51 @@ mod tests {
             for b in [&message.routing_key, &message.properties, &message.body] {
                 assert_eq!(!range.contains(&(b.as_ptr() as usize)), copied);
             }
+        }
+    }
+
+    /// Throughput of small publishes fed in 64 KiB reads, with and without
+    /// `copy_messages_below`; run with
+    /// `cargo test -p weir-protocols --release -- --ignored --nocapture measure`.
+    #[test]
+    #[ignore]
+    fn measure_small_publish_throughput() {
+        let n = 1_000_000;
+        let mut one = Vec::new();
+        one.extend_from_slice(&partial_publish(1, 100, 100, 8192));
+        let mut stream = Vec::with_capacity(one.len() * n);
+        for _ in 0..n {
+            stream.extend_from_slice(&one);
+        }
+        for below in [0, 4096] {
+            let mut c = open_connection_with(ServerConfig {
+                copy_messages_below: below,
+                ..ServerConfig::default()
+            });
+            let mut input = BytesMut::from(
+                &method(
+                    1,
+                    AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+                )[..],
+            );
+            assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+            let started = std::time::Instant::now();
+            let mut got = 0;
+            for read in stream.chunks(64 * 1024) {
+                input.reserve(64 * 1024);
+                input.extend_from_slice(read);
+                while let Some(ev) = c.poll(&mut input) {
+                    if let Event::Publish { message, .. } = ev {
+                        got += message.body.len() / 100;
+                    }
+                }
+            }
+            assert_eq!(got, n);
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "copy_messages_below={below}: {n} publishes of 100 B in {secs:.3} s = {:.0} k msg/s",
+                n as f64 / secs / 1000.0
+            );
         }
     }
 }
