@@ -109,7 +109,9 @@ pub enum Event {
     },
     /// A channel was opened (open-ok already queued).
     ChannelOpened(u16),
-    /// The client closed a channel (close-ok already queued): release its state.
+    /// A channel is gone: the client closed it (close-ok already queued), or
+    /// this connection closed it for a content error (message too large,
+    /// partial-content cap; channel.close already queued). Release its state.
     ChannelClosed(u16),
     /// A channel-level method for the engine.
     Method {
@@ -1028,8 +1030,17 @@ impl Connection {
             others.saturating_add(cost),
             self.partial_limit
         );
-        self.close_channel(ch, reply::PRECONDITION_FAILED, &text, 60, 40);
+        self.close_channel_for_content(ch, &text);
         false
+    }
+
+    /// Closes a channel with 406 for its content and tells the engine, which
+    /// did not ask for the close, to release the channel's state.
+    fn close_channel_for_content(&mut self, ch: u16, text: &str) {
+        if self.channel_is_usable(ch) {
+            self.close_channel(ch, reply::PRECONDITION_FAILED, text, 60, 40);
+            self.pending.push_back(Event::ChannelClosed(ch));
+        }
     }
 
     fn handle_content_frame(&mut self, frame: RawFrame) {
@@ -1037,7 +1048,7 @@ impl Connection {
         if self.phase == Phase::Closing {
             return;
         }
-        let Some(state) = self.channels.get(&ch) else {
+        let Some(state) = self.channels.get_mut(&ch) else {
             return self.fail(
                 reply::CHANNEL_ERROR,
                 format!("CHANNEL_ERROR - content frame on unopened channel {ch}"),
@@ -1048,8 +1059,12 @@ impl Connection {
         if state.closing {
             return;
         }
-        // Taken out (totals adjusted); put back below while still incomplete.
-        let content = self.set_content(ch, Content::Idle);
+        // Taken out (totals adjusted here, as set_content would, without a
+        // second map lookup on the hot path); put back below while still
+        // incomplete.
+        let content = std::mem::replace(&mut state.content, Content::Idle);
+        self.partial_bytes -= content.cost();
+        self.incomplete -= usize::from(!matches!(content, Content::Idle));
         match (frame.kind, content) {
             (codec::FRAME_HEADER, Content::AwaitingHeader { publish, .. }) => {
                 if frame.payload.len() < 14
@@ -1088,7 +1103,7 @@ impl Connection {
                         header.body_size, self.config.max_message_size
                     );
                     // The body frames still to come are discarded as the channel closes.
-                    self.close_channel(ch, reply::PRECONDITION_FAILED, &text, 60, 40);
+                    self.close_channel_for_content(ch, &text);
                     return;
                 }
                 let props = &header.properties;
@@ -1736,6 +1751,10 @@ mod tests {
         assert!(written(&mut c).is_empty());
         // A second one on another channel would pass the cap: refused with 406.
         input.extend_from_slice(&partial_publish(2, 100_000, 20_000, 8192));
+        assert!(
+            matches!(c.poll(&mut input), Some(Event::ChannelClosed(2))),
+            "the engine is told to release channel 2"
+        );
         assert!(c.poll(&mut input).is_none());
         assert_eq!(
             channel_close_code(&written(&mut c), 2),
