@@ -110,6 +110,20 @@ fn value(c: &mut Cur<'_>, depth: usize) -> Result<(), DepthError> {
 /// Checks the tables in a method's arguments (`args`: the payload after class
 /// and method ids). Methods without tables always pass.
 pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), DepthError> {
+    check_method_limited(class_id, method_id, args, MAX_DEPTH)
+}
+
+/// [`check_method`] with a lower nesting limit (at most [`MAX_DEPTH`]): the
+/// fuzz target uses 2 so that a table the check fails to walk shows up as
+/// parsed nesting beyond the limit with a few bytes of input.
+pub fn check_method_limited(
+    class_id: u16,
+    method_id: u16,
+    args: &[u8],
+    limit: usize,
+) -> Result<(), DepthError> {
+    // Starting deeper makes the walk refuse nesting beyond `limit`.
+    let d = MAX_DEPTH - limit.min(MAX_DEPTH) + 1;
     let mut c = Cur { b: args };
     match (class_id, method_id) {
         // connection.start: version-major, version-minor, server-properties.
@@ -117,17 +131,17 @@ pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), De
         // so a client sending one must not reach its recursive parser either.
         (10, 10) => {
             c.take(2)?;
-            table(&mut c, 1)
+            table(&mut c, d)
         }
         // connection.start-ok: client-properties, mechanism, response,
         // locale. An AMQPLAIN response is a table body without its length
         // prefix, parsed as a table when the credentials are decoded.
         (10, 11) => {
-            table(&mut c, 1)?;
+            table(&mut c, d)?;
             let mechanism = c.short_str()?;
             let response = c.long_str()?;
             if mechanism == b"AMQPLAIN" {
-                table_entries(response, 1)?;
+                table_entries(response, d)?;
             }
             Ok(())
         }
@@ -137,7 +151,7 @@ pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), De
             c.short_str()?;
             c.short_str()?;
             c.take(1)?;
-            table(&mut c, 1)
+            table(&mut c, d)
         }
         // exchange.bind / unbind: ticket, destination, source, key, bits, arguments.
         (40, 30) | (40, 40) => {
@@ -146,14 +160,14 @@ pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), De
             c.short_str()?;
             c.short_str()?;
             c.take(1)?;
-            table(&mut c, 1)
+            table(&mut c, d)
         }
         // queue.declare: ticket, queue, bits, arguments.
         (50, 10) => {
             c.take(2)?;
             c.short_str()?;
             c.take(1)?;
-            table(&mut c, 1)
+            table(&mut c, d)
         }
         // queue.bind: ticket, queue, exchange, key, bits, arguments.
         (50, 20) => {
@@ -162,7 +176,7 @@ pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), De
             c.short_str()?;
             c.short_str()?;
             c.take(1)?;
-            table(&mut c, 1)
+            table(&mut c, d)
         }
         // queue.unbind: ticket, queue, exchange, key, arguments.
         (50, 50) => {
@@ -170,7 +184,7 @@ pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), De
             c.short_str()?;
             c.short_str()?;
             c.short_str()?;
-            table(&mut c, 1)
+            table(&mut c, d)
         }
         // basic.consume: ticket, queue, tag, bits, arguments.
         (60, 20) => {
@@ -178,7 +192,7 @@ pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), De
             c.short_str()?;
             c.short_str()?;
             c.take(1)?;
-            table(&mut c, 1)
+            table(&mut c, d)
         }
         _ => Ok(()),
     }
