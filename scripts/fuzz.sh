@@ -65,9 +65,9 @@ for t in "${ALL[@]}"; do
         failed+=("$t")
         tail -n 60 "$out" >&2
     fi
-    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out" | tail -1)
-    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$out" | tail -1)
-    cov=$(grep -o 'cov: [0-9]*' "$out" | tail -1 | tr -d 'cov: ')
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out" | tail -1 || true)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$out" | tail -1 || true)
+    cov=$({ grep -o 'cov: [0-9]*' "$out" || true; } | tail -1 | tr -d 'cov: ')
     summary+=("$(printf '%-16s %-5s %3ss %10s execs %8s execs/s  cov %s' "$t" "$status" "$SECS" "${runs:-?}" "${rate:-?}" "${cov:-?}")")
     rm -f "$out"
 done

@@ -114,7 +114,7 @@ pub fn check_method(class_id: u16, method_id: u16, args: &[u8]) -> Result<(), De
 }
 
 /// [`check_method`] with a lower nesting limit (at most [`MAX_DEPTH`]): the
-/// fuzz target uses 2 so that a table the check fails to walk shows up as
+/// fuzz target uses 1 so that a table the check fails to walk shows up as
 /// parsed nesting beyond the limit with a few bytes of input.
 pub fn check_method_limited(
     class_id: u16,
