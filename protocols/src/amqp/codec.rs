@@ -77,9 +77,11 @@ pub fn cut_frame(buf: &mut BytesMut, frame_max: usize) -> Result<Option<RawFrame
     let kind = buf[0];
     let channel = u16::from_be_bytes([buf[1], buf[2]]);
     let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]) as usize;
-    if size + FRAME_OVERHEAD > frame_max {
+    // Checked before anything is reserved, so a declared size never makes us
+    // allocate more than frame_max (saturating: no overflow on 32-bit).
+    if size.saturating_add(FRAME_OVERHEAD) > frame_max {
         return Err(FrameError::TooLarge {
-            size: size + FRAME_OVERHEAD,
+            size: size.saturating_add(FRAME_OVERHEAD),
             max: frame_max,
         });
     }

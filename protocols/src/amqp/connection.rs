@@ -11,6 +11,7 @@
 use super::codec::{self, FrameError, RawFrame, Reader};
 use super::depth;
 use super::reply;
+use super::sasl;
 use amq_protocol::frame::parsing::parse_content_header;
 use amq_protocol::protocol::{basic, channel, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
@@ -28,6 +29,20 @@ pub struct ServerConfig {
     pub heartbeat: u16,
     /// Largest message body accepted (RabbitMQ's `max_message_size`).
     pub max_message_size: u64,
+    /// Most bytes that incomplete messages (publish seen, body not yet
+    /// complete) on all channels of one connection may hold together
+    /// ([`Connection::partial_content_bytes`]); `None` means
+    /// [`Self::max_message_size`]. One incomplete message is always allowed
+    /// up to `max_message_size`, so this bounds how far many channels can
+    /// multiply it. A frame that would pass the limit while other channels
+    /// hold content closes its channel with 406 PRECONDITION_FAILED.
+    pub max_partial_content: Option<u64>,
+    /// Opt-in against memory amplification (issue 5, finding 7): a complete
+    /// message whose exchange, routing key, properties and body total fewer
+    /// bytes than this is copied into one allocation of its own instead of
+    /// staying slices of the socket read buffer (which a queued message would
+    /// otherwise keep alive whole). 0 (the default) never copies.
+    pub copy_messages_below: usize,
     /// Product version string.
     pub version: String,
 }
@@ -39,6 +54,8 @@ impl Default for ServerConfig {
             channel_max: 2047,
             heartbeat: 60,
             max_message_size: 128 * 1024 * 1024,
+            max_partial_content: None,
+            copy_messages_below: 0,
             version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
@@ -65,8 +82,10 @@ pub struct Publish {
     pub body: Bytes,
 }
 
-/// Decodes a raw property block.
+/// Decodes a raw property block. Its `headers` table is depth-checked first,
+/// so a block from anywhere (the wire, the store) is safe to decode.
 pub fn parse_properties(raw: &[u8]) -> Option<basic::AMQPProperties> {
+    depth::check_properties(raw).ok()?;
     basic::parse_properties(raw).ok().map(|(_, p)| p)
 }
 
@@ -90,7 +109,9 @@ pub enum Event {
     },
     /// A channel was opened (open-ok already queued).
     ChannelOpened(u16),
-    /// The client closed a channel (close-ok already queued): release its state.
+    /// A channel is gone: the client closed it (close-ok already queued), or
+    /// this connection closed it for a content error (message too large,
+    /// partial-content cap; channel.close already queued). Release its state.
     ChannelClosed(u16),
     /// A channel-level method for the engine.
     Method {
@@ -152,15 +173,69 @@ enum Phase {
     Finished,
 }
 
+/// A channel's message in progress. Fields that are slices of the read
+/// buffer are copied out ([`Content::detach`]) before the buffer is refilled,
+/// so an incomplete message never pins more than its own bytes.
 enum Content {
     Idle,
-    AwaitingHeader(PendingPublish),
+    AwaitingHeader {
+        publish: PendingPublish,
+        /// Slices copied out of the read buffer already.
+        owned: bool,
+    },
     AwaitingBody {
         publish: PendingPublish,
         header: Header,
+        /// Body bytes still to come.
         remaining: u64,
-        parts: Vec<Bytes>,
+        /// Announced body size.
+        total: u64,
+        /// Body received so far, in its own allocation (capacity at most
+        /// twice its length, and never more than `total`).
+        body: BytesMut,
+        owned: bool,
     },
+}
+
+impl Content {
+    /// Bytes held for this incomplete message (names, properties, body).
+    fn cost(&self) -> usize {
+        match self {
+            Content::Idle => 0,
+            Content::AwaitingHeader { publish, .. } => publish.cost(),
+            Content::AwaitingBody {
+                publish,
+                header,
+                body,
+                ..
+            } => publish.cost() + header.properties.len() + body.len(),
+        }
+    }
+
+    /// Copies the slices that still point into the read buffer.
+    fn detach(&mut self) {
+        match self {
+            Content::Idle => {}
+            Content::AwaitingHeader { publish, owned } => {
+                if !*owned {
+                    publish.detach();
+                    *owned = true;
+                }
+            }
+            Content::AwaitingBody {
+                publish,
+                header,
+                owned,
+                ..
+            } => {
+                if !*owned {
+                    publish.detach();
+                    header.properties = Bytes::copy_from_slice(&header.properties);
+                    *owned = true;
+                }
+            }
+        }
+    }
 }
 
 struct PendingPublish {
@@ -168,6 +243,36 @@ struct PendingPublish {
     routing_key: Bytes,
     mandatory: bool,
     immediate: bool,
+}
+
+impl PendingPublish {
+    fn cost(&self) -> usize {
+        self.exchange.len() + self.routing_key.len()
+    }
+    fn detach(&mut self) {
+        self.exchange = Bytes::copy_from_slice(&self.exchange);
+        self.routing_key = Bytes::copy_from_slice(&self.routing_key);
+    }
+}
+
+/// Appends `part` to a body being assembled, growing the buffer at most to
+/// `total` and at most to twice what it holds, so the memory an incomplete
+/// body holds stays proportional to the bytes actually received.
+fn append_body(body: &mut BytesMut, part: &[u8], total: u64) {
+    let need = body.len() + part.len();
+    if body.capacity() < need {
+        let total = usize::try_from(total).unwrap_or(usize::MAX);
+        let target = body
+            .capacity()
+            .saturating_mul(2)
+            .max(need)
+            .min(total)
+            .max(need);
+        let mut grown = BytesMut::with_capacity(target);
+        grown.extend_from_slice(body);
+        *body = grown;
+    }
+    body.extend_from_slice(part);
 }
 
 struct Header {
@@ -193,6 +298,12 @@ pub struct Connection {
     out: BytesMut,
     /// Set when the connection was closed for an error, for logs.
     close_reason: Option<(u16, String)>,
+    /// Sum of [`Content::cost`] over all channels.
+    partial_bytes: usize,
+    /// Channels whose content is not [`Content::Idle`].
+    incomplete: usize,
+    /// The effective [`ServerConfig::max_partial_content`].
+    partial_limit: usize,
 }
 
 impl Connection {
@@ -200,7 +311,13 @@ impl Connection {
     pub fn new(config: ServerConfig) -> Self {
         let frame_max = config.frame_max as usize;
         let channel_max = config.channel_max;
+        let partial_limit = config
+            .max_partial_content
+            .unwrap_or(config.max_message_size);
         Connection {
+            partial_bytes: 0,
+            incomplete: 0,
+            partial_limit: usize::try_from(partial_limit).unwrap_or(usize::MAX),
             config,
             phase: Phase::AwaitingHeader,
             frame_max,
@@ -248,6 +365,50 @@ impl Connection {
         self.close_reason.as_ref()
     }
 
+    /// Bytes currently held for incomplete messages on all channels: a
+    /// publish whose content has not fully arrived (exchange and routing key,
+    /// properties, and the body received so far). Memory held is at most
+    /// about twice this. Zero when no message is in progress; a value that
+    /// stays non-zero and unchanged means a client stalled mid-message.
+    pub fn partial_content_bytes(&self) -> usize {
+        self.partial_bytes
+    }
+
+    /// Replaces a channel's content, keeping the partial-content totals.
+    fn set_content(&mut self, ch: u16, content: Content) -> Content {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return Content::Idle;
+        };
+        let old = std::mem::replace(&mut state.content, content);
+        let new = &state.content;
+        self.partial_bytes = self.partial_bytes + new.cost() - old.cost();
+        self.incomplete = self.incomplete + usize::from(!matches!(new, Content::Idle))
+            - usize::from(!matches!(old, Content::Idle));
+        old
+    }
+
+    fn remove_channel(&mut self, ch: u16) {
+        self.set_content(ch, Content::Idle);
+        self.channels.remove(&ch);
+    }
+
+    fn clear_channels(&mut self) {
+        self.channels.clear();
+        self.partial_bytes = 0;
+        self.incomplete = 0;
+    }
+
+    /// Recomputes the partial-content totals (for debug assertions).
+    fn totals_hold(&self) -> bool {
+        let bytes: usize = self.channels.values().map(|c| c.content.cost()).sum();
+        let n = self
+            .channels
+            .values()
+            .filter(|c| !matches!(c.content, Content::Idle))
+            .count();
+        bytes == self.partial_bytes && n == self.incomplete
+    }
+
     /// Whether `channel` is open and not being closed by the server.
     pub fn channel_is_usable(&self, channel: u16) -> bool {
         self.phase == Phase::Open && self.channels.get(&channel).is_some_and(|c| !c.closing)
@@ -286,8 +447,18 @@ impl Connection {
                 Phase::Authenticating | Phase::Opening => return None,
                 _ => {}
             }
+            debug_assert!(self.totals_hold(), "partial-content totals drifted");
             match codec::cut_frame(input, self.frame_max) {
-                Ok(None) => return None,
+                Ok(None) => {
+                    // The caller refills `input` next: incomplete messages
+                    // must not keep the old buffer alive.
+                    if self.incomplete > 0 {
+                        for state in self.channels.values_mut() {
+                            state.content.detach();
+                        }
+                    }
+                    return None;
+                }
                 Ok(Some(frame)) => self.handle_frame(frame),
                 Err(FrameError::TooLarge { size, max }) => {
                     input.clear();
@@ -412,7 +583,7 @@ impl Connection {
         );
         self.close_reason = Some((code, text));
         self.phase = Phase::Closing;
-        self.channels.clear();
+        self.clear_channels();
     }
 
     /// Server-initiated channel close with a soft error. The caller releases
@@ -433,7 +604,7 @@ impl Connection {
             return;
         }
         state.closing = true;
-        state.content = Content::Idle;
+        self.set_content(channel, Content::Idle);
         let reply_text = truncate(text);
         self.send_method(
             channel,
@@ -519,9 +690,9 @@ impl Connection {
                 if state.closing {
                     // Discard everything but the closing handshake on this channel.
                     if class_id == 20 && method_id == 41 {
-                        self.channels.remove(&ch);
+                        self.remove_channel(ch);
                     } else if class_id == 20 && method_id == 40 {
-                        self.channels.remove(&ch);
+                        self.remove_channel(ch);
                         self.send_method(
                             ch,
                             AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
@@ -618,16 +789,20 @@ impl Connection {
         match (self.phase, m) {
             (Phase::AwaitingStartOk, M::StartOk(start_ok)) => {
                 let mechanism = start_ok.mechanism.as_str().to_string();
-                let Some((username, password)) =
-                    decode_credentials(&mechanism, start_ok.response.as_bytes())
-                else {
-                    return self.fail(
-                        reply::ACCESS_REFUSED,
-                        format!("ACCESS_REFUSED - unsupported mechanism or malformed response for {mechanism}"),
-                        10,
-                        11,
-                    );
-                };
+                let sasl::Credentials { username, password } =
+                    match sasl::decode(&mechanism, start_ok.response.as_bytes()) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            return self.fail(
+                                reply::ACCESS_REFUSED,
+                                format!(
+                                "ACCESS_REFUSED - login with mechanism {mechanism} refused: {e}"
+                            ),
+                                10,
+                                11,
+                            )
+                        }
+                    };
                 self.phase = Phase::Authenticating;
                 self.pending.push_back(Event::Login {
                     mechanism,
@@ -673,7 +848,7 @@ impl Connection {
                     0,
                     AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
                 );
-                self.channels.clear();
+                self.clear_channels();
                 self.phase = Phase::Finished;
                 self.pending.push_back(Event::Closed);
             }
@@ -775,7 +950,7 @@ impl Connection {
         }
         match method {
             AMQPClass::Channel(channel::AMQPMethod::Close(_)) => {
-                self.channels.remove(&ch);
+                self.remove_channel(ch);
                 self.send_method(
                     ch,
                     AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
@@ -827,13 +1002,44 @@ impl Connection {
         let Some((exchange, routing_key, bits)) = parsed else {
             return self.syntax_error(codec::BASIC_CLASS, codec::BASIC_PUBLISH);
         };
-        if let Some(state) = self.channels.get_mut(&ch) {
-            state.content = Content::AwaitingHeader(PendingPublish {
-                exchange,
-                routing_key,
-                mandatory: bits & 1 != 0,
-                immediate: bits & 2 != 0,
-            });
+        self.set_content(
+            ch,
+            Content::AwaitingHeader {
+                publish: PendingPublish {
+                    exchange,
+                    routing_key,
+                    mandatory: bits & 1 != 0,
+                    immediate: bits & 2 != 0,
+                },
+                owned: false,
+            },
+        );
+    }
+
+    /// Whether a channel may hold `cost` bytes of incomplete content while
+    /// the other channels hold [`Self::partial_bytes`] (its own content is
+    /// taken out first). Closes the channel with 406 when not.
+    fn admit_partial(&mut self, ch: u16, cost: usize) -> bool {
+        let others = self.partial_bytes;
+        // One message in progress is bounded by max_message_size alone.
+        if others == 0 || others.saturating_add(cost) <= self.partial_limit {
+            return true;
+        }
+        let text = format!(
+            "PRECONDITION_FAILED - incomplete messages on this connection would hold {} bytes, over the limit of {}",
+            others.saturating_add(cost),
+            self.partial_limit
+        );
+        self.close_channel_for_content(ch, &text);
+        false
+    }
+
+    /// Closes a channel with 406 for its content and tells the engine, which
+    /// did not ask for the close, to release the channel's state.
+    fn close_channel_for_content(&mut self, ch: u16, text: &str) {
+        if self.channel_is_usable(ch) {
+            self.close_channel(ch, reply::PRECONDITION_FAILED, text, 60, 40);
+            self.pending.push_back(Event::ChannelClosed(ch));
         }
     }
 
@@ -853,9 +1059,14 @@ impl Connection {
         if state.closing {
             return;
         }
+        // Taken out (totals adjusted here, as set_content would, without a
+        // second map lookup on the hot path); put back below while still
+        // incomplete.
         let content = std::mem::replace(&mut state.content, Content::Idle);
+        self.partial_bytes -= content.cost();
+        self.incomplete -= usize::from(!matches!(content, Content::Idle));
         match (frame.kind, content) {
-            (codec::FRAME_HEADER, Content::AwaitingHeader(publish)) => {
+            (codec::FRAME_HEADER, Content::AwaitingHeader { publish, .. }) => {
                 if frame.payload.len() < 14
                     || depth::check_properties(&frame.payload[12..]).is_err()
                 {
@@ -892,7 +1103,7 @@ impl Connection {
                         header.body_size, self.config.max_message_size
                     );
                     // The body frames still to come are discarded as the channel closes.
-                    self.close_channel(ch, reply::PRECONDITION_FAILED, &text, 60, 40);
+                    self.close_channel_for_content(ch, &text);
                     return;
                 }
                 let props = &header.properties;
@@ -903,14 +1114,22 @@ impl Connection {
                 };
                 if header.body_size == 0 {
                     self.finish_publish(ch, publish, h, Bytes::new());
-                } else if let Some(state) = self.channels.get_mut(&ch) {
-                    state.content = Content::AwaitingBody {
+                    return;
+                }
+                if !self.admit_partial(ch, publish.cost() + h.properties.len()) {
+                    return;
+                }
+                self.set_content(
+                    ch,
+                    Content::AwaitingBody {
                         publish,
                         header: h,
                         remaining: header.body_size,
-                        parts: Vec::new(),
-                    };
-                }
+                        total: header.body_size,
+                        body: BytesMut::new(),
+                        owned: false,
+                    },
+                );
             }
             (
                 codec::FRAME_BODY,
@@ -918,7 +1137,9 @@ impl Connection {
                     publish,
                     header,
                     remaining,
-                    mut parts,
+                    total,
+                    mut body,
+                    owned,
                 },
             ) => {
                 let len = frame.payload.len() as u64;
@@ -930,27 +1151,37 @@ impl Connection {
                         40,
                     );
                 }
-                parts.push(frame.payload);
                 let remaining = remaining - len;
                 if remaining == 0 {
-                    let body = if parts.len() == 1 {
-                        parts.pop().unwrap_or_default()
+                    // A body in one frame stays a slice of the read buffer
+                    // (no copy on the hot path); a split one was copied as
+                    // it arrived.
+                    let body = if body.is_empty() {
+                        frame.payload
                     } else {
-                        let mut b = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
-                        for p in &parts {
-                            b.extend_from_slice(p);
-                        }
-                        b.freeze()
+                        append_body(&mut body, &frame.payload, total);
+                        body.freeze()
                     };
                     self.finish_publish(ch, publish, header, body);
-                } else if let Some(state) = self.channels.get_mut(&ch) {
-                    state.content = Content::AwaitingBody {
+                    return;
+                }
+                let cost =
+                    publish.cost() + header.properties.len() + body.len() + frame.payload.len();
+                if !self.admit_partial(ch, cost) {
+                    return;
+                }
+                append_body(&mut body, &frame.payload, total);
+                self.set_content(
+                    ch,
+                    Content::AwaitingBody {
                         publish,
                         header,
                         remaining,
-                        parts,
-                    };
-                }
+                        total,
+                        body,
+                        owned,
+                    },
+                );
             }
             (kind, _) => self.fail(
                 reply::UNEXPECTED_FRAME,
@@ -964,19 +1195,47 @@ impl Connection {
     }
 
     fn finish_publish(&mut self, ch: u16, p: PendingPublish, h: Header, body: Bytes) {
+        let (exchange, routing_key, properties, body) =
+            self.maybe_compact(p.exchange, p.routing_key, h.properties, body);
         self.pending.push_back(Event::Publish {
             channel: ch,
             message: Publish {
-                exchange: p.exchange,
-                routing_key: p.routing_key,
+                exchange,
+                routing_key,
                 mandatory: p.mandatory,
                 immediate: p.immediate,
-                properties: h.properties,
+                properties,
                 persistent: h.persistent,
                 priority: h.priority,
                 body,
             },
         });
+    }
+
+    /// [`ServerConfig::copy_messages_below`]: a small message's four slices
+    /// become one exact-size allocation, so a queued message keeps alive only
+    /// its own bytes rather than the read buffer it arrived in.
+    fn maybe_compact(
+        &self,
+        exchange: Bytes,
+        routing_key: Bytes,
+        properties: Bytes,
+        body: Bytes,
+    ) -> (Bytes, Bytes, Bytes, Bytes) {
+        let total = exchange.len() + routing_key.len() + properties.len() + body.len();
+        if total >= self.config.copy_messages_below {
+            return (exchange, routing_key, properties, body);
+        }
+        let mut all = BytesMut::with_capacity(total);
+        for part in [&exchange, &routing_key, &properties, &body] {
+            all.extend_from_slice(part);
+        }
+        let mut all = all.freeze();
+        let exchange = all.split_to(exchange.len());
+        let routing_key = all.split_to(routing_key.len());
+        let properties = all.split_to(properties.len());
+        debug_assert_eq!(all.len(), body.len());
+        (exchange, routing_key, properties, all)
     }
 }
 
@@ -989,41 +1248,6 @@ fn truncate(text: &str) -> String {
         end -= 1;
     }
     text[..end].to_string()
-}
-
-/// Decodes PLAIN (`\0user\0pass`) and AMQPLAIN (a field table without its
-/// length prefix) responses.
-fn decode_credentials(mechanism: &str, response: &[u8]) -> Option<(String, String)> {
-    match mechanism {
-        "PLAIN" => {
-            let mut parts = response.split(|b| *b == 0);
-            let _authzid = parts.next()?;
-            let user = parts.next()?;
-            let pass = parts.next()?;
-            if parts.next().is_some() {
-                return None;
-            }
-            Some((
-                String::from_utf8(user.to_vec()).ok()?,
-                String::from_utf8(pass.to_vec()).ok()?,
-            ))
-        }
-        "AMQPLAIN" => {
-            let mut framed = Vec::with_capacity(response.len() + 4);
-            framed.extend_from_slice(&(response.len() as u32).to_be_bytes());
-            framed.extend_from_slice(response);
-            let (_, table) = amq_protocol::types::parsing::parse_field_table(&framed[..]).ok()?;
-            let get = |k: &str| -> Option<String> {
-                match table.inner().get(k)? {
-                    AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
-                    AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
-                    _ => None,
-                }
-            };
-            Some((get("LOGIN")?, get("PASSWORD")?))
-        }
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -1055,7 +1279,11 @@ mod tests {
     }
 
     fn open_connection() -> Connection {
-        let mut c = Connection::new(ServerConfig::default());
+        open_connection_with(ServerConfig::default())
+    }
+
+    fn open_connection_with(config: ServerConfig) -> Connection {
+        let mut c = Connection::new(config);
         let mut input = BytesMut::from(&codec::PROTOCOL_HEADER[..]);
         assert!(c.poll(&mut input).is_none());
         let start_ok = connection::StartOk {
@@ -1234,5 +1462,426 @@ mod tests {
         ));
         assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
         assert!(!c.is_closing());
+    }
+
+    /// A raw frame: type, channel, payload.
+    fn raw_frame(kind: u8, ch: u16, payload: &[u8]) -> Vec<u8> {
+        let mut v = vec![kind];
+        v.extend_from_slice(&ch.to_be_bytes());
+        v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        v.extend_from_slice(payload);
+        v.push(codec::FRAME_END);
+        v
+    }
+
+    /// A raw method frame from class and method ids and hand-built arguments.
+    fn raw_method(ch: u16, class_id: u16, method_id: u16, args: &[u8]) -> Vec<u8> {
+        let mut p = class_id.to_be_bytes().to_vec();
+        p.extend_from_slice(&method_id.to_be_bytes());
+        p.extend_from_slice(args);
+        raw_frame(codec::FRAME_METHOD, ch, &p)
+    }
+
+    fn short(s: &[u8]) -> Vec<u8> {
+        let mut v = vec![s.len() as u8];
+        v.extend_from_slice(s);
+        v
+    }
+
+    fn long(s: &[u8]) -> Vec<u8> {
+        let mut v = (s.len() as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(s);
+        v
+    }
+
+    /// A field table (length prefix included) holding one entry nested
+    /// `levels` deep in arrays (`b'A'`) or tables (`b'F'`).
+    fn deep_table(kind: u8, levels: usize) -> Vec<u8> {
+        long(&crate::amqp::sasl::tests::deep_entry(kind, levels))
+    }
+
+    /// A connection right after the protocol header (connection.start read).
+    fn after_header() -> (Connection, BytesMut) {
+        let mut c = Connection::new(ServerConfig::default());
+        let mut input = BytesMut::from(&codec::PROTOCOL_HEADER[..]);
+        assert!(c.poll(&mut input).is_none());
+        written(&mut c);
+        (c, input)
+    }
+
+    fn start_ok(mechanism: &[u8], response: &[u8]) -> Vec<u8> {
+        let mut args = long(&[]);
+        args.extend_from_slice(&short(mechanism));
+        args.extend_from_slice(&long(response));
+        args.extend_from_slice(&short(b"en_US"));
+        raw_method(0, 10, 11, &args)
+    }
+
+    fn amqplain_login(extra: &[u8]) -> Vec<u8> {
+        let mut r = short(b"LOGIN");
+        r.push(b'S');
+        r.extend_from_slice(&long(b"guest"));
+        r.extend_from_slice(&short(b"PASSWORD"));
+        r.push(b'S');
+        r.extend_from_slice(&long(b"guest"));
+        r.extend_from_slice(extra);
+        r
+    }
+
+    #[test]
+    fn deep_amqplain_response_closes_the_connection_instead_of_overflowing_the_stack() {
+        // Issue 5, finding 0: the exact shapes that aborted the broker.
+        for (kind, levels) in [(b'A', 2_100), (b'F', 1_400)] {
+            let (mut c, mut input) = after_header();
+            let entry = crate::amqp::sasl::tests::deep_entry(kind, levels);
+            input.extend_from_slice(&start_ok(b"AMQPLAIN", &amqplain_login(&entry)));
+            assert!(c.poll(&mut input).is_none(), "no login event");
+            assert!(c.is_closing());
+            let code = close_code(&written(&mut c));
+            assert!(
+                matches!(code, Some(reply::SYNTAX_ERROR | reply::ACCESS_REFUSED)),
+                "{code:?}"
+            );
+        }
+        // A well-formed AMQPLAIN login still works.
+        let (mut c, mut input) = after_header();
+        input.extend_from_slice(&start_ok(b"AMQPLAIN", &amqplain_login(&[])));
+        assert!(matches!(
+            c.poll(&mut input),
+            Some(Event::Login { ref username, .. }) if username == "guest"
+        ));
+    }
+
+    #[test]
+    fn plain_responses_of_odd_sizes_are_refused_with_a_close() {
+        for resp in [
+            Vec::new(),
+            b"\0".to_vec(),
+            b"\0\0\0\0".to_vec(),
+            vec![0xff; 70_000],
+            {
+                let mut v = b"\0u\0".to_vec();
+                v.resize(100_000, b'p');
+                v
+            },
+        ] {
+            let (mut c, mut input) = after_header();
+            input.extend_from_slice(&start_ok(b"PLAIN", &resp));
+            assert!(c.poll(&mut input).is_none(), "{} bytes", resp.len());
+            assert_eq!(close_code(&written(&mut c)), Some(reply::ACCESS_REFUSED));
+        }
+        // A response longer than the frame it claims to be in: malformed method.
+        let (mut c, mut input) = after_header();
+        let mut args = long(&[]);
+        args.extend_from_slice(&short(b"PLAIN"));
+        args.extend_from_slice(&u32::MAX.to_be_bytes());
+        args.extend_from_slice(b"\0u\0p");
+        input.extend_from_slice(&raw_method(0, 10, 11, &args));
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(close_code(&written(&mut c)), Some(reply::SYNTAX_ERROR));
+    }
+
+    #[test]
+    fn deep_tables_in_every_table_carrying_method_close_without_a_crash() {
+        // Before tune, frames of up to 128 KiB are read; after, 8 KiB here.
+        let deep = || deep_table(b'A', 5_000);
+        let deep_small = || deep_table(b'A', 1_500);
+        // connection.start sent by a client, before login: amq-protocol
+        // parses its server-properties table too.
+        let (mut c, mut input) = after_header();
+        let mut args = vec![0, 9];
+        args.extend_from_slice(&deep());
+        args.extend_from_slice(&long(b"PLAIN"));
+        args.extend_from_slice(&long(b"en_US"));
+        input.extend_from_slice(&raw_method(0, 10, 10, &args));
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(close_code(&written(&mut c)), Some(reply::SYNTAX_ERROR));
+        // connection.start-ok's client-properties.
+        let (mut c, mut input) = after_header();
+        let mut args = deep();
+        args.extend_from_slice(&short(b"PLAIN"));
+        args.extend_from_slice(&long(b"\0guest\0guest"));
+        args.extend_from_slice(&short(b"en_US"));
+        input.extend_from_slice(&raw_method(0, 10, 11, &args));
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(close_code(&written(&mut c)), Some(reply::SYNTAX_ERROR));
+
+        let s = |x: &[u8]| short(x);
+        let cases: Vec<(u16, u16, Vec<u8>)> = vec![
+            (
+                40,
+                10,
+                [&[0, 0][..], &s(b"x"), &s(b"direct"), &[0]].concat(),
+            ),
+            (
+                40,
+                30,
+                [&[0, 0][..], &s(b"d"), &s(b"s"), &s(b"k"), &[0]].concat(),
+            ),
+            (
+                40,
+                40,
+                [&[0, 0][..], &s(b"d"), &s(b"s"), &s(b"k"), &[0]].concat(),
+            ),
+            (50, 10, [&[0, 0][..], &s(b"q"), &[0]].concat()),
+            (
+                50,
+                20,
+                [&[0, 0][..], &s(b"q"), &s(b"x"), &s(b"k"), &[0]].concat(),
+            ),
+            (50, 50, [&[0, 0][..], &s(b"q"), &s(b"x"), &s(b"k")].concat()),
+            (60, 20, [&[0, 0][..], &s(b"q"), &s(b"t"), &[0]].concat()),
+        ];
+        for (class_id, method_id, mut args) in cases {
+            let mut c = open_connection();
+            let mut input = BytesMut::from(
+                &method(
+                    1,
+                    AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+                )[..],
+            );
+            assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+            args.extend_from_slice(&deep_small());
+            input.extend_from_slice(&raw_method(1, class_id, method_id, &args));
+            assert!(c.poll(&mut input).is_none(), "{class_id}.{method_id}");
+            assert_eq!(
+                close_code(&written(&mut c)),
+                Some(reply::SYNTAX_ERROR),
+                "{class_id}.{method_id}"
+            );
+        }
+        // A content header's headers table.
+        let mut c = open_connection();
+        let mut input = BytesMut::from(
+            &method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            )[..],
+        );
+        assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+        input.extend_from_slice(&raw_method(
+            1,
+            60,
+            40,
+            &[&[0, 0][..], &s(b""), &s(b"q"), &[0]].concat(),
+        ));
+        let mut header = vec![0, 60, 0, 0];
+        header.extend_from_slice(&1u64.to_be_bytes());
+        header.extend_from_slice(&(1u16 << 13).to_be_bytes());
+        header.extend_from_slice(&deep_small());
+        input.extend_from_slice(&raw_frame(codec::FRAME_HEADER, 1, &header));
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(close_code(&written(&mut c)), Some(reply::FRAME_ERROR));
+        // And a stored property block handed to parse_properties.
+        let mut props = (1u16 << 13).to_be_bytes().to_vec();
+        props.extend_from_slice(&deep());
+        assert!(parse_properties(&props).is_none());
+    }
+
+    #[test]
+    fn huge_declared_frame_sizes_are_refused_before_buffering() {
+        for size in [u32::MAX, 131_065, 1 << 31] {
+            let (mut c, mut input) = after_header();
+            input.extend_from_slice(&[1, 0, 0]);
+            input.extend_from_slice(&size.to_be_bytes());
+            assert!(c.poll(&mut input).is_none());
+            assert_eq!(close_code(&written(&mut c)), Some(reply::FRAME_ERROR));
+            assert!(input.capacity() < 1 << 20, "reserved {}", input.capacity());
+        }
+    }
+
+    /// publish + content header announcing `size` on `ch`, then `sent` body bytes.
+    fn partial_publish(ch: u16, size: u64, sent: usize, frame_max: usize) -> Vec<u8> {
+        let mut v = method(
+            ch,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: "q".into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        );
+        v.extend_from_slice(&frame(AMQPFrame::Header(
+            ch,
+            amq_protocol::frame::AMQPContentHeader {
+                class_id: 60,
+                body_size: size,
+                properties: basic::AMQPProperties::default(),
+            },
+        )));
+        let body = vec![b'x'; sent];
+        for piece in body.chunks(frame_max - codec::FRAME_OVERHEAD) {
+            v.extend_from_slice(&frame(AMQPFrame::Body(ch, piece.to_vec())));
+        }
+        v
+    }
+
+    fn channel_close_code(frames: &[AMQPFrame], ch: u16) -> Option<u16> {
+        frames.iter().find_map(|f| match f {
+            AMQPFrame::Method(c, AMQPClass::Channel(channel::AMQPMethod::Close(cl)))
+                if *c == ch =>
+            {
+                Some(cl.reply_code)
+            }
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn partial_content_is_capped_per_connection_across_channels() {
+        let mut c = open_connection_with(ServerConfig {
+            max_message_size: 100_000,
+            ..ServerConfig::default()
+        });
+        let mut input = BytesMut::new();
+        for ch in 1..=4 {
+            input.extend_from_slice(&method(
+                ch,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            ));
+            assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(n)) if n == ch));
+        }
+        written(&mut c);
+        assert_eq!(c.partial_content_bytes(), 0);
+        // One incomplete message may use all of max_message_size.
+        input.extend_from_slice(&partial_publish(1, 100_000, 99_000, 8192));
+        assert!(c.poll(&mut input).is_none());
+        let one = c.partial_content_bytes();
+        assert!((99_000..99_100).contains(&one), "{one}");
+        assert!(written(&mut c).is_empty());
+        // A second one on another channel would pass the cap: refused with 406.
+        input.extend_from_slice(&partial_publish(2, 100_000, 20_000, 8192));
+        assert!(
+            matches!(c.poll(&mut input), Some(Event::ChannelClosed(2))),
+            "the engine is told to release channel 2"
+        );
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(
+            channel_close_code(&written(&mut c), 2),
+            Some(reply::PRECONDITION_FAILED)
+        );
+        assert_eq!(c.partial_content_bytes(), one, "channel 2 holds nothing");
+        assert!(!c.is_closing(), "the connection and channel 1 go on");
+        // Channel 1 completes: nothing is held any more.
+        input.extend_from_slice(&frame(AMQPFrame::Body(1, vec![b'x'; 1_000])));
+        match c.poll(&mut input) {
+            Some(Event::Publish {
+                channel: 1,
+                message,
+            }) => assert_eq!(message.body.len(), 100_000),
+            other => panic!("expected publish, got {other:?}"),
+        }
+        assert!(c.poll(&mut input).is_none());
+        assert_eq!(c.partial_content_bytes(), 0);
+        // Small messages in progress on several channels fit together.
+        for ch in [3, 4] {
+            input.extend_from_slice(&partial_publish(ch, 40_000, 30_000, 8192));
+        }
+        assert!(c.poll(&mut input).is_none());
+        assert!(written(&mut c).is_empty());
+        assert!(c.partial_content_bytes() >= 60_000);
+        // Closing the connection releases them.
+        c.fail(reply::CONNECTION_FORCED, "test".into(), 0, 0);
+        assert_eq!(c.partial_content_bytes(), 0);
+    }
+
+    #[test]
+    fn an_incomplete_message_does_not_pin_the_read_buffer() {
+        let mut c = open_connection();
+        let mut input = BytesMut::from(
+            &method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            )[..],
+        );
+        assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+        input.extend_from_slice(&partial_publish(1, 10, 0, 8192));
+        let range = input.as_ptr() as usize..input.as_ptr() as usize + input.capacity();
+        assert!(c.poll(&mut input).is_none());
+        let state = c.channels.get(&1).expect("channel 1");
+        let Content::AwaitingBody {
+            publish, header, ..
+        } = &state.content
+        else {
+            panic!("expected a body to be awaited");
+        };
+        for b in [&publish.routing_key, &header.properties] {
+            assert!(
+                !range.contains(&(b.as_ptr() as usize)),
+                "still a slice of the input"
+            );
+        }
+    }
+
+    #[test]
+    fn small_messages_are_copied_out_of_the_read_buffer_when_asked() {
+        for (below, copied) in [(0, false), (4096, true)] {
+            let mut c = open_connection_with(ServerConfig {
+                copy_messages_below: below,
+                ..ServerConfig::default()
+            });
+            let mut input = BytesMut::from(
+                &method(
+                    1,
+                    AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+                )[..],
+            );
+            assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+            input.extend_from_slice(&partial_publish(1, 3, 3, 8192));
+            let range = input.as_ptr() as usize..input.as_ptr() as usize + input.capacity();
+            let Some(Event::Publish { message, .. }) = c.poll(&mut input) else {
+                panic!("expected publish");
+            };
+            assert_eq!(&message.body[..], b"xxx");
+            assert_eq!(&message.routing_key[..], b"q");
+            for b in [&message.routing_key, &message.properties, &message.body] {
+                assert_eq!(!range.contains(&(b.as_ptr() as usize)), copied);
+            }
+        }
+    }
+
+    /// Throughput of small publishes fed in 64 KiB reads, with and without
+    /// `copy_messages_below`; run with
+    /// `cargo test -p weir-protocols --release -- --ignored --nocapture measure`.
+    #[test]
+    #[ignore]
+    fn measure_small_publish_throughput() {
+        let n = 1_000_000;
+        let mut one = Vec::new();
+        one.extend_from_slice(&partial_publish(1, 100, 100, 8192));
+        let mut stream = Vec::with_capacity(one.len() * n);
+        for _ in 0..n {
+            stream.extend_from_slice(&one);
+        }
+        for below in [0, 4096] {
+            let mut c = open_connection_with(ServerConfig {
+                copy_messages_below: below,
+                ..ServerConfig::default()
+            });
+            let mut input = BytesMut::from(
+                &method(
+                    1,
+                    AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+                )[..],
+            );
+            assert!(matches!(c.poll(&mut input), Some(Event::ChannelOpened(1))));
+            let started = std::time::Instant::now();
+            let mut got = 0;
+            for read in stream.chunks(64 * 1024) {
+                input.reserve(64 * 1024);
+                input.extend_from_slice(read);
+                while let Some(ev) = c.poll(&mut input) {
+                    if let Event::Publish { message, .. } = ev {
+                        got += message.body.len() / 100;
+                    }
+                }
+            }
+            assert_eq!(got, n);
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "copy_messages_below={below}: {n} publishes of 100 B in {secs:.3} s = {:.0} k msg/s",
+                n as f64 / secs / 1000.0
+            );
+        }
     }
 }
