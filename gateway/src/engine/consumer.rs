@@ -40,7 +40,23 @@ pub struct ConnHandle {
     closed: AtomicBool,
     outbox: Mutex<Outbox>,
     notify: Notify,
+    /// Deliveries handed to this connection and not yet encoded for its
+    /// socket (in the outbox or drained and waiting for room). Bounded so
+    /// that a client that stops reading holds at most this much: whatever
+    /// the consumers' prefetch, the rest stays in the queues (for other
+    /// consumers), not in this connection's memory.
+    unsent: Credit,
+    /// A consumer of this connection was refused a delivery because
+    /// `unsent` was full: the connection redispatches its consumers' queues
+    /// once it has written some.
+    starved: AtomicBool,
 }
+
+/// Deliveries a connection may have handed to it and not yet encoded.
+pub const UNSENT_MAX_COUNT: u32 = 2048;
+/// Bytes of deliveries a connection may have handed to it and not yet
+/// encoded (one larger message always passes).
+pub const UNSENT_MAX_BYTES: u32 = 4 << 20;
 
 #[derive(Default)]
 struct Outbox {
@@ -56,7 +72,38 @@ impl ConnHandle {
             closed: AtomicBool::new(false),
             outbox: Mutex::new(Outbox::default()),
             notify: Notify::new(),
+            unsent: Credit::with_limits(UNSENT_MAX_COUNT, UNSENT_MAX_BYTES),
+            starved: AtomicBool::new(false),
         })
+    }
+
+    /// Takes room for one delivery of `size` bytes on the way to this
+    /// connection; false (and the connection will redispatch) when full.
+    fn reserve_unsent(&self, size: u32) -> bool {
+        if self.unsent.try_acquire(size) {
+            return true;
+        }
+        self.starved.store(true, Ordering::SeqCst);
+        false
+    }
+
+    /// A delivery handed to this connection was encoded for the socket (or
+    /// given back): its room is free again.
+    pub fn unsent_done(&self, size: u32) {
+        self.unsent.release(size);
+    }
+
+    /// Whether a consumer was refused for lack of room since the last call:
+    /// the connection then redispatches its consumers' partitions. Call after
+    /// [`Self::unsent_done`], so a refusal is either seen here or happens
+    /// after the room was freed.
+    pub fn take_starved(&self) -> bool {
+        self.starved.swap(false, Ordering::SeqCst)
+    }
+
+    /// Deliveries handed to this connection and not yet encoded.
+    pub fn unsent(&self) -> u32 {
+        self.unsent.in_flight()
     }
 
     /// Marks the connection gone.
@@ -126,7 +173,10 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Takes credit for a message of `size` bytes from every window that applies.
+    /// Takes credit for a message of `size` bytes from every window that
+    /// applies, and room on the way to the connection. The connection's room
+    /// is given back with [`ConnHandle::unsent_done`] when the delivery is
+    /// encoded; the credit with [`Self::release`] when it is settled.
     pub fn try_acquire(&self, size: u32) -> bool {
         if self.is_dead() || !self.flow_active.load(Ordering::Relaxed) {
             return false;
@@ -139,6 +189,10 @@ impl Consumer {
                 self.credit.release(size);
                 return false;
             }
+        }
+        if !self.conn.reserve_unsent(size) {
+            self.release(size);
+            return false;
         }
         true
     }
