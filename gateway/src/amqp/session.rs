@@ -301,7 +301,11 @@ impl Session {
             }
             // 4. Wait for something to do. While a resource alarm is set, a
             // connection that publishes is not read (after the publish in
-            // hand); one that only consumes is.
+            // hand, or in the middle of one); one that only consumes is.
+            if self.alarm.any() && !self.blocked && partial_content_bytes(&self.conn) > 0 {
+                self.blocked = true;
+                self.signal_alarm();
+            }
             let want_read =
                 self.conn.out().len() < OUT_HIGH_WATER && !self.conn.is_finished() && !self.blocked;
             if !want_read {
@@ -357,10 +361,15 @@ impl Session {
                     self.expire_leases();
                     // A client that stops in the middle of a message holds
                     // its buffered frames: cut it off once its content has
-                    // not grown for the timeout (time we did not read it
-                    // does not count).
-                    let now_partial = partial_content_bytes(&self.conn) + input.len();
-                    if now_partial == 0 || now_partial != partial || !want_read || !self.conn.is_open() {
+                    // not grown for the timeout. Time we did not read it
+                    // does not count, except a message of several frames
+                    // held through a resource alarm: that memory is what
+                    // the alarm waits for.
+                    let assembling = partial_content_bytes(&self.conn);
+                    let now_partial = assembling + input.len();
+                    let held_through_alarm = self.blocked && assembling > 0;
+                    let paused = !want_read && !held_through_alarm;
+                    if now_partial == 0 || now_partial != partial || paused || !self.conn.is_open() {
                         partial = now_partial;
                         partial_since = Instant::now();
                     } else if let Some(limit) = self.shared.partial_content_timeout {
