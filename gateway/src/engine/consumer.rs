@@ -210,3 +210,60 @@ impl Consumer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::message::now_ms;
+    use weir_backend::PartitionId;
+
+    #[test]
+    fn unlimited_prefetch_takes_only_the_unsent_window() {
+        let p = Partition::new(PartitionId(1), false);
+        let n = UNSENT_MAX_COUNT as u64 * 2 + 10;
+        for id in 0..n {
+            let e = Entry {
+                seq: 0,
+                id,
+                location: None,
+                size: 10,
+                redelivered: false,
+                attempts: 0,
+                enqueued_ms: now_ms(),
+                message: None,
+            };
+            assert!(p.enqueue(e).is_none());
+        }
+        let conn = ConnHandle::new(1);
+        let c = Arc::new(Consumer {
+            tag: Bytes::from_static(b"c"),
+            channel: 1,
+            no_ack: false,
+            exclusive: false,
+            conn: conn.clone(),
+            credit: Credit::new(0, 0),
+            channel_credit: None,
+            flow_active: Arc::new(AtomicBool::new(true)),
+            cancelled: AtomicBool::new(false),
+        });
+        assert!(p.add_consumer(c));
+        let (mut d, mut notices) = (Vec::new(), Vec::new());
+        conn.drain(&mut d, &mut notices);
+        assert_eq!(d.len(), UNSENT_MAX_COUNT as usize, "bounded by the window");
+        assert_eq!(p.ready_len(), n - UNSENT_MAX_COUNT as u64);
+        // Nothing more while nothing is written.
+        p.dispatch();
+        conn.drain(&mut d, &mut notices);
+        assert_eq!(d.len(), UNSENT_MAX_COUNT as usize);
+        // Written: room again, and the connection knows to redispatch.
+        for x in d.drain(..) {
+            conn.unsent_done(x.entry.size);
+        }
+        assert!(conn.take_starved());
+        assert!(!conn.take_starved());
+        p.dispatch();
+        conn.drain(&mut d, &mut notices);
+        assert_eq!(d.len(), UNSENT_MAX_COUNT as usize);
+        assert_eq!(conn.unsent(), UNSENT_MAX_COUNT);
+    }
+}
