@@ -8,6 +8,7 @@
 //!
 //! * [`log`]: the embedded, segmented, group-committed log store (default).
 
+pub mod lock;
 pub mod log;
 mod types;
 
@@ -37,6 +38,12 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Appends from different callers are ordered: if `append` A returns
     /// before `append` B starts, A's records precede B's in the store.
+    ///
+    /// While the disk is full, batches holding a publish, relocate or page
+    /// fail with [`StoreError::NoSpace`] (nothing of them is appended);
+    /// settles and metadata are still accepted. A waiter may be called with
+    /// an error without the store failing for good (a write that ran out of
+    /// space): its appends were not made durable yet.
     fn append(
         &self,
         ops: &[Op<'_>],
@@ -63,4 +70,21 @@ pub trait Store: Send + Sync + 'static {
     /// Makes everything appended so far durable and stops background work.
     /// Further appends fail with [`StoreError::Closed`].
     fn close(&self) -> Result<(), StoreError>;
+}
+
+/// Bytes available to an unprivileged user on the filesystem holding `path`
+/// (`statvfs`: `f_bavail × f_frsize`). For disk watermarks.
+pub fn free_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs is plain old data; zeroed is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid NUL-terminated path and st a valid out pointer.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)] // the field types differ between targets
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }

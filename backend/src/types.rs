@@ -62,6 +62,19 @@ pub enum Op<'a> {
         /// The message.
         data: MessageData<'a>,
     },
+    /// A message paged out of memory: a transient message, or one in a
+    /// non-durable queue, that sits too deep in its queue to stay in RAM.
+    /// Produces a [`Location`] like [`Op::Publish`] and counts as live (for
+    /// reclamation) until settled, but is never worth an fsync and is
+    /// ignored by recovery: a restart drops it, as it must.
+    Page {
+        /// The message id.
+        id: MessageId,
+        /// The partitions it is queued in (at least one).
+        partitions: &'a [PartitionId],
+        /// The message.
+        data: MessageData<'a>,
+    },
     /// The message `id` is settled (acked, purged, dropped) in `partition`.
     /// `location` is where the engine last saw it, so the store can account for
     /// the space it frees.
@@ -189,6 +202,128 @@ pub enum StoreError {
     /// failure nothing further is acknowledged).
     #[error("store is closed")]
     Closed,
+    /// Another process holds the data directory's lock.
+    #[error(
+        "data directory {} is in use by another weir process{}; refusing to share it",
+        dir.display(),
+        holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Locked {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// The pid written into the lock file by the holder, if readable.
+        holder: Option<u32>,
+    },
+    /// Damage in the log that is not a torn tail: valid records follow it (or
+    /// it is in a sealed segment), so it may hold confirmed data. The store
+    /// refuses to open rather than drop it silently.
+    #[error("{0}. Refusing to start so that nothing confirmed is dropped silently: run `weir repair` with the same --data-dir (or start with --repair) to move the damaged range into quarantine/ and keep every valid record")]
+    Damaged(Box<Damage>),
+    /// The disk is full: the store only accepts records that free space
+    /// (settles, metadata) until space is available again.
+    #[error("no space left for new messages in the store (disk full)")]
+    NoSpace,
+}
+
+/// A damaged byte range of a segment file found at recovery.
+#[derive(Debug, Clone)]
+pub struct Damage {
+    /// The segment file.
+    pub file: std::path::PathBuf,
+    /// The segment.
+    pub segment: SegmentId,
+    /// First damaged byte.
+    pub offset: u64,
+    /// Length of the damaged range (up to the next valid record).
+    pub len: u64,
+    /// Why the first record there was rejected.
+    pub reason: String,
+    /// What the range held, as far as its record headers are readable.
+    pub lost: Vec<LostRecord>,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "corrupt data in log segment {} at offset {} ({} bytes: {}), not a torn tail; lost: ",
+            self.file.display(),
+            self.offset,
+            self.len,
+            self.reason
+        )?;
+        if self.lost.is_empty() {
+            write!(
+                f,
+                "bytes {}..{} (no readable record header)",
+                self.offset,
+                self.offset + self.len
+            )?;
+        }
+        for (i, l) in self.lost.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{l}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One record (or unreadable stretch) inside a damaged range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LostRecord {
+    /// A message record (publish or relocate).
+    Message {
+        /// Its id.
+        id: MessageId,
+        /// The partitions it was live in.
+        partitions: Vec<PartitionId>,
+    },
+    /// A settle: the message may come back after repair (a duplicate, not a loss).
+    Settle {
+        /// The partition.
+        partition: PartitionId,
+        /// The message.
+        id: MessageId,
+    },
+    /// A metadata change (a declare, bind or delete may be undone).
+    Meta {
+        /// Its version.
+        version: u64,
+    },
+    /// Bytes with no readable record header.
+    Unreadable {
+        /// Offset in the segment.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+impl std::fmt::Display for LostRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LostRecord::Message { id, partitions } => {
+                write!(
+                    f,
+                    "message id {id} in partitions {:?}",
+                    partitions.iter().map(|p| p.0).collect::<Vec<_>>()
+                )
+            }
+            LostRecord::Settle { partition, id } => {
+                write!(
+                    f,
+                    "settle of message {id} in partition {} (it may be delivered again)",
+                    partition.0
+                )
+            }
+            LostRecord::Meta { version } => write!(f, "metadata change version {version}"),
+            LostRecord::Unreadable { offset, len } => {
+                write!(f, "{len} unreadable bytes at offset {offset}")
+            }
+        }
+    }
 }
 
 impl StoreError {

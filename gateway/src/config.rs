@@ -66,6 +66,30 @@ pub struct Cli {
     /// progress before it is closed (0 = never) [default: 30].
     #[arg(long, env = "WEIR_PARTIAL_CONTENT_TIMEOUT")]
     pub partial_content_timeout: Option<u64>,
+    // --- Store hardening (data safety) ---
+    /// Before opening the store, move damaged log ranges into
+    /// `<data-dir>/quarantine/` and keep every valid record (as `weir
+    /// repair`), reporting exactly what was lost. Without it, damage that is
+    /// not a torn tail refuses to start.
+    #[arg(long)]
+    pub repair: bool,
+    /// A subcommand instead of running the broker.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    // --- end store hardening ---
+}
+
+/// Subcommands of `weir`.
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Quarantine damaged ranges of the store's log (copied into
+    /// `<data-dir>/quarantine/`), keep every valid record before and after
+    /// them, report what was lost, and exit. The broker must not be running.
+    Repair {
+        /// Directory of the embedded store [default: the broker's --data-dir].
+        #[arg(long, env = "WEIR_DATA_DIR")]
+        data_dir: Option<PathBuf>,
+    },
 }
 
 /// The TOML file: the same settings, all optional.
@@ -132,6 +156,8 @@ pub struct Config {
     pub partial_content_timeout_secs: u64,
     /// Other users.
     pub users: Vec<UserConfig>,
+    /// Quarantine damaged log ranges before opening the store.
+    pub repair: bool,
 }
 
 /// Configuration errors, reported at startup.
@@ -204,6 +230,7 @@ impl Config {
                 .or(file.partial_content_timeout)
                 .unwrap_or(30),
             users: file.users,
+            repair: cli.repair,
         };
         let mut cfg = cfg;
         // --- flow control and resource limits ---

@@ -210,6 +210,19 @@ impl Broker {
             ..LogOptions::default()
         };
         let started = std::time::Instant::now();
+        if cfg.repair {
+            let report =
+                weir_backend::log::repair(&cfg.data_dir).map_err(|source| ServerError::Store {
+                    dir: cfg.data_dir.display().to_string(),
+                    source,
+                })?;
+            for (d, q) in report.damages.iter().zip(&report.quarantined) {
+                tracing::warn!(damage = %d, quarantine = %q.display(), "repaired the store");
+            }
+            if !report.damages.is_empty() {
+                tracing::warn!(lost_message_ids = ?report.lost_message_ids(), "messages lost to damage");
+            }
+        }
         let store = LogStore::open(&cfg.data_dir, opts).map_err(|source| ServerError::Store {
             dir: cfg.data_dir.display().to_string(),
             source,

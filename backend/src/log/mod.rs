@@ -21,8 +21,47 @@
 mod checkpoint;
 mod record;
 mod recovery;
+mod repair;
+mod scan;
 mod segment;
 mod writer;
+
+pub use repair::{repair, RepairReport, QUARANTINE_DIR};
+
+/// Entry points for the fuzz targets (`fuzz/fuzz_targets/store_*.rs`): they
+/// run the decoders on arbitrary bytes and must never panic.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Frames and decodes one record from the start of `data`.
+    pub fn decode_record(data: &[u8]) {
+        if let Ok((payload, _)) = super::record::split_frame(data) {
+            let _ = super::record::decode_payload(payload);
+        }
+        let _ = super::scan::describe(data, 0);
+    }
+
+    /// Walks `data` as a head segment and as a sealed one the way recovery
+    /// does, describing every damaged range.
+    pub fn recover_tail(data: &[u8]) {
+        for head in [true, false] {
+            let mut off = 0usize;
+            while off < data.len() {
+                match super::scan::next_item(data, off, head) {
+                    super::scan::Item::Record { len } => {
+                        assert!(len > 0 && off + len <= data.len());
+                        off += len;
+                    }
+                    super::scan::Item::Damaged { end } => {
+                        assert!(end > off && end <= data.len());
+                        let _ = super::scan::describe(&data[off..end], off as u64);
+                        off = end;
+                    }
+                    super::scan::Item::TornTail | super::scan::Item::CleanEnd => break,
+                }
+            }
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests;
@@ -64,6 +103,9 @@ pub struct LogOptions {
     /// over pairs ever placed in it) is below this is a compaction candidate.
     /// Default 0.5.
     pub compact_below: f64,
+    /// Keep a preallocated reserve segment (`log/reserve`) that only the
+    /// records freeing space may use once the disk is full. Default `true`.
+    pub reserve: bool,
 }
 
 impl Default for LogOptions {
@@ -72,6 +114,7 @@ impl Default for LogOptions {
             segment_size: 64 << 20,
             sync: true,
             compact_below: 0.5,
+            reserve: true,
         }
     }
 }
@@ -107,6 +150,10 @@ pub(crate) struct State {
     reclaim_hint: bool,
     closing: bool,
     failed: bool,
+    /// The disk is full (no reserve segment could be allocated): only records
+    /// that free space are accepted. Cleared by the writer once a reserve
+    /// could be allocated again.
+    no_space: bool,
     /// Recycled chunk buffers.
     spare: Vec<Vec<u8>>,
 }
@@ -134,6 +181,9 @@ pub(crate) struct Shared {
     written: AtomicU64,
     reads: ReadCache,
     stats: Stats,
+    /// The last segment when open continued appending into it (disk full):
+    /// the only segment the writer opens instead of creating.
+    continued_head: Option<SegmentId>,
     #[cfg(test)]
     fail_next_write: std::sync::atomic::AtomicBool,
 }
@@ -148,6 +198,8 @@ pub struct LogStore {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
     recovered: Mutex<Option<Recovered>>,
+    /// The data directory lock, released by `close`.
+    lock: Mutex<Option<crate::lock::DirLock>>,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -178,9 +230,38 @@ impl LogStore {
         let log_dir = dir.join("log");
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| StoreError::io(format!("creating {}", log_dir.display()), e))?;
+        // Before reading anything: a second process must not even truncate a
+        // "torn" tail that is really the first one's append in flight.
+        let lock = crate::lock::DirLock::acquire(dir)?;
 
-        let rec = recovery::recover(dir, &log_dir, opts.sync)?;
-        let head = rec.segments.keys().next_back().map_or(1, |last| last + 1);
+        // A spare segment's worth of disk, so that acks, purges and deletes
+        // can still be recorded (and space reclaimed) once publishers filled
+        // the disk. Without it, new messages are refused from the start.
+        let no_space = opts.reserve
+            && match writer::ensure_reserve(&log_dir, opts.segment_size, opts.sync) {
+                Ok(()) => false,
+                Err(e) if writer::is_no_space(&e) => {
+                    tracing::warn!(error = %e, "disk full: cannot allocate the reserve segment; new messages are refused until space is freed");
+                    true
+                }
+                Err(e) => {
+                    // Not a space problem: run without the reserve rather
+                    // than refuse every publish.
+                    tracing::warn!(error = %e, "cannot create the reserve segment; running without one");
+                    false
+                }
+            };
+        if opts.reserve {
+            writer::ensure_meta_reserve(&log_dir);
+        }
+        let rec = recovery::recover(dir, &log_dir, opts.sync, no_space)?;
+        let (head, head_size) = match rec.continued_head {
+            Some((seg, end)) => (seg, end),
+            None => (
+                rec.segments.keys().next_back().map_or(1, |last| last + 1),
+                0,
+            ),
+        };
         let mut segments = rec.segments;
         let stats = Stats::default();
         stats
@@ -192,9 +273,12 @@ impl LogStore {
         // Anything already reclaimable (everything settled before the last
         // shutdown) goes on the writer's first round.
         let reclaim_hint = segments.values().next().is_some_and(|s| s.live == 0);
-        // Always start a fresh head segment: the old last segment may just
-        // have been truncated, and sealing it keeps the writer simple.
-        segments.insert(head, SegmentInfo::default());
+        // Normally start a fresh head segment: the old last segment may just
+        // have been truncated, and sealing it keeps the writer simple. With
+        // the disk full, continue the last one in its preallocated space.
+        if rec.continued_head.is_none() {
+            segments.insert(head, SegmentInfo::default());
+        }
 
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
@@ -205,7 +289,7 @@ impl LogStore {
                 waiters: Vec::new(),
                 inflight: None,
                 head,
-                head_size: 0,
+                head_size,
                 segments,
                 meta: rec.meta,
                 meta_version: rec.recovered.meta_version,
@@ -214,13 +298,15 @@ impl LogStore {
                 reclaim_hint,
                 closing: false,
                 failed: false,
+                no_space,
                 spare: Vec::new(),
             }),
             wake: Condvar::new(),
             next_id: AtomicU64::new(rec.next_id),
-            written: AtomicU64::new(pack_pos(head, 0)),
+            written: AtomicU64::new(pack_pos(head, head_size)),
             reads: ReadCache::new(log_dir),
             stats,
+            continued_head: rec.continued_head.map(|(seg, _)| seg),
             #[cfg(test)]
             fail_next_write: std::sync::atomic::AtomicBool::new(false),
         });
@@ -233,6 +319,7 @@ impl LogStore {
             shared,
             writer: Mutex::new(Some(handle)),
             recovered: Mutex::new(Some(rec.recovered)),
+            lock: Mutex::new(Some(lock)),
         }))
     }
 
@@ -304,6 +391,7 @@ impl LogStore {
             Record::Message(m) => {
                 let d = m.data().map_err(|r| corrupt(r.to_string()))?;
                 let idx = MessageIndex {
+                    kind: m.kind,
                     id: m.id,
                     exchange: range_of(&raw, d.exchange.as_bytes()),
                     routing_key: range_of(&raw, d.routing_key.as_bytes()),
@@ -333,6 +421,7 @@ impl LogStore {
 
 /// Where the fields of a decoded message record sit in its buffer.
 struct MessageIndex {
+    kind: MessageKind,
     id: MessageId,
     exchange: std::ops::Range<usize>,
     routing_key: std::ops::Range<usize>,
@@ -365,6 +454,9 @@ fn encoded_len(op: &Op<'_>, source: Option<&MessageData<'_>>) -> usize {
     FRAME_HEADER
         + match op {
             Op::Publish {
+                partitions, data, ..
+            }
+            | Op::Page {
                 partitions, data, ..
             } => record::message_payload_len(partitions.len(), data),
             Op::Settle { .. } => record::SETTLE_PAYLOAD_LEN,
@@ -461,19 +553,21 @@ impl Store for LogStore {
                 sources.push((raw, idx));
             }
         }
-        let source_data: Vec<MessageData<'_>> =
-            sources.iter().map(|(raw, idx)| idx.data(raw)).collect();
+        let source_data: Vec<(MessageData<'_>, MessageKind)> = sources
+            .iter()
+            .map(|(raw, idx)| (idx.data(raw), idx.kind))
+            .collect();
 
         // Validate the whole batch first so a rejected op leaves nothing behind.
         let mut total = 0usize;
         let mut src = source_data.iter();
         for op in ops {
             let source = if matches!(op, Op::Relocate { .. }) {
-                src.next()
+                src.next().map(|(d, _)| d)
             } else {
                 None
             };
-            if let Op::Publish { partitions, .. } = op {
+            if let Op::Publish { partitions, .. } | Op::Page { partitions, .. } = op {
                 if partitions.is_empty() || partitions.len() > u32::MAX as usize {
                     return Err(StoreError::io(
                         "append",
@@ -495,6 +589,16 @@ impl Store for LogStore {
         let mut st = self.shared.state.lock();
         if st.closing || st.failed {
             return Err(StoreError::Closed);
+        }
+        if st.no_space
+            && ops.iter().any(|op| {
+                matches!(
+                    op,
+                    Op::Publish { .. } | Op::Relocate { .. } | Op::Page { .. }
+                )
+            })
+        {
+            return Err(StoreError::NoSpace);
         }
         let had_waiters = !st.waiters.is_empty();
         let mut src = source_data.iter();
@@ -519,6 +623,22 @@ impl Store for LogStore {
                     self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(loc);
                 }
+                Op::Page {
+                    id,
+                    partitions,
+                    data,
+                } => {
+                    let len = encoded_len(op, None);
+                    let (loc, buf) = st.place(len, segment_size);
+                    let n = record::encode_message(buf, MessageKind::Page, *id, partitions, data);
+                    debug_assert_eq!(n, len);
+                    let info = st.head_info();
+                    info.live += partitions.len() as u64;
+                    info.placed += partitions.len() as u64;
+                    info.max_id = info.max_id.max(*id);
+                    self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    locations.push(loc);
+                }
                 Op::Settle {
                     partition,
                     id,
@@ -533,10 +653,16 @@ impl Store for LogStore {
                     id,
                     from,
                 } => {
-                    let data = src.next().expect("one source per relocate");
+                    let (data, kind) = src.next().expect("one source per relocate");
                     let len = encoded_len(op, Some(data));
                     let (loc, buf) = st.place(len, segment_size);
-                    record::encode_message(buf, MessageKind::Relocate, *id, &[*partition], data);
+                    // A paged copy stays paged: relocation must not make
+                    // transient data survive a restart.
+                    let kind = match kind {
+                        MessageKind::Page => MessageKind::Page,
+                        _ => MessageKind::Relocate,
+                    };
+                    record::encode_message(buf, kind, *id, &[*partition], data);
                     let info = st.head_info();
                     info.live += 1;
                     info.placed += 1;
@@ -603,6 +729,10 @@ impl Store for LogStore {
     fn compaction_candidates(&self) -> Vec<SegmentId> {
         let threshold = self.shared.opts.compact_below;
         let st = self.shared.state.lock();
+        if st.no_space {
+            // Relocations are refused while the disk is full.
+            return Vec::new();
+        }
         let sealed = || st.segments.iter().filter(|(&id, _)| id < st.head);
         let mut out = Vec::new();
         // Head-of-line rule: only the oldest segments can be deleted, so a
@@ -639,6 +769,8 @@ impl Store for LogStore {
 
     fn close(&self) -> Result<(), StoreError> {
         self.stop_writer();
+        // The writer is gone: nothing of ours touches the directory any more.
+        self.lock.lock().take();
         if self.shared.state.lock().failed {
             Err(StoreError::Closed)
         } else {

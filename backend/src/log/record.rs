@@ -16,6 +16,7 @@
 //! | 3 relocate | same layout as publish, with exactly one partition |
 //! | 4 put-meta | version u64, key, value |
 //! | 5 del-meta | version u64, key |
+//! | 6 page     | same layout as publish; ignored by recovery (paged transient data) |
 //!
 //! Decoding is bounds-checked everywhere and never panics on bad input: a
 //! torn or corrupt record must be reported, not crash recovery.
@@ -30,12 +31,15 @@ const T_SETTLE: u8 = 2;
 const T_RELOCATE: u8 = 3;
 const T_PUT_META: u8 = 4;
 const T_DEL_META: u8 = 5;
+const T_PAGE: u8 = 6;
 
 /// Whether a message record is the original publish or a relocated copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MessageKind {
     Publish,
     Relocate,
+    /// Paged transient data: readable, never recovered.
+    Page,
 }
 
 /// A decoded payload, borrowing from the buffer it was decoded from.
@@ -167,12 +171,13 @@ pub(crate) fn encode_message(
     partitions: &[PartitionId],
     data: &MessageData<'_>,
 ) -> usize {
-    debug_assert!(kind == MessageKind::Publish || partitions.len() == 1);
+    debug_assert!(kind != MessageKind::Relocate || partitions.len() == 1);
     let expected = message_payload_len(partitions.len(), data);
     framed(buf, expected, |buf| {
         buf.push(match kind {
             MessageKind::Publish => T_PUBLISH,
             MessageKind::Relocate => T_RELOCATE,
+            MessageKind::Page => T_PAGE,
         });
         buf.extend_from_slice(&id.to_le_bytes());
         buf.push(data.attrs.priority);
@@ -305,11 +310,11 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
     let mut r = Reader { buf: payload };
     let t = r.u8()?;
     let rec = match t {
-        T_PUBLISH | T_RELOCATE => {
-            let kind = if t == T_PUBLISH {
-                MessageKind::Publish
-            } else {
-                MessageKind::Relocate
+        T_PUBLISH | T_RELOCATE | T_PAGE => {
+            let kind = match t {
+                T_PUBLISH => MessageKind::Publish,
+                T_RELOCATE => MessageKind::Relocate,
+                _ => MessageKind::Page,
             };
             let id = r.u64()?;
             let priority = r.u8()?;

@@ -2,12 +2,36 @@
 //! retained segment in order.
 
 use super::checkpoint::{self, Checkpoint};
-use super::record::{self, FrameError, MessageKind, Record};
+use super::record::{self, MessageKind, Record};
+use super::scan;
 use super::segment::{self, SegmentInfo};
 use crate::{Location, MessageId, PartitionId, Recovered, RecoveredMessage, SegmentId, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::path::Path;
+
+/// The error for damage at `buf[off..end]` of segment `seg`.
+fn damage(path: &Path, seg: SegmentId, buf: &[u8], off: usize, end: usize) -> StoreError {
+    StoreError::Damaged(Box::new(damage_info(path, seg, buf, off, end)))
+}
+
+/// Describes the damage at `buf[off..end]` of segment `seg`.
+pub(crate) fn damage_info(
+    path: &Path,
+    seg: SegmentId,
+    buf: &[u8],
+    off: usize,
+    end: usize,
+) -> crate::Damage {
+    crate::Damage {
+        file: path.to_path_buf(),
+        segment: seg,
+        offset: off as u64,
+        len: (end - off) as u64,
+        reason: scan::reason(&buf[off..end]),
+        lost: scan::describe(&buf[off..end], off as u64),
+    }
+}
 
 /// What open needs to continue where the previous run stopped.
 pub(crate) struct RecoveryOutput {
@@ -21,6 +45,9 @@ pub(crate) struct RecoveryOutput {
     pub next_id: MessageId,
     /// What the checkpoint on disk covers.
     pub checkpoint: Checkpoint,
+    /// The last segment and its logical end, when its preallocated zero tail
+    /// was kept (`keep_zero_tail`) so appends can continue in it.
+    pub continued_head: Option<(SegmentId, u64)>,
 }
 
 /// Reads the checkpoint and scans `<dir>/log`. Truncates a torn tail of the
@@ -29,6 +56,7 @@ pub(crate) fn recover(
     dir: &Path,
     log_dir: &Path,
     sync: bool,
+    keep_zero_tail: bool,
 ) -> Result<RecoveryOutput, StoreError> {
     let mut ckpt = checkpoint::load(dir)?;
     let ids = segment::list_segments(log_dir)?;
@@ -51,6 +79,7 @@ pub(crate) fn recover(
     let mut live: HashMap<PartitionId, BTreeMap<MessageId, RecoveredMessage>> = HashMap::new();
     let mut segments = BTreeMap::new();
     let mut truncated_bytes = 0u64;
+    let mut continued_head = None;
 
     for (i, &seg) in ids.iter().enumerate() {
         let last = i + 1 == ids.len();
@@ -61,45 +90,27 @@ pub(crate) fn recover(
         let mut off = 0usize;
         let mut zero_tail = false;
         while off < buf.len() {
-            if last && buf[off..].iter().all(|b| *b == 0) {
-                // The preallocated, never-written rest of the head segment:
-                // a clean end, not a torn record.
-                zero_tail = true;
-                break;
-            }
-            let (payload, len) = match record::split_frame(&buf[off..]) {
-                Ok(ok) => ok,
-                Err(err) => {
-                    let reason = match err {
-                        FrameError::Truncated => "torn record".to_string(),
-                        FrameError::Corrupt(r) => r,
-                    };
-                    if !last {
-                        // Sealed segments were fsynced before the next one was
-                        // created, so damage here is not a torn write: it is
-                        // lost confirmed data, and we refuse to hide it.
-                        return Err(StoreError::Corrupt {
-                            segment: seg,
-                            offset: off as u64,
-                            reason,
-                        });
-                    }
+            let len = match scan::next_item(&buf, off, last) {
+                scan::Item::Record { len } => len,
+                scan::Item::CleanEnd => {
+                    // The preallocated, never-written rest of the head
+                    // segment: a clean end, not a torn record.
+                    zero_tail = true;
                     break;
                 }
-            };
-            let rec = match record::decode_payload(payload) {
-                Ok(r) => r,
-                Err(reason) if !last => {
-                    return Err(StoreError::Corrupt {
-                        segment: seg,
-                        offset: off as u64,
-                        reason,
-                    })
+                // Unconfirmed: the last round was never fsynced.
+                scan::Item::TornTail => break,
+                scan::Item::Damaged { end } => {
+                    return Err(damage(&path, seg, &buf, off, end));
                 }
-                // A record with a valid checksum that does not decode is a
-                // bug or a format mismatch, not a torn write; still, in the
-                // tail it was never acknowledged, so it goes with the tail.
-                Err(_) => break,
+            };
+            // next_item validated the record; decode it again to use it.
+            let rec = match record::split_frame(&buf[off..]) {
+                Ok((payload, _)) => record::decode_payload(payload).ok(),
+                Err(_) => None,
+            };
+            let Some(rec) = rec else {
+                return Err(damage(&path, seg, &buf, off, off + len));
             };
             let loc = Location {
                 segment: seg,
@@ -107,6 +118,13 @@ pub(crate) fn recover(
                 len: len as u32,
             };
             match rec {
+                Record::Message(m) if m.kind == MessageKind::Page => {
+                    // Paged transient data dies with the process; only its
+                    // id must never be handed out again.
+                    max_id = Some(max_id.map_or(m.id, |x| x.max(m.id)));
+                    info.max_id = info.max_id.max(m.id);
+                    info.placed += m.partition_count() as u64;
+                }
                 Record::Message(m) => {
                     max_id = Some(max_id.map_or(m.id, |x| x.max(m.id)));
                     info.max_id = info.max_id.max(m.id);
@@ -150,7 +168,20 @@ pub(crate) fn recover(
             }
             off += len;
         }
-        if zero_tail {
+        if zero_tail && keep_zero_tail {
+            // Disk full and no reserve: the preallocated rest of the last
+            // segment is the only space we are sure to have, so appends
+            // (settles, purges) continue in it instead of a new segment.
+            continued_head = Some((seg, off as u64));
+            if sync {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| StoreError::io(format!("opening {}", path.display()), e))?;
+                f.sync_data()
+                    .map_err(|e| StoreError::io(format!("fsync {}", path.display()), e))?;
+            }
+        } else if zero_tail {
             let f = OpenOptions::new()
                 .write(true)
                 .open(&path)
@@ -222,5 +253,6 @@ pub(crate) fn recover(
         segments,
         next_id,
         checkpoint: ckpt,
+        continued_head,
     })
 }

@@ -428,7 +428,10 @@ fn corruption_in_an_older_segment_is_an_error() {
     bytes[first.offset as usize + 20] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
     match LogStore::open(dir.path(), small()) {
-        Err(StoreError::Corrupt { segment, .. }) => assert_eq!(segment, first.segment),
+        Err(StoreError::Damaged(d)) => {
+            assert_eq!(d.segment, first.segment);
+            assert_eq!(d.offset, u64::from(first.offset));
+        }
         other => panic!("expected corruption, got {other:?}"),
     }
     // A missing middle segment is refused as well.
@@ -663,6 +666,7 @@ fn randomized(seed: u64) {
         segment_size: 4096,
         sync: false,
         compact_below: 0.5,
+        reserve: true,
     };
     let parts = [P1, P2, P3, PartitionId(4)];
     // (partition, id) -> (location, body)
@@ -995,5 +999,269 @@ fn unwaited_appends_are_synced_when_idle() {
     while store.stats().syncs == before {
         assert!(std::time::Instant::now() < deadline, "never synced");
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn flipped_bit_mid_head_segment_refuses_then_repair_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut locs = Vec::new();
+    let mut ids = Vec::new();
+    {
+        let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        for i in 0..50u32 {
+            let (id, loc) = publish(&store, &[P1], format!("body-{i}").as_bytes());
+            ids.push(id);
+            locs.push(loc);
+        }
+        store.close().unwrap();
+    }
+    // All in one (the last) segment; damage the 10th record's body.
+    assert!(locs.iter().all(|l| l.segment == locs[0].segment));
+    let path = segment::segment_path(&dir.path().join("log"), locs[0].segment);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let victim = locs[9];
+    bytes[victim.offset as usize + victim.len as usize - 3] ^= 0x04;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let err = LogStore::open(dir.path(), LogOptions::default()).unwrap_err();
+    let text = err.to_string();
+    match &err {
+        StoreError::Damaged(d) => {
+            assert_eq!(d.offset, u64::from(victim.offset));
+            assert_eq!(d.len, u64::from(victim.len));
+            assert_eq!(
+                d.lost,
+                vec![crate::LostRecord::Message {
+                    id: ids[9],
+                    partitions: vec![P1]
+                }]
+            );
+        }
+        other => panic!("expected damage, got {other:?}"),
+    }
+    assert!(
+        text.contains("00000001.seg") && text.contains("weir repair"),
+        "{text}"
+    );
+    // Refusing did not touch the file.
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+
+    let report = super::repair(dir.path()).unwrap();
+    assert_eq!(report.lost_message_ids(), vec![ids[9]]);
+    let q = std::fs::read(&report.quarantined[0]).unwrap();
+    let (o, l) = (victim.offset as usize, victim.len as usize);
+    assert_eq!(q, bytes[o..o + l]);
+
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let rec = store.take_recovered();
+    let mut want = ids.clone();
+    want.remove(9);
+    assert_eq!(ids_of(&rec, P1), want);
+    assert_eq!(rec.truncated_bytes, 0);
+    // A second repair finds nothing.
+    store.close().unwrap();
+    drop(store);
+    assert!(super::repair(dir.path()).unwrap().damages.is_empty());
+}
+
+#[test]
+fn second_open_of_a_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    match LogStore::open(dir.path(), small()) {
+        Err(StoreError::Locked { holder, .. }) => assert_eq!(holder, Some(std::process::id())),
+        other => panic!("expected the lock to be refused, got {other:?}"),
+    }
+    assert!(matches!(
+        super::repair(dir.path()),
+        Err(StoreError::Locked { .. })
+    ));
+    store.close().unwrap();
+    LogStore::open(dir.path(), small()).unwrap();
+}
+
+#[test]
+fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (paged, kept);
+    {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        let id = store.allocate_ids(1);
+        let mut locs = Vec::new();
+        store
+            .append(
+                &[Op::Page {
+                    id,
+                    partitions: &[P2],
+                    data: data(b"transient"),
+                }],
+                &mut locs,
+                None,
+            )
+            .unwrap();
+        paged = (id, locs[0]);
+        assert_eq!(&store.read(paged.1).unwrap().body[..], b"transient");
+        kept = publish(&store, &[P1], b"durable");
+        // Compaction of a paged record keeps it paged.
+        let moved = append_sync(
+            &store,
+            &[Op::Relocate {
+                partition: P2,
+                id,
+                from: paged.1,
+            }],
+        );
+        assert_eq!(&store.read(moved[0]).unwrap().body[..], b"transient");
+        let id2 = store.allocate_ids(1);
+        store
+            .append(
+                &[Op::Page {
+                    id: id2,
+                    partitions: &[P3],
+                    data: data(b"settled"),
+                }],
+                &mut locs,
+                None,
+            )
+            .unwrap();
+        settle(&store, P3, id2, locs[1]);
+        store.close().unwrap();
+    }
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let rec = store.take_recovered();
+    assert_eq!(ids_of(&rec, P1), vec![kept.0]);
+    assert!(
+        !rec.partitions.contains_key(&P2),
+        "paged data survived a restart"
+    );
+    assert!(!rec.partitions.contains_key(&P3));
+    assert!(
+        store.allocate_ids(1) > paged.0 + 1,
+        "paged ids are never reused"
+    );
+}
+
+/// A small tmpfs for out-of-space tests; `None` (test skipped) when it
+/// cannot be mounted (not root).
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("SKIPPED: cannot mount a tmpfs");
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+fn fill_fs(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![1u8; 16 << 10];
+    while f.write(&chunk).is_ok_and(|n| n > 0) {}
+}
+
+/// Publishes with a waiter; returns the location and whether it became durable.
+fn try_publish(store: &LogStore, body: &[u8]) -> Result<(MessageId, bool), StoreError> {
+    let id = store.allocate_ids(1);
+    let (tx, rx) = mpsc::channel();
+    store.append(
+        &[Op::Publish {
+            id,
+            partitions: &[P1],
+            data: data(body),
+        }],
+        &mut Vec::new(),
+        Some(Box::new(move |r| {
+            let _ = tx.send(r.is_ok());
+        })),
+    )?;
+    Ok((id, rx.recv_timeout(Duration::from_secs(20)).unwrap()))
+}
+
+#[test]
+fn out_of_space_write_fails_waiters_without_failing_the_store_and_recovers() {
+    let Some(fs) = Tmpfs::mount("3m") else { return };
+    let dir = fs.0.path().join("store");
+    let opts = LogOptions {
+        segment_size: 256 << 10,
+        reserve: false,
+        ..LogOptions::default()
+    };
+    let store = LogStore::open(&dir, opts.clone()).unwrap();
+    let mut durable = Vec::new();
+    let (first, ok) = try_publish(&store, &[7u8; 1000]).unwrap();
+    assert!(ok);
+    durable.push(first);
+    fill_fs(&fs.0.path().join("filler"));
+    // Fill the preallocated head; the roll then finds no space.
+    let mut failed = 0;
+    for _ in 0..2000 {
+        match try_publish(&store, &[7u8; 1000]) {
+            Ok((id, true)) => durable.push(id),
+            Ok((_, false)) => failed += 1,
+            Err(StoreError::NoSpace) => break,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!(failed, 1, "exactly the round that hit the full disk fails");
+    // Settles are still accepted (kept in memory until there is room).
+    store
+        .append(
+            &[Op::Settle {
+                partition: P1,
+                id: first,
+                location: Location {
+                    segment: 1,
+                    offset: 0,
+                    len: 1,
+                },
+            }],
+            &mut Vec::new(),
+            None,
+        )
+        .unwrap();
+    std::fs::remove_file(fs.0.path().join("filler")).unwrap();
+    // Space is back: publishes become durable again, no reopen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_publish(&store, b"after") {
+            Ok((id, true)) => {
+                durable.push(id);
+                break;
+            }
+            Ok((_, false)) | Err(StoreError::NoSpace) => {}
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    store.close().unwrap();
+    drop(store);
+    let store = LogStore::open(&dir, opts).unwrap();
+    let rec = store.take_recovered();
+    let got: std::collections::BTreeSet<_> = ids_of(&rec, P1).into_iter().collect();
+    // The settle written from memory after the space came back is durable.
+    assert!(!got.contains(&first));
+    for id in &durable[1..] {
+        assert!(got.contains(id), "durable publish {id} lost");
     }
 }

@@ -13,6 +13,7 @@ use super::{pack_pos, Chunk, Shared};
 use crate::{SegmentId, StoreError, Waiter};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -56,9 +57,13 @@ struct Reclaim {
 pub(crate) fn run(shared: Arc<Shared>) {
     let mut cur: Option<Current> = None;
     run_rounds(&shared, &mut cur);
-    // Closing: leave the head segment ending at its last record.
+    // Closing: leave the head segment ending at its last record, unless the
+    // disk is full and no reserve is left: then its preallocated rest is the
+    // space the next run records settles in (see `recover`).
+    let keep_tail = shared.opts.reserve && !reserve_path(&shared.log_dir).exists();
     if let Some(c) = cur {
-        if let Err(e) = seal(&c).and_then(|()| {
+        let sealed = if keep_tail { Ok(()) } else { seal(&c) };
+        if let Err(e) = sealed.and_then(|()| {
             c.file
                 .sync_all()
                 .map_err(|e| StoreError::io(format!("fsync segment {}", c.id), e))
@@ -83,29 +88,133 @@ fn seal(c: &Current) -> Result<(), StoreError> {
 /// journal a new file size and block allocation: measured here, fdatasync
 /// p95 falls from about 0.4 ms to 0.25 ms. Best effort: on a filesystem
 /// without fallocate the file simply grows.
-fn preallocate(file: &File, size: u64) {
+///
+/// Fails only when the filesystem is out of space: then the segment cannot be
+/// allocated and the caller falls back to the reserve.
+fn preallocate(file: &File, size: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let Ok(len) = libc::off_t::try_from(size) else {
-        return;
+        return Ok(());
     };
     // SAFETY: fd is a valid open file for the duration of the call.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
     if rc != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "fallocate unavailable; segment grows by appends");
+        let err = std::io::Error::last_os_error();
+        if is_no_space(&err) {
+            return Err(err);
+        }
+        tracing::debug!(error = %err, "fallocate unavailable; segment grows by appends");
+    }
+    Ok(())
+}
+
+/// Whether an I/O error means the disk (or the quota) is full.
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Path of the reserve segment: a preallocated spare that only the records
+/// freeing space (settles, metadata) may end up using once the disk is full.
+pub(crate) fn reserve_path(log_dir: &std::path::Path) -> std::path::PathBuf {
+    log_dir.join("reserve")
+}
+
+/// Makes sure a preallocated reserve of `size` bytes exists. Fails with the
+/// I/O error (typically ENOSPC) when it cannot be allocated.
+pub(crate) fn ensure_reserve(
+    log_dir: &std::path::Path,
+    size: u64,
+    sync: bool,
+) -> std::io::Result<()> {
+    let path = reserve_path(log_dir);
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() >= size) {
+        return Ok(());
+    }
+    let tmp = log_dir.join("reserve.tmp");
+    let res = (|| {
+        let file = File::create(&tmp)?;
+        preallocate(&file, size)?;
+        // Without fallocate support the blocks are only ours once written.
+        if file.metadata()?.blocks() * 512 < size {
+            let zeros = vec![0u8; 1 << 20];
+            let mut left = size;
+            let mut w = &file;
+            while left > 0 {
+                let n = left.min(zeros.len() as u64) as usize;
+                w.write_all(&zeros[..n])?;
+                left -= n as u64;
+            }
+        }
+        if sync {
+            file.sync_all()?;
+        }
+        std::fs::rename(&tmp, &path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Path of the small reserve that lets a checkpoint be written on a full
+/// disk, so that settled segments can still be reclaimed.
+fn meta_reserve_path(log_dir: &std::path::Path) -> std::path::PathBuf {
+    log_dir.join("reserve.meta")
+}
+
+/// Size of the checkpoint reserve.
+const META_RESERVE: u64 = 1 << 20;
+
+/// Best effort: creates the checkpoint reserve if it is missing.
+pub(crate) fn ensure_meta_reserve(log_dir: &std::path::Path) {
+    let path = meta_reserve_path(log_dir);
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() >= META_RESERVE) {
+        return;
+    }
+    let res = File::create(&path).and_then(|f| {
+        preallocate(&f, META_RESERVE)?;
+        f.set_len(META_RESERVE)
+    });
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&path);
+        tracing::debug!(error = %e, "cannot allocate the checkpoint reserve");
     }
 }
+
+/// How long the writer waits between attempts to allocate the reserve again
+/// while the disk is full.
+const RESERVE_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
     // When the head segment first held written but unsynced data.
     let mut dirty_since: Option<std::time::Instant> = None;
+    let mut reserve_tried: Option<std::time::Instant> = None;
     while let Some(mut round) = next_round(shared, dirty_since.is_some()) {
         // Under a steady stream of unwaited rounds, still sync every IDLE_SYNC.
         if dirty_since.is_some_and(|t| t.elapsed() >= IDLE_SYNC) {
             round.sync = true;
         }
-        if let Err(err) = write_round(shared, cur, &round.chunks, round.sync) {
-            fail(shared, round.waiters, err);
-            return;
+        if shared.state.lock().no_space
+            && reserve_tried.is_none_or(|t| t.elapsed() >= RESERVE_RETRY)
+        {
+            reserve_tried = Some(std::time::Instant::now());
+            retry_reserve(shared);
+        }
+        match write_round(shared, cur, &round.chunks, round.sync) {
+            Ok(()) => {}
+            Err(RoundError::Fatal(err)) => {
+                fail(shared, round.waiters, err);
+                return;
+            }
+            Err(RoundError::NoSpace { written, err }) => {
+                if shared.state.lock().closing {
+                    // Nowhere to put it and no later round to retry in.
+                    fail(shared, round.waiters, err);
+                    return;
+                }
+                requeue(shared, round.chunks, written, round.waiters, err);
+                continue;
+            }
         }
         match cur.as_ref() {
             Some(c) if c.dirty => {
@@ -157,6 +266,10 @@ fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
             if st.pending.is_empty() {
                 return None;
             }
+            break;
+        }
+        if idle_timeout && st.no_space {
+            // Disk full: come back regularly to try the reserve again.
             break;
         }
         if idle_timeout && (dirty || !st.pending.is_empty()) {
@@ -213,26 +326,50 @@ fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
     })
 }
 
+/// Why a round could not be written.
+enum RoundError {
+    /// Out of space while writing or allocating: the first `written` chunks
+    /// are in the kernel, the rest never reached it and can be written again
+    /// later from memory.
+    NoSpace { written: usize, err: StoreError },
+    /// Anything else, and every fsync failure: the store stops.
+    Fatal(StoreError),
+}
+
+fn fatal(e: StoreError) -> RoundError {
+    RoundError::Fatal(e)
+}
+
 fn write_round(
     shared: &Shared,
     cur: &mut Option<Current>,
     chunks: &[Chunk],
     durable: bool,
-) -> Result<(), StoreError> {
+) -> Result<(), RoundError> {
     #[cfg(test)]
     if shared
         .fail_next_write
         .swap(false, std::sync::atomic::Ordering::SeqCst)
         && !chunks.is_empty()
     {
-        return Err(StoreError::io(
+        return Err(fatal(StoreError::io(
             "injected failure",
             std::io::Error::other("injected"),
-        ));
+        )));
     }
     let sync = shared.opts.sync;
     let mut created = false;
-    for chunk in chunks {
+    for (i, chunk) in chunks.iter().enumerate() {
+        let no_space = |context: String, e: std::io::Error| {
+            if is_no_space(&e) {
+                RoundError::NoSpace {
+                    written: i,
+                    err: StoreError::io(context, e),
+                }
+            } else {
+                RoundError::Fatal(StoreError::io(context, e))
+            }
+        };
         if cur.as_ref().map(|c| c.id) != Some(chunk.segment) {
             if let Some(old) = cur.take() {
                 // Seal the previous segment durably before its successor
@@ -240,24 +377,50 @@ fn write_round(
                 // as real corruption, which is only sound if rolls are ordered.
                 // Cutting the preallocated tail first means sealed segments
                 // end exactly at their last record.
-                seal(&old)?;
+                seal(&old).map_err(fatal)?;
                 if sync {
-                    old.file
-                        .sync_data()
-                        .map_err(|e| StoreError::io(format!("fsync segment {}", old.id), e))?;
+                    old.file.sync_data().map_err(|e| {
+                        fatal(StoreError::io(format!("fsync segment {}", old.id), e))
+                    })?;
                     shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            debug_assert_eq!(chunk.offset, 0, "a new segment file starts at 0");
             let path = segment_path(&shared.log_dir, chunk.segment);
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
+            let file = match allocate_segment(shared, &path) {
+                Ok(f) => f,
+                // Only the head continued at open (disk full) already exists:
+                // appends go on in its preallocated space.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AlreadyExists
+                        && shared.continued_head == Some(chunk.segment) =>
+                {
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .map_err(|e| no_space(format!("opening {}", path.display()), e))?
+                }
+                Err(e) if is_no_space(&e) => {
+                    // Disk full: the reserve becomes this segment, and from
+                    // now on only records that free space are accepted.
+                    let reserve = reserve_path(&shared.log_dir);
+                    let taken = std::fs::rename(&reserve, &path)
+                        .and_then(|()| OpenOptions::new().write(true).open(&path));
+                    match taken {
+                        Ok(f) => {
+                            tracing::warn!(
+                                segment = chunk.segment,
+                                "disk full: the reserve segment is in use; new messages are refused until space is freed"
+                            );
+                            shared.state.lock().no_space = true;
+                            f
+                        }
+                        Err(_) => return Err(no_space(format!("creating {}", path.display()), e)),
+                    }
+                }
+                Err(e) => return Err(no_space(format!("creating {}", path.display()), e)),
+            };
             shared.stats.segments.fetch_add(1, Ordering::Relaxed);
             created = true;
-            preallocate(&file, shared.opts.segment_size);
             *cur = Some(Current {
                 id: chunk.segment,
                 file,
@@ -266,12 +429,15 @@ fn write_round(
             });
         }
         let c = cur.as_mut().expect("current segment was just set");
-        c.file.write_all(&chunk.buf).map_err(|e| {
-            StoreError::io(
-                format!("writing segment {} at {}", chunk.segment, chunk.offset),
-                e,
-            )
-        })?;
+        // Positional: a chunk that failed halfway is rewritten in place.
+        c.file
+            .write_all_at(&chunk.buf, u64::from(chunk.offset))
+            .map_err(|e| {
+                no_space(
+                    format!("writing segment {} at {}", chunk.segment, chunk.offset),
+                    e,
+                )
+            })?;
         c.dirty = true;
         let end = u64::from(chunk.offset) + chunk.buf.len() as u64;
         c.end = end;
@@ -285,9 +451,12 @@ fn write_round(
     }
     if let Some(c) = cur.as_mut() {
         if c.dirty && sync && durable {
+            // An fsync failure is fatal, ENOSPC included: the kernel may have
+            // dropped the dirty pages it could not write, so a later
+            // successful fsync would not mean the data is on disk.
             c.file
                 .sync_data()
-                .map_err(|e| StoreError::io(format!("fsync segment {}", c.id), e))?;
+                .map_err(|e| fatal(StoreError::io(format!("fsync segment {}", c.id), e)))?;
             shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
             c.dirty = false;
         } else if !sync {
@@ -295,9 +464,89 @@ fn write_round(
         }
     }
     if created && sync {
-        sync_dir(&shared.log_dir)?;
+        sync_dir(&shared.log_dir).map_err(fatal)?;
     }
     Ok(())
+}
+
+/// Creates a segment file with all its blocks allocated. Fails with ENOSPC
+/// (and removes the file) when the disk cannot hold a whole segment.
+fn allocate_segment(shared: &Shared, path: &std::path::Path) -> std::io::Result<File> {
+    let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    if let Err(e) = preallocate(&file, shared.opts.segment_size) {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(file)
+}
+
+/// While the disk is full: tries to allocate a reserve again, and when that
+/// works accepts new messages again.
+fn retry_reserve(shared: &Shared) {
+    let res = if shared.opts.reserve {
+        ensure_reserve(&shared.log_dir, shared.opts.segment_size, shared.opts.sync)
+    } else {
+        // No reserve to take back: let the next round simply try again.
+        Ok(())
+    };
+    match res {
+        Ok(()) => {
+            ensure_meta_reserve(&shared.log_dir);
+            if shared.opts.sync {
+                let _ = sync_dir(&shared.log_dir);
+            }
+            tracing::info!("disk space available again; the store accepts new messages");
+            shared.state.lock().no_space = false;
+        }
+        Err(e) => tracing::debug!(error = %e, "reserve segment still cannot be allocated"),
+    }
+}
+
+/// Out of space mid-round: the round's waiters fail (their appends are not
+/// durable: publishers get a nack), the chunks not yet in the kernel go back
+/// to the front of the pending buffer to be written again from memory, and
+/// new messages are refused until space is back. Settles and metadata are
+/// kept, so they are recorded as soon as there is room.
+fn requeue(
+    shared: &Shared,
+    chunks: Arc<Vec<Chunk>>,
+    written: usize,
+    waiters: Vec<Waiter>,
+    err: StoreError,
+) {
+    tracing::warn!(error = %err, "log write out of space; failing this round's waiters and retrying later");
+    let msg = err.to_string();
+    {
+        let mut st = shared.state.lock();
+        st.inflight = None;
+        st.no_space = true;
+        let chunks: Vec<Chunk> = match Arc::try_unwrap(chunks) {
+            Ok(c) => c,
+            Err(shared_chunks) => shared_chunks
+                .iter()
+                .map(|c| Chunk {
+                    segment: c.segment,
+                    offset: c.offset,
+                    buf: c.buf.clone(),
+                })
+                .collect(),
+        };
+        let newer = std::mem::take(&mut st.pending);
+        st.pending = chunks.into_iter().skip(written).collect();
+        st.pending.extend(newer);
+    }
+    for w in waiters {
+        call_waiter(
+            w,
+            Err(StoreError::io(
+                "log write",
+                std::io::Error::other(msg.clone()),
+            )),
+        );
+    }
+    // Do not spin: the next round comes with new work or the idle timer.
+    std::thread::sleep(IDLE_SYNC);
 }
 
 /// After a failed write or fsync nothing may be acknowledged any more: the
@@ -326,7 +575,17 @@ fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
 
 fn reclaim(shared: &Shared, r: Reclaim) {
     if let Some((version, next_id, encoded)) = r.checkpoint {
-        if let Err(e) = checkpoint::store(&shared.dir, &encoded, shared.opts.sync) {
+        let mut stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
+        if let Err(StoreError::Io { source, .. }) = &stored {
+            // Disk full: give up the checkpoint reserve so reclamation (which
+            // frees far more) can proceed; it is recreated with the space.
+            if is_no_space(source)
+                && std::fs::remove_file(meta_reserve_path(&shared.log_dir)).is_ok()
+            {
+                stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
+            }
+        }
+        if let Err(e) = stored {
             // Without a durable checkpoint the segments' metadata is still
             // needed; keep them and retry on a later round.
             tracing::warn!(error = %e, "writing meta.checkpoint failed; not reclaiming");
@@ -360,6 +619,11 @@ fn reclaim(shared: &Shared, r: Reclaim) {
         if let Err(e) = sync_dir(&shared.log_dir) {
             tracing::warn!(error = %e, "fsync of the log directory after reclamation failed");
         }
+    }
+    if shared.opts.reserve {
+        // Space was just freed: take back the checkpoint reserve if a full
+        // disk made us spend it.
+        ensure_meta_reserve(&shared.log_dir);
     }
     let mut st = shared.state.lock();
     for id in removed {

@@ -620,23 +620,36 @@ impl Session {
             }
             targets.push((part.clone(), stored));
         }
+        // Transient copies (a transient message, or a non-durable queue) into
+        // partitions already deeper than the in-memory window are paged to
+        // the store too, after the durable ones in the same buffer, so memory
+        // does not grow with queue depth. Skipped entirely on the hot path
+        // (every target stored).
+        let n_durable = durable_parts.len();
+        if n_durable < targets.len() {
+            for (part, stored) in &targets {
+                if !*stored && part.ready_len() >= crate::engine::queue::HOT_ENTRIES as u64 {
+                    durable_parts.push(part.id);
+                }
+            }
+        }
+        let data = MessageData {
+            exchange,
+            routing_key,
+            header: &message.properties,
+            body: &message.body,
+            attrs: weir_backend::MessageAttrs {
+                priority: message.priority,
+                expires_at_ms: 0,
+            },
+        };
         let mut location = None;
-        if !durable_parts.is_empty() {
+        if n_durable > 0 {
             self.locs.clear();
-            let data = MessageData {
-                exchange,
-                routing_key,
-                header: &message.properties,
-                body: &message.body,
-                attrs: weir_backend::MessageAttrs {
-                    priority: message.priority,
-                    expires_at_ms: 0,
-                },
-            };
             let res = self.store.append(
                 &[Op::Publish {
                     id,
-                    partitions: &durable_parts,
+                    partitions: &durable_parts[..n_durable],
                     data,
                 }],
                 &mut self.locs,
@@ -644,7 +657,9 @@ impl Session {
             );
             if let Err(e) = res {
                 self.route_buf = queues;
-                return Err(EngineError::Store(e).into());
+                self.publish_targets = targets;
+                self.publish_durable = durable_parts;
+                return self.refuse_publish(ch, e);
             }
             location = self.locs.first().copied();
             debug_assert!(
@@ -653,13 +668,38 @@ impl Session {
             );
             c.batch_needs_store = true;
         }
-        self.publish_durable = durable_parts;
+        let mut page_location = None;
+        if durable_parts.len() > n_durable {
+            self.locs.clear();
+            // Never waited on: a restart drops it anyway. If the store cannot
+            // take it (disk full), the message simply stays in memory.
+            let res = self.store.append(
+                &[Op::Page {
+                    id,
+                    partitions: &durable_parts[n_durable..],
+                    data,
+                }],
+                &mut self.locs,
+                None,
+            );
+            match res {
+                Ok(()) => page_location = self.locs.first().copied(),
+                Err(e) => tracing::debug!(error = %e, "not paging a transient message"),
+            }
+        }
         let now = now_ms();
         for (part, stored) in targets.drain(..) {
+            let location = if stored {
+                location
+            } else if page_location.is_some() && durable_parts[n_durable..].contains(&part.id) {
+                page_location
+            } else {
+                None
+            };
             let refused = part.enqueue(Entry {
                 seq: 0,
                 id,
-                location: if stored { location } else { None },
+                location,
                 size,
                 redelivered: false,
                 attempts: 0,
@@ -674,8 +714,33 @@ impl Session {
                 self.settles.push((part.id, id, l));
             }
         }
+        self.publish_durable = durable_parts;
         self.publish_targets = targets;
         self.route_buf = queues;
+        Ok(())
+    }
+
+    /// The store refused a persistent publish. Out of disk space, the
+    /// publisher is told with basic.nack (confirm mode) and the connection
+    /// stays up; without confirms the message is dropped, as an unconfirmed
+    /// publish may be. Any other store failure still closes the connection.
+    fn refuse_publish(&mut self, ch: u16, e: weir_backend::StoreError) -> Result<(), Failure> {
+        if !matches!(e, weir_backend::StoreError::NoSpace) {
+            return Err(EngineError::Store(e).into());
+        }
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        if c.confirm {
+            // Nacked now, on its own; the batch's multiple-ack must not cover
+            // it again (a multiple-ack skips tags already settled).
+            let tag = c.publish_tag;
+            c.batch_publishes = c.batch_publishes.saturating_sub(1);
+            if self.conn.channel_is_usable(ch) {
+                codec::write_confirm(self.conn.out(), ch, tag, false, true);
+            }
+        }
+        tracing::debug!(channel = ch, "disk full: publish refused");
         Ok(())
     }
 
@@ -1029,7 +1094,8 @@ impl Session {
     /// Settles in the store what a deleted partition refused to take back.
     fn settle_refused(&mut self, p: &Arc<Partition>, refused: Vec<Entry>) {
         for e in refused {
-            if let (true, Some(l)) = (p.durable, e.location) {
+            // Paged entries of non-durable queues have a location too.
+            if let Some(l) = e.location {
                 self.settles.push((p.id, e.id, l));
             }
         }

@@ -211,7 +211,8 @@ impl Engine {
         let mut partitions: Vec<Arc<queue::Partition>> = Vec::new();
         for t in self.tenants.read().values() {
             for q in t.queues() {
-                partitions.extend(q.partitions.iter().filter(|p| p.durable).cloned());
+                // Every partition: non-durable ones hold paged records too.
+                partitions.extend(q.partitions.iter().cloned());
             }
         }
         {

@@ -19,9 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::{Location, MessageId, PartitionId};
 
-/// Durable entries deeper than this in a partition keep only their location
-/// in memory; their bodies are read back from the store when delivered, so
-/// memory does not grow with queue depth.
+/// Entries deeper than this in a partition keep only their location in
+/// memory; their bodies are read back from the store when delivered, so
+/// memory does not grow with queue depth. Durable entries have a location
+/// anyway; transient ones (a transient message, or any message in a
+/// non-durable queue) published while the partition is this deep are paged
+/// to the store for it (`Op::Page`: never fsynced, dropped at restart).
 pub const HOT_ENTRIES: usize = 2048;
 
 /// Cheap counters kept for every partition.
@@ -701,5 +704,34 @@ mod tests {
         }
         // Only the hot head keeps the message in memory.
         assert_eq!(Arc::strong_count(&msg), HOT_ENTRIES + 1);
+    }
+
+    #[test]
+    fn paged_entries_of_a_non_durable_partition_drop_their_bodies_too() {
+        // Entries without a location (not paged) must keep their bodies.
+        let p = Partition::new(PartitionId(2), false);
+        let msg = Arc::new(crate::engine::message::Message {
+            id: 1,
+            exchange: bytes::Bytes::new(),
+            routing_key: bytes::Bytes::new(),
+            properties: bytes::Bytes::new(),
+            body: bytes::Bytes::from_static(b"x"),
+            persistent: false,
+            priority: 0,
+        });
+        for id in 0..(HOT_ENTRIES as u64 + 20) {
+            let mut e = entry(id);
+            // Every other deep entry was paged by the session.
+            if id >= HOT_ENTRIES as u64 && id % 2 == 0 {
+                e.location = Some(weir_backend::Location {
+                    segment: 1,
+                    offset: 0,
+                    len: 1,
+                });
+            }
+            e.message = Some(msg.clone());
+            assert!(p.enqueue(e).is_none());
+        }
+        assert_eq!(Arc::strong_count(&msg), HOT_ENTRIES + 10 + 1);
     }
 }
