@@ -26,15 +26,10 @@ pub struct Credit {
 impl Credit {
     /// A window with the given limits.
     pub fn new(max_count: u32, max_bytes: u32) -> Arc<Self> {
-        Arc::new(Self::with_limits(max_count, max_bytes))
-    }
-
-    /// A window with the given limits, not shared (embedded in its owner).
-    pub fn with_limits(max_count: u32, max_bytes: u32) -> Self {
         let c = Credit::default();
         c.max_count.store(max_count, Ordering::Relaxed);
         c.max_bytes.store(max_bytes, Ordering::Relaxed);
-        c
+        Arc::new(c)
     }
 
     /// Takes room for one message of `size` bytes, or returns false when the

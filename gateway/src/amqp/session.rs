@@ -260,6 +260,12 @@ impl Session {
         let mut partial_since = Instant::now();
         self.alarm = *self.alarms.borrow_and_update();
         loop {
+            // A publish is judged against the alarms as they are now: one
+            // atomic load per loop, no waiter registered (only a blocked
+            // connection waits for the alarm to clear, below).
+            if self.alarms.has_changed().unwrap_or(false) {
+                self.refresh_alarm();
+            }
             // 1. Interpret every complete frame we have.
             while let Some(ev) = self.conn.poll(&mut input) {
                 self.handle_event(ev).await;
@@ -332,10 +338,9 @@ impl Session {
                 }
                 r = stream.writable(), if want_write => { r?; }
                 _ = self.handle.notified() => {}
-                r = self.alarms.changed() => {
+                r = self.alarms.changed(), if self.blocked => {
                     if r.is_ok() {
-                        self.alarm = *self.alarms.borrow_and_update();
-                        self.blocked &= self.alarm.any();
+                        self.refresh_alarm();
                     }
                 }
                 Some(c) = confirm_rx.recv() => {
@@ -811,6 +816,12 @@ impl Session {
         }
     }
 
+    /// Takes the current alarm state; a cleared alarm unblocks.
+    fn refresh_alarm(&mut self) {
+        self.alarm = *self.alarms.borrow_and_update();
+        self.blocked &= self.alarm.any();
+    }
+
     /// Tells the client (`connection.blocked` / `connection.unblocked`) when
     /// it is blocked by a resource alarm, and when that alarm clears.
     fn signal_alarm(&mut self) {
@@ -874,13 +885,14 @@ impl Session {
         let mut unsend: Vec<(Arc<Partition>, Entry)> = Vec::new();
         let mut waiting: Vec<Delivery> = Vec::new();
         let mut pending = deliveries.drain(..);
+        let mut handled = 0u32;
         loop {
             if self.conn.out().len() >= DELIVERY_HIGH_WATER {
                 waiting.extend(pending.by_ref());
                 break;
             }
             let Some(d) = pending.next() else { break };
-            self.handle.unsent_done(d.entry.size);
+            handled += 1;
             let usable = self.conn.channel_is_usable(d.consumer.channel)
                 && !d.consumer.cancelled.load(Ordering::Acquire)
                 && self.channels.contains_key(&d.consumer.channel);
@@ -955,6 +967,9 @@ impl Session {
             }
         }
         drop(pending);
+        // Room on the way to us again (once per batch), then see whether a
+        // queue was refused for lack of it meanwhile.
+        self.handle.unsent_done(handled);
         // Not yet encoded: first in line next time, in order.
         deliveries.append(&mut waiting);
         self.deliveries = deliveries;
@@ -1129,7 +1144,7 @@ impl Session {
         self.handle.drain(&mut self.deliveries, &mut self.notices);
         self.notices.clear();
         for d in std::mem::take(&mut self.deliveries) {
-            self.handle.unsent_done(d.entry.size);
+            self.handle.unsent_done(1);
             d.consumer.release(d.entry.size);
             let refused = d.partition.unsend(std::iter::once(d.entry));
             self.settle_refused(&d.partition, refused);

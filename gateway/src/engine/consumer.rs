@@ -5,7 +5,7 @@ use super::message::Entry;
 use super::queue::Partition;
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 pub use weir_quota::Credit;
@@ -42,10 +42,13 @@ pub struct ConnHandle {
     notify: Notify,
     /// Deliveries handed to this connection and not yet encoded for its
     /// socket (in the outbox or drained and waiting for room). Bounded so
-    /// that a client that stops reading holds at most this much: whatever
+    /// that a client that stops reading holds at most this many: whatever
     /// the consumers' prefetch, the rest stays in the queues (for other
-    /// consumers), not in this connection's memory.
-    unsent: Credit,
+    /// consumers), not with this connection. A count suffices: a waiting
+    /// delivery's body is the queue's (or still in the store, read back
+    /// only when encoded), and encoding stops at the write buffer's high
+    /// water mark.
+    unsent: AtomicU32,
     /// A consumer of this connection was refused a delivery because
     /// `unsent` was full: the connection redispatches its consumers' queues
     /// once it has written some.
@@ -54,9 +57,6 @@ pub struct ConnHandle {
 
 /// Deliveries a connection may have handed to it and not yet encoded.
 pub const UNSENT_MAX_COUNT: u32 = 2048;
-/// Bytes of deliveries a connection may have handed to it and not yet
-/// encoded (one larger message always passes).
-pub const UNSENT_MAX_BYTES: u32 = 4 << 20;
 
 #[derive(Default)]
 struct Outbox {
@@ -72,25 +72,33 @@ impl ConnHandle {
             closed: AtomicBool::new(false),
             outbox: Mutex::new(Outbox::default()),
             notify: Notify::new(),
-            unsent: Credit::with_limits(UNSENT_MAX_COUNT, UNSENT_MAX_BYTES),
+            unsent: AtomicU32::new(0),
             starved: AtomicBool::new(false),
         })
     }
 
-    /// Takes room for one delivery of `size` bytes on the way to this
-    /// connection; false (and the connection will redispatch) when full.
-    fn reserve_unsent(&self, size: u32) -> bool {
-        if self.unsent.try_acquire(size) {
+    /// Takes room for one delivery on the way to this connection; false
+    /// (and the connection will redispatch) when full.
+    fn reserve_unsent(&self) -> bool {
+        // Optimistic: one atomic on the hot path, undone when over.
+        if self.unsent.fetch_add(1, Ordering::AcqRel) < UNSENT_MAX_COUNT {
             return true;
         }
+        self.unsent.fetch_sub(1, Ordering::AcqRel);
         self.starved.store(true, Ordering::SeqCst);
+        // The connection may have freed room and checked `starved` between
+        // our increment and the store above: wake it to look again.
+        self.notify.notify_one();
         false
     }
 
-    /// A delivery handed to this connection was encoded for the socket (or
-    /// given back): its room is free again.
-    pub fn unsent_done(&self, size: u32) {
-        self.unsent.release(size);
+    /// `n` deliveries handed to this connection were encoded for the socket
+    /// (or given back): their room is free again.
+    pub fn unsent_done(&self, n: u32) {
+        if n > 0 {
+            let prev = self.unsent.fetch_sub(n, Ordering::AcqRel);
+            debug_assert!(prev >= n, "unsent room released more than taken");
+        }
     }
 
     /// Whether a consumer was refused for lack of room since the last call:
@@ -103,7 +111,7 @@ impl ConnHandle {
 
     /// Deliveries handed to this connection and not yet encoded.
     pub fn unsent(&self) -> u32 {
-        self.unsent.in_flight()
+        self.unsent.load(Ordering::Relaxed)
     }
 
     /// Marks the connection gone.
@@ -190,7 +198,7 @@ impl Consumer {
                 return false;
             }
         }
-        if !self.conn.reserve_unsent(size) {
+        if !self.conn.reserve_unsent() {
             self.release(size);
             return false;
         }
@@ -256,9 +264,8 @@ mod tests {
         conn.drain(&mut d, &mut notices);
         assert_eq!(d.len(), UNSENT_MAX_COUNT as usize);
         // Written: room again, and the connection knows to redispatch.
-        for x in d.drain(..) {
-            conn.unsent_done(x.entry.size);
-        }
+        conn.unsent_done(d.len() as u32);
+        d.clear();
         assert!(conn.take_starved());
         assert!(!conn.take_starved());
         p.dispatch();
