@@ -381,7 +381,7 @@ impl Session {
                         if partial_since.elapsed() > limit {
                             tracing::info!(peer = %self.peer, bytes = partial, "partly received message stalled, closing");
                             let text = format!(
-                                "{} bytes of a message received, then nothing for {} s",
+                                "{} bytes of a message received and no progress for {} s",
                                 partial,
                                 limit.as_secs()
                             );
