@@ -372,7 +372,9 @@ impl Session {
                     // the alarm waits for.
                     let assembling = partial_content_bytes(&self.conn);
                     let now_partial = assembling + input.len();
-                    let held_through_alarm = self.blocked && assembling > 0;
+                    // (A publish cut off between its frames by the block is small: it
+                    // waits for the alarm like the rest of the publisher.)
+                    let held_through_alarm = self.blocked && assembling > self.conn.frame_max();
                     let paused = !want_read && !held_through_alarm;
                     if now_partial == 0 || now_partial != partial || paused || !self.conn.is_open() {
                         partial = now_partial;
