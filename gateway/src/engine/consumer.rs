@@ -85,10 +85,13 @@ impl ConnHandle {
             return true;
         }
         self.unsent.fetch_sub(1, Ordering::AcqRel);
-        self.starved.store(true, Ordering::SeqCst);
         // The connection may have freed room and checked `starved` between
-        // our increment and the store above: wake it to look again.
-        self.notify.notify_one();
+        // our increment and this store: wake it to look again. Once per
+        // starvation, not per refused message (a stalled consumer's queue
+        // may refuse it on every publish).
+        if !self.starved.swap(true, Ordering::SeqCst) {
+            self.notify.notify_one();
+        }
         false
     }
 
