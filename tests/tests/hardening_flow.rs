@@ -590,3 +590,68 @@ async fn failed_logins_are_slowed_and_good_ones_are_not() {
     );
     assert!(guess.await.expect("guess task"), "sixth guess accepted");
 }
+
+/// A small tmpfs, unmounted on drop; `None` (test skipped) where it cannot
+/// be mounted.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!(
+                "SKIPPED: cannot mount a tmpfs (needs root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return None;
+        }
+        Some(Tmpfs { dir })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Finding 5: the disk alarm clears by itself once space is freed, and the
+/// blocked publisher gets connection.unblocked and is read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_alarm_clears_when_space_returns() {
+    let Some(fs) = Tmpfs::mount("64m") else {
+        return;
+    };
+    let data = fs.dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data dir");
+    let b = Broker::start_in_with(&data, &["--segment-mb", "1", "--disk-free-limit", "24MB"]);
+    let admin = connect(&b.url()).await;
+    let ach = admin.create_channel().await.expect("channel");
+    declare(&ach, "space", true).await;
+    // Take the free space below the watermark with a file of our own.
+    let hog = fs.dir.path().join("hog");
+    std::fs::write(&hog, vec![0u8; 48 << 20]).expect("hog file");
+    assert!(b.wait_for_log("disk alarm set", OP_TIMEOUT));
+    let mut publisher = Client::open(b.addr()).await;
+    publisher.send(&publish_frames("space", b"a")).await;
+    publisher.expect(10, 60).await;
+    publisher.send(&publish_frames("space", b"b")).await;
+    // Space returns: the alarm clears, the publisher is unblocked and read.
+    std::fs::remove_file(&hog).expect("remove hog");
+    within("connection.unblocked", publisher.expect(10, 61)).await;
+    assert!(b.wait_for_log("disk alarm cleared", OP_TIMEOUT));
+    wait_until("the held publish", OP_TIMEOUT, || async {
+        message_count(&ach, "space").await == 2
+    })
+    .await;
+}
