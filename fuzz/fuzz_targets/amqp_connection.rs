@@ -95,7 +95,6 @@ fn run(data: &[u8]) {
         frame_max: 16 * 1024,
         max_message_size: MAX_MESSAGE,
         max_partial_content: Some(PARTIAL_LIMIT),
-        copy_messages_below: if opts & 0x10 != 0 { 512 } else { 0 },
         ..ServerConfig::default()
     };
     let frame_max = config.frame_max as usize;

@@ -51,6 +51,21 @@ pub struct Cli {
     /// [default: 1800, as RabbitMQ's consumer_timeout].
     #[arg(long, env = "WEIR_CONSUMER_TIMEOUT")]
     pub consumer_timeout: Option<u64>,
+    // --- flow control and resource limits (memory, disk, partial content, logins) ---
+    /// Memory watermark: publishers are blocked while the broker's resident
+    /// memory is above it. Bytes with an optional suffix (`512MB`, `1GiB`),
+    /// or a fraction of physical RAM (`0.4`) [default: 0.4, as RabbitMQ].
+    #[arg(long, env = "WEIR_MEMORY_LIMIT")]
+    pub memory_limit: Option<String>,
+    /// Free-disk watermark on the data directory's filesystem: publishers are
+    /// blocked while less is free. Bytes with an optional suffix
+    /// [default: 1GB or two segments, whichever is larger].
+    #[arg(long, env = "WEIR_DISK_FREE_LIMIT")]
+    pub disk_free_limit: Option<String>,
+    /// Seconds a connection may hold a partly received message without
+    /// progress before it is closed (0 = never) [default: 30].
+    #[arg(long, env = "WEIR_PARTIAL_CONTENT_TIMEOUT")]
+    pub partial_content_timeout: Option<u64>,
     // --- Store hardening (data safety) ---
     /// Before opening the store, move damaged log ranges into
     /// `<data-dir>/quarantine/` and keep every valid record (as `weir
@@ -91,6 +106,10 @@ pub struct FileConfig {
     default_pass: Option<String>,
     guest_remote: Option<bool>,
     consumer_timeout: Option<u64>,
+    // --- flow control and resource limits ---
+    memory_limit: Option<String>,
+    disk_free_limit: Option<String>,
+    partial_content_timeout: Option<u64>,
     #[serde(default)]
     users: Vec<UserConfig>,
 }
@@ -128,6 +147,13 @@ pub struct Config {
     pub guest_remote: bool,
     /// Lease (visibility) timeout in seconds; 0 disables it.
     pub consumer_timeout_secs: u64,
+    // --- flow control and resource limits ---
+    /// Memory watermark in bytes of resident memory.
+    pub memory_limit: u64,
+    /// Free-disk watermark in bytes.
+    pub disk_free_limit: u64,
+    /// Partial-content stall timeout in seconds; 0 disables it.
+    pub partial_content_timeout_secs: u64,
     /// Other users.
     pub users: Vec<UserConfig>,
     /// Quarantine damaged log ranges before opening the store.
@@ -197,8 +223,27 @@ impl Config {
                 .consumer_timeout
                 .or(file.consumer_timeout)
                 .unwrap_or(1800),
+            memory_limit: 0,
+            disk_free_limit: 0,
+            partial_content_timeout_secs: cli
+                .partial_content_timeout
+                .or(file.partial_content_timeout)
+                .unwrap_or(30),
             users: file.users,
             repair: cli.repair,
+        };
+        let mut cfg = cfg;
+        // --- flow control and resource limits ---
+        cfg.memory_limit = match cli.memory_limit.or(file.memory_limit) {
+            Some(v) => parse_memory_limit(&v, physical_memory())?,
+            None => (physical_memory() as f64 * DEFAULT_MEMORY_FRACTION) as u64,
+        };
+        let min_disk = (1u64 << 30).max(2 * cfg.segment_bytes);
+        cfg.disk_free_limit = match cli.disk_free_limit.or(file.disk_free_limit) {
+            Some(v) => parse_bytes(&v).ok_or_else(|| {
+                ConfigError::Invalid(format!("disk_free_limit: cannot parse '{v}' as bytes"))
+            })?,
+            None => min_disk,
         };
         if cfg.frame_max < 4096 {
             return Err(ConfigError::Invalid(format!(
@@ -215,8 +260,84 @@ impl Config {
     }
 }
 
+// --- flow control and resource limits ---
+
+/// Share of physical RAM used as the memory watermark by default (RabbitMQ's
+/// `vm_memory_high_watermark`).
+const DEFAULT_MEMORY_FRACTION: f64 = 0.4;
+
+/// Physical RAM in bytes (`sysconf`), or 4 GiB if it cannot be read.
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions; it returns -1 on error.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && page > 0 {
+        pages as u64 * page as u64
+    } else {
+        4 << 30
+    }
+}
+
+/// A memory limit: a fraction of RAM (`0.4`, below 1) or bytes (`512MB`).
+fn parse_memory_limit(v: &str, ram: u64) -> Result<u64, ConfigError> {
+    let v = v.trim();
+    if let Ok(f) = v.parse::<f64>() {
+        if v.contains('.') {
+            if !(f > 0.0 && f < 1.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "memory_limit fraction {v} must be between 0 and 1"
+                )));
+            }
+            return Ok((ram as f64 * f) as u64);
+        }
+    }
+    match parse_bytes(v) {
+        Some(0) | None => Err(ConfigError::Invalid(format!(
+            "memory_limit: cannot parse '{v}' as bytes or a fraction of RAM"
+        ))),
+        Some(n) => Ok(n),
+    }
+}
+
+/// Bytes with an optional unit: `1048576`, `64kB`, `512MB`, `1GiB`, `2TB`,
+/// `1PB`. Decimal and binary units are both taken as powers of 1024, as
+/// RabbitMQ does for `MB`/`GB`.
+pub fn parse_bytes(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn byte_sizes_and_fractions() {
+        assert_eq!(parse_bytes("512MB"), Some(512 << 20));
+        assert_eq!(parse_bytes("1GiB"), Some(1 << 30));
+        assert_eq!(parse_bytes("1PB"), Some(1 << 50));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("12 xb"), None);
+        assert_eq!(parse_memory_limit("0.5", 1000).ok(), Some(500));
+        assert_eq!(parse_memory_limit("64MB", 1000).ok(), Some(64 << 20));
+        assert!(parse_memory_limit("1.5", 1000).is_err());
+        assert!(parse_memory_limit("0", 1000).is_err());
+    }
+
     use super::*;
 
     #[test]

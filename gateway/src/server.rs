@@ -3,10 +3,13 @@
 
 use crate::config::Config;
 use crate::engine::Engine;
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -24,6 +27,16 @@ pub struct Shared {
     guest_remote: bool,
     /// How long a delivery may stay unacknowledged (None = forever).
     pub consumer_timeout: Option<Duration>,
+    /// Resource alarms (memory, disk), set and cleared by the monitors in
+    /// [`Broker::run`]; every session subscribes.
+    pub alarms: watch::Sender<Alarms>,
+    /// How long a partly received message may make no progress (None = forever).
+    pub partial_content_timeout: Option<Duration>,
+    /// Failed-login delays per source address.
+    pub logins: LoginThrottle,
+    /// Set after large frees (purge, delete): the memory monitor trims the
+    /// heap on its next tick.
+    trim_wanted: AtomicBool,
 }
 
 impl Shared {
@@ -44,6 +57,103 @@ impl Shared {
                 .zip(pass.bytes())
                 .fold(0u8, |a, (x, y)| a | (x ^ y))
                 == 0
+    }
+
+    /// Asks the memory monitor to return freed heap memory to the system soon
+    /// (after a purge or a delete freed many messages).
+    pub fn request_trim(&self) {
+        self.trim_wanted.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Which resource alarms are set. While any is, publishing connections are
+/// not read and clients get `connection.blocked`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Alarms {
+    /// Resident memory above `--memory-limit`.
+    pub memory: bool,
+    /// Free space of the data directory's filesystem below `--disk-free-limit`.
+    pub disk: bool,
+}
+
+impl Alarms {
+    /// Whether publishers are blocked.
+    pub fn any(&self) -> bool {
+        self.memory || self.disk
+    }
+
+    /// The reason given in `connection.blocked`, as RabbitMQ words it.
+    pub fn reason(&self) -> &'static str {
+        match (self.memory, self.disk) {
+            (true, _) => "low on memory",
+            (false, true) => "low on disk space",
+            (false, false) => "",
+        }
+    }
+}
+
+/// First delay after a failed login from an address.
+const LOGIN_DELAY_BASE: Duration = Duration::from_millis(100);
+/// Longest delay: the doubling stops here.
+const LOGIN_DELAY_MAX: Duration = Duration::from_millis(3200);
+/// One remembered failure is forgotten per this much time without failures.
+const LOGIN_DECAY: Duration = Duration::from_secs(10);
+/// Addresses remembered at most (bounded against spoofed or many sources).
+const LOGIN_TABLE_MAX: usize = 16_384;
+
+/// Slows password guessing: each failed login from an address waits before
+/// its refusal, 100 ms doubling per recent failure up to 3.2 s. The delay is
+/// served in the connection's own task, so nobody else waits. Failures decay
+/// (one per 10 s), and the table is bounded.
+#[derive(Default)]
+pub struct LoginThrottle {
+    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+}
+
+impl LoginThrottle {
+    /// Records a failed login from `ip` and returns how long to wait before
+    /// refusing it.
+    pub fn failed(&self, ip: IpAddr) -> Duration {
+        let key = throttle_key(ip);
+        let now = Instant::now();
+        let mut t = self.failures.lock();
+        if t.len() >= LOGIN_TABLE_MAX && !t.contains_key(&key) {
+            t.retain(|_, (n, at)| decayed(*n, *at, now) > 0);
+            if t.len() >= LOGIN_TABLE_MAX {
+                // Still full of active guessers: forget the oldest half
+                // rather than grow; they start again at the short delay.
+                let mut ats: Vec<Instant> = t.values().map(|(_, at)| *at).collect();
+                ats.sort_unstable();
+                let cut = ats[ats.len() / 2];
+                t.retain(|_, (_, at)| *at > cut);
+            }
+        }
+        let e = t.entry(key).or_insert((0, now));
+        let n = decayed(e.0, e.1, now) + 1;
+        *e = (n, now);
+        let shift = (n - 1).min(16);
+        (LOGIN_DELAY_BASE * (1u32 << shift)).min(LOGIN_DELAY_MAX)
+    }
+}
+
+/// Failures left after decay.
+fn decayed(n: u32, at: Instant, now: Instant) -> u32 {
+    let periods = now.duration_since(at).as_secs() / LOGIN_DECAY.as_secs();
+    n.saturating_sub(periods.min(u32::MAX as u64) as u32)
+}
+
+/// IPv6 clients usually own a whole /64: key them by it, so one client
+/// cannot step around the delay (or flood the table) by changing address.
+fn throttle_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
     }
 }
 
@@ -76,6 +186,15 @@ pub struct Broker {
     shared: Arc<Shared>,
     store: Arc<LogStore>,
     listener: TcpListener,
+    limits: Limits,
+}
+
+/// The resource watermarks the monitors check.
+#[derive(Clone, Debug)]
+struct Limits {
+    memory: u64,
+    disk_free: u64,
+    data_dir: PathBuf,
 }
 
 impl Broker {
@@ -145,9 +264,19 @@ impl Broker {
                 guest_remote: cfg.guest_remote,
                 consumer_timeout: (cfg.consumer_timeout_secs > 0)
                     .then(|| Duration::from_secs(cfg.consumer_timeout_secs)),
+                alarms: watch::Sender::new(Alarms::default()),
+                partial_content_timeout: (cfg.partial_content_timeout_secs > 0)
+                    .then(|| Duration::from_secs(cfg.partial_content_timeout_secs)),
+                logins: LoginThrottle::default(),
+                trim_wanted: AtomicBool::new(false),
             }),
             store,
             listener,
+            limits: Limits {
+                memory: cfg.memory_limit,
+                disk_free: cfg.disk_free_limit,
+                data_dir: cfg.data_dir.clone(),
+            },
         })
     }
 
@@ -176,6 +305,20 @@ impl Broker {
                 }
             }
         });
+        // The monitors are threads, not tasks: a connection that keeps the
+        // runtime's workers busy (a publisher flooding us) must not delay
+        // the alarm that stops it.
+        let monitors_stop = Arc::new(AtomicBool::new(false));
+        let monitors = [
+            spawn_monitor("weir-memory", monitors_stop.clone(), {
+                let (shared, limit) = (self.shared.clone(), self.limits.memory);
+                move |stop| monitor_memory(&shared, limit, stop)
+            }),
+            spawn_monitor("weir-disk", monitors_stop.clone(), {
+                let (shared, limits) = (self.shared.clone(), self.limits.clone());
+                move |stop| monitor_disk(&shared, &limits.data_dir, limits.disk_free, stop)
+            }),
+        ];
         if let Ok(addr) = self.amqp_addr() {
             tracing::info!(%addr, "AMQP listener ready");
         }
@@ -211,6 +354,10 @@ impl Broker {
             conns.abort_all();
         }
         compactor.abort();
+        monitors_stop.store(true, Ordering::Relaxed);
+        for m in monitors.into_iter().flatten() {
+            let _ = m.join();
+        }
         match self.store.close() {
             Ok(()) => tracing::info!("store flushed and closed"),
             Err(e) => tracing::error!(error = %e, "closing store"),
@@ -223,6 +370,174 @@ impl Broker {
 /// the fragmented heap, and a restarted broker would hold far more memory than
 /// the same broker before the restart. Hand the free pages back.
 fn release_recovery_memory() {
+    trim_heap();
+}
+
+/// How often resident memory is sampled.
+const MEMORY_SAMPLE: Duration = Duration::from_millis(150);
+/// How often free disk space is sampled.
+const DISK_SAMPLE: Duration = Duration::from_secs(1);
+/// While the memory alarm is set, the heap is trimmed at most this often.
+const TRIM_IN_ALARM: Duration = Duration::from_secs(1);
+/// Outside alarms, how often the heap's free memory is checked for a trim.
+const TRIM_CHECK: Duration = Duration::from_secs(5);
+/// Free heap memory worth handing back without being asked.
+const TRIM_FREE_MIN: usize = 64 << 20;
+
+/// Starts a monitor thread; `None` (logged) if the thread cannot be created.
+fn spawn_monitor(
+    name: &str,
+    stop: Arc<AtomicBool>,
+    f: impl FnOnce(&AtomicBool) + Send + 'static,
+) -> Option<std::thread::JoinHandle<()>> {
+    match std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || f(&stop))
+    {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::error!(error = %e, thread = name, "cannot start a resource monitor");
+            None
+        }
+    }
+}
+
+/// Samples the process's resident memory and sets or clears the memory
+/// alarm; hands freed heap memory back to the system after large frees.
+fn monitor_memory(shared: &Shared, limit: u64, stop: &AtomicBool) {
+    tracing::info!(limit_bytes = limit, "memory watermark");
+    let mut last_trim = Instant::now();
+    let mut last_check = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let Some(mut rss) = resident_bytes() else {
+            std::thread::sleep(MEMORY_SAMPLE);
+            continue;
+        };
+        // glibc keeps freed memory: trim when someone freed a lot (purge,
+        // delete), while over the watermark (so the alarm can clear once
+        // consumers drained the queues), or when much of the heap is free.
+        // At most once a second: a trim walks the whole heap.
+        let may_trim = last_trim.elapsed() >= TRIM_IN_ALARM;
+        let asked = may_trim && shared.trim_wanted.swap(false, Ordering::Relaxed);
+        let due = (rss > limit && may_trim)
+            || (last_check.elapsed() >= TRIM_CHECK && {
+                last_check = Instant::now();
+                heap_free_bytes() >= TRIM_FREE_MIN
+            });
+        if asked || due {
+            last_trim = Instant::now();
+            trim_heap();
+            rss = resident_bytes().unwrap_or(rss);
+        }
+        let over = rss > limit;
+        let mut changed = false;
+        shared.alarms.send_if_modified(|a| {
+            changed = a.memory != over;
+            a.memory = over;
+            changed
+        });
+        if changed && over {
+            tracing::warn!(
+                rss_bytes = rss,
+                limit_bytes = limit,
+                "memory alarm set: publishers blocked"
+            );
+        } else if changed {
+            tracing::info!(
+                rss_bytes = rss,
+                limit_bytes = limit,
+                "memory alarm cleared: publishers unblocked"
+            );
+        }
+        std::thread::sleep(MEMORY_SAMPLE);
+    }
+}
+
+/// Samples the free space of the data directory's filesystem and sets or
+/// clears the disk alarm.
+fn monitor_disk(shared: &Shared, dir: &std::path::Path, limit: u64, stop: &AtomicBool) {
+    tracing::info!(limit_bytes = limit, "free-disk watermark");
+    let mut last = Instant::now()
+        .checked_sub(DISK_SAMPLE)
+        .unwrap_or_else(Instant::now);
+    while !stop.load(Ordering::Relaxed) {
+        // Short sleeps so shutdown does not wait a whole sample period.
+        if last.elapsed() < DISK_SAMPLE {
+            std::thread::sleep(MEMORY_SAMPLE);
+            continue;
+        }
+        last = Instant::now();
+        let Some(free) = free_disk_bytes(dir) else {
+            continue;
+        };
+        let low = free < limit;
+        let mut changed = false;
+        shared.alarms.send_if_modified(|a| {
+            changed = a.disk != low;
+            a.disk = low;
+            changed
+        });
+        if changed && low {
+            tracing::warn!(
+                free_bytes = free,
+                limit_bytes = limit,
+                "disk alarm set: publishers blocked"
+            );
+        } else if changed {
+            tracing::info!(
+                free_bytes = free,
+                limit_bytes = limit,
+                "disk alarm cleared: publishers unblocked"
+            );
+        }
+    }
+}
+
+/// Resident memory of this process (`/proc/self/statm`, second field, in pages).
+fn resident_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * page_size())
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
+}
+
+/// Bytes available to unprivileged users on `dir`'s filesystem.
+fn free_disk_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes only into `st`; `path` is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Free bytes inside the heap's arenas (memory glibc holds but no one uses).
+fn heap_free_bytes() -> usize {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads allocator statistics.
+        let m = unsafe { libc::mallinfo2() };
+        m.fordblks
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        0
+    }
+}
+
+/// Returns free heap pages to the system.
+fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free heap memory; no pointers change.
     unsafe {
@@ -252,5 +567,27 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn login_delay_grows_and_is_capped() {
+        let t = LoginThrottle::default();
+        let ip: IpAddr = "10.0.0.1".parse().expect("ip");
+        let delays: Vec<u64> = (0..8).map(|_| t.failed(ip).as_millis() as u64).collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 3200, 3200]);
+        let other: IpAddr = "10.0.0.2".parse().expect("ip");
+        assert_eq!(t.failed(other), LOGIN_DELAY_BASE);
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_64() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
+        let b: IpAddr = "2001:db8:1:2::ffff".parse().expect("ip");
+        assert_eq!(throttle_key(a), throttle_key(b));
     }
 }

@@ -15,7 +15,7 @@ use crate::engine::meta::DestinationKind;
 use crate::engine::queue::{Partition, Queue};
 use crate::engine::tenant::{QueueDeclare, RouteInput};
 use crate::engine::{DurableWait, Engine, EngineError, Tenant};
-use crate::server::Shared;
+use crate::server::{Alarms, Shared};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use weir_backend::{Location, MessageData, MessageId, Op, PartitionId, Store};
 use weir_protocols::amqp::codec;
-use weir_protocols::amqp::methods::{basic, confirm, exchange, queue, AMQPClass};
+use weir_protocols::amqp::methods::{basic, confirm, connection, exchange, queue, AMQPClass};
 use weir_protocols::amqp::{reply, Connection, Event, Publish};
 
 /// Stop reading from a client while this much output is unwritten.
@@ -120,6 +120,7 @@ pub async fn serve(
     let id = shared.engine.next_connection_id();
     let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
     let server_cfg = shared.amqp.clone();
+    let alarms = shared.alarms.subscribe();
     let mut s = Session {
         shared: shared.clone(),
         engine: shared.engine.clone(),
@@ -140,6 +141,10 @@ pub async fn serve(
         locs: Vec::with_capacity(1),
         next_epoch: 0,
         next_consumer_tag: 0,
+        alarms,
+        alarm: Alarms::default(),
+        blocked_sent: false,
+        blocked: false,
     };
     tracing::debug!(%peer, connection = id, "AMQP connection accepted");
     let result = s.run(stream, confirm_rx, shutdown).await;
@@ -176,6 +181,16 @@ struct Session {
     next_epoch: u64,
     /// Counter behind server-generated consumer tags.
     next_consumer_tag: u64,
+    /// The broker's resource alarms.
+    alarms: watch::Receiver<Alarms>,
+    /// Their last seen state.
+    alarm: Alarms,
+    /// connection.blocked was sent and not yet followed by unblocked.
+    blocked_sent: bool,
+    /// It published while an alarm was set: not read until the alarm
+    /// clears. (As in RabbitMQ, a connection that only consumes, acks,
+    /// purges or deletes is never blocked: that is what frees resources.)
+    blocked: bool,
 }
 
 impl Session {
@@ -194,7 +209,17 @@ impl Session {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut eof = false;
         let started = Instant::now();
+        // Partly received content: how much, and since when it has not grown.
+        let mut partial = 0usize;
+        let mut partial_since = Instant::now();
+        self.alarm = *self.alarms.borrow_and_update();
         loop {
+            // A publish is judged against the alarms as they are now: one
+            // atomic load per loop, no waiter registered (only a blocked
+            // connection waits for the alarm to clear, below).
+            if self.alarms.has_changed().unwrap_or(false) {
+                self.refresh_alarm();
+            }
             // 1. Interpret every complete frame we have. One read can hold
             // tens of thousands of frames (binds, declares, publishes): spend
             // the task's cooperative budget per event so the runtime gets to
@@ -204,6 +229,7 @@ impl Session {
                 tokio::task::consume_budget().await;
             }
             self.end_batch();
+            self.signal_alarm();
             // 2. Deliveries and notices from the engine.
             if self.conn.out().len() < DELIVERY_HIGH_WATER && self.conn.is_open() {
                 self.write_deliveries();
@@ -237,8 +263,15 @@ impl Session {
                 tick = tokio::time::interval(period);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             }
-            // 4. Wait for something to do.
-            let want_read = self.conn.out().len() < OUT_HIGH_WATER && !self.conn.is_finished();
+            // 4. Wait for something to do. While a resource alarm is set, a
+            // connection that publishes is not read (after the publish in
+            // hand, or in the middle of one); one that only consumes is.
+            if self.alarm.any() && !self.blocked && self.conn.partial_content_bytes() > 0 {
+                self.blocked = true;
+                self.signal_alarm();
+            }
+            let want_read =
+                self.conn.out().len() < OUT_HIGH_WATER && !self.conn.is_finished() && !self.blocked;
             if !want_read {
                 // We stopped reading, not the client: its heartbeats are
                 // waiting in the socket.
@@ -263,6 +296,11 @@ impl Session {
                 }
                 r = stream.writable(), if want_write => { r?; }
                 _ = self.handle.notified() => {}
+                r = self.alarms.changed(), if self.blocked => {
+                    if r.is_ok() {
+                        self.refresh_alarm();
+                    }
+                }
                 Some(c) = confirm_rx.recv() => {
                     self.on_store_confirm(c);
                     while let Ok(c) = confirm_rx.try_recv() {
@@ -284,6 +322,34 @@ impl Session {
                         return Ok(());
                     }
                     self.expire_leases();
+                    // A client that stops in the middle of a message holds
+                    // its buffered frames: cut it off once its content has
+                    // not grown for the timeout. Time we did not read it
+                    // does not count, except a message of several frames
+                    // held through a resource alarm: that memory is what
+                    // the alarm waits for.
+                    let assembling = self.conn.partial_content_bytes();
+                    let now_partial = assembling + input.len();
+                    // (A publish cut off between its frames by the block is small: it
+                    // waits for the alarm like the rest of the publisher.)
+                    let held_through_alarm = self.blocked && assembling > self.conn.frame_max();
+                    let paused = !want_read && !held_through_alarm;
+                    if now_partial == 0 || now_partial != partial || paused || !self.conn.is_open() {
+                        partial = now_partial;
+                        partial_since = Instant::now();
+                    } else if let Some(limit) = self.shared.partial_content_timeout {
+                        if partial_since.elapsed() > limit {
+                            tracing::info!(peer = %self.peer, bytes = partial, "partly received message stalled, closing");
+                            let text = format!(
+                                "{} bytes of a message received and no progress for {} s",
+                                partial,
+                                limit.as_secs()
+                            );
+                            self.fail(0, hard(reply::RESOURCE_ERROR, text), 0, 0);
+                            partial = 0;
+                            self.shared.request_trim();
+                        }
+                    }
                     if !self.conn.is_open() && !self.conn.is_closing() && started.elapsed() > HANDSHAKE_TIMEOUT {
                         tracing::info!(peer = %self.peer, "handshake not completed in time, closing");
                         return Ok(());
@@ -309,7 +375,11 @@ impl Session {
                 if self.shared.authenticate(&username, &password, self.peer) {
                     self.conn.accept_login();
                 } else {
-                    tracing::info!(peer = %self.peer, user = %username, %mechanism, "login refused");
+                    // Slow down guessing from this address; only this
+                    // connection's task waits.
+                    let delay = self.shared.logins.failed(self.peer.ip());
+                    tokio::time::sleep(delay).await;
+                    tracing::info!(peer = %self.peer, user = %username, %mechanism, delay_ms = delay.as_millis() as u64, "login refused");
                     self.conn.refuse_login(&format!(
                         "Login was refused using authentication mechanism {mechanism}."
                     ));
@@ -379,6 +449,9 @@ impl Session {
                 if !self.conn.channel_is_usable(channel) {
                     return;
                 }
+                // The publish in hand is taken; then no more reads until
+                // the alarm clears.
+                self.blocked |= self.alarm.any();
                 if let Err(f) = self.on_publish(channel, message) {
                     self.fail(channel, f, 60, 40);
                 }
@@ -702,8 +775,37 @@ impl Session {
         }
     }
 
+    /// Takes the current alarm state; a cleared alarm unblocks.
+    fn refresh_alarm(&mut self) {
+        self.alarm = *self.alarms.borrow_and_update();
+        self.blocked &= self.alarm.any();
+    }
+
+    /// Tells the client (`connection.blocked` / `connection.unblocked`) when
+    /// it is blocked by a resource alarm, and when that alarm clears.
+    fn signal_alarm(&mut self) {
+        let set = self.blocked;
+        if set == self.blocked_sent || !self.conn.is_open() || !self.conn.accepts_blocked() {
+            return;
+        }
+        let method = if set {
+            connection::AMQPMethod::Blocked(connection::Blocked {
+                reason: self.alarm.reason().into(),
+            })
+        } else {
+            connection::AMQPMethod::Unblocked(connection::Unblocked {})
+        };
+        self.conn.send_method(0, AMQPClass::Connection(method));
+        self.blocked_sent = set;
+    }
+
     // ----- consuming -----
 
+    /// Encodes deliveries into the write buffer until it reaches
+    /// [`DELIVERY_HIGH_WATER`]; the rest wait (bodies not read back, not
+    /// encoded) for the socket to drain. What waits is bounded by the
+    /// connection's unsent window ([`ConnHandle::unsent_done`]): past it the
+    /// messages stay in their queues.
     fn write_deliveries(&mut self) {
         self.handle.drain(&mut self.deliveries, &mut self.notices);
         for n in std::mem::take(&mut self.notices) {
@@ -740,7 +842,16 @@ impl Session {
         // Taken for the loop and put back after, keeping its capacity.
         let mut deliveries = std::mem::take(&mut self.deliveries);
         let mut unsend: Vec<(Arc<Partition>, Entry)> = Vec::new();
-        for d in deliveries.drain(..) {
+        let mut waiting: Vec<Delivery> = Vec::new();
+        let mut pending = deliveries.drain(..);
+        let mut handled = 0u32;
+        loop {
+            if self.conn.out().len() >= DELIVERY_HIGH_WATER {
+                waiting.extend(pending.by_ref());
+                break;
+            }
+            let Some(d) = pending.next() else { break };
+            handled += 1;
             let usable = self.conn.channel_is_usable(d.consumer.channel)
                 && !d.consumer.cancelled.load(Ordering::Acquire)
                 && self.channels.contains_key(&d.consumer.channel);
@@ -796,18 +907,40 @@ impl Session {
                 }
                 self.to_dispatch.push(d.partition.clone());
             } else {
+                let mut entry = d.entry;
+                if entry.location.is_some() {
+                    // Written: a stored message's lease needs only its
+                    // location (a requeue reads the body back), so a client
+                    // holding many unacked messages does not hold their bodies.
+                    entry.message = None;
+                }
                 c.leases.insert(
                     tag,
                     Lease {
                         partition: d.partition,
                         consumer: Some(d.consumer),
-                        entry: d.entry,
+                        entry,
                         since: batch_time,
                     },
                 );
             }
         }
+        drop(pending);
+        // Room on the way to us again (once per batch), then see whether a
+        // queue was refused for lack of it meanwhile.
+        self.handle.unsent_done(handled);
+        // Not yet encoded: first in line next time, in order.
+        deliveries.append(&mut waiting);
         self.deliveries = deliveries;
+        if self.handle.take_starved() {
+            // A queue stopped handing us messages for lack of room; there is
+            // room again: let every queue we consume from deliver.
+            for c in self.channels.values() {
+                for cc in c.consumers.values() {
+                    self.to_dispatch.extend(cc.queue.partitions.iter().cloned());
+                }
+            }
+        }
         for (p, e) in unsend {
             let refused = p.unsend(std::iter::once(e));
             self.settle_refused(&p, refused);
@@ -970,6 +1103,7 @@ impl Session {
         self.handle.drain(&mut self.deliveries, &mut self.notices);
         self.notices.clear();
         for d in std::mem::take(&mut self.deliveries) {
+            self.handle.unsent_done(1);
             d.consumer.release(d.entry.size);
             let refused = d.partition.unsend(std::iter::once(d.entry));
             self.settle_refused(&d.partition, refused);
@@ -1137,6 +1271,9 @@ impl Session {
                 }
                 queue::AMQPMethod::Purge(p) => {
                     let n = tenant.purge_queue(&self.queue_name(ch, p.queue.as_str())?, conn_id)?;
+                    if n > 0 {
+                        self.shared.request_trim();
+                    }
                     if !p.nowait {
                         self.conn.send_method(
                             ch,
@@ -1153,6 +1290,9 @@ impl Session {
                         d.if_empty,
                         conn_id,
                     )?;
+                    if n > 0 {
+                        self.shared.request_trim();
+                    }
                     self.reply_when_durable(
                         ch,
                         d.nowait,

@@ -5,7 +5,7 @@ use super::message::Entry;
 use super::queue::Partition;
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 pub use weir_quota::Credit;
@@ -40,7 +40,23 @@ pub struct ConnHandle {
     closed: AtomicBool,
     outbox: Mutex<Outbox>,
     notify: Notify,
+    /// Deliveries handed to this connection and not yet encoded for its
+    /// socket (in the outbox or drained and waiting for room). Bounded so
+    /// that a client that stops reading holds at most this many: whatever
+    /// the consumers' prefetch, the rest stays in the queues (for other
+    /// consumers), not with this connection. A count suffices: a waiting
+    /// delivery's body is the queue's (or still in the store, read back
+    /// only when encoded), and encoding stops at the write buffer's high
+    /// water mark.
+    unsent: AtomicU32,
+    /// A consumer of this connection was refused a delivery because
+    /// `unsent` was full: the connection redispatches its consumers' queues
+    /// once it has written some.
+    starved: AtomicBool,
 }
+
+/// Deliveries a connection may have handed to it and not yet encoded.
+pub const UNSENT_MAX_COUNT: u32 = 2048;
 
 #[derive(Default)]
 struct Outbox {
@@ -56,7 +72,49 @@ impl ConnHandle {
             closed: AtomicBool::new(false),
             outbox: Mutex::new(Outbox::default()),
             notify: Notify::new(),
+            unsent: AtomicU32::new(0),
+            starved: AtomicBool::new(false),
         })
+    }
+
+    /// Takes room for one delivery on the way to this connection; false
+    /// (and the connection will redispatch) when full.
+    fn reserve_unsent(&self) -> bool {
+        // Optimistic: one atomic on the hot path, undone when over.
+        if self.unsent.fetch_add(1, Ordering::AcqRel) < UNSENT_MAX_COUNT {
+            return true;
+        }
+        self.unsent.fetch_sub(1, Ordering::AcqRel);
+        // The connection may have freed room and checked `starved` between
+        // our increment and this store: wake it to look again. Once per
+        // starvation, not per refused message (a stalled consumer's queue
+        // may refuse it on every publish).
+        if !self.starved.swap(true, Ordering::SeqCst) {
+            self.notify.notify_one();
+        }
+        false
+    }
+
+    /// `n` deliveries handed to this connection were encoded for the socket
+    /// (or given back): their room is free again.
+    pub fn unsent_done(&self, n: u32) {
+        if n > 0 {
+            let prev = self.unsent.fetch_sub(n, Ordering::AcqRel);
+            debug_assert!(prev >= n, "unsent room released more than taken");
+        }
+    }
+
+    /// Whether a consumer was refused for lack of room since the last call:
+    /// the connection then redispatches its consumers' partitions. Call after
+    /// [`Self::unsent_done`], so a refusal is either seen here or happens
+    /// after the room was freed.
+    pub fn take_starved(&self) -> bool {
+        self.starved.swap(false, Ordering::SeqCst)
+    }
+
+    /// Deliveries handed to this connection and not yet encoded.
+    pub fn unsent(&self) -> u32 {
+        self.unsent.load(Ordering::Relaxed)
     }
 
     /// Marks the connection gone.
@@ -126,7 +184,10 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Takes credit for a message of `size` bytes from every window that applies.
+    /// Takes credit for a message of `size` bytes from every window that
+    /// applies, and room on the way to the connection. The connection's room
+    /// is given back with [`ConnHandle::unsent_done`] when the delivery is
+    /// encoded; the credit with [`Self::release`] when it is settled.
     pub fn try_acquire(&self, size: u32) -> bool {
         if self.is_dead() || !self.flow_active.load(Ordering::Relaxed) {
             return false;
@@ -139,6 +200,10 @@ impl Consumer {
                 self.credit.release(size);
                 return false;
             }
+        }
+        if !self.conn.reserve_unsent() {
+            self.release(size);
+            return false;
         }
         true
     }
@@ -154,5 +219,61 @@ impl Consumer {
         if let Some(cc) = &self.channel_credit {
             cc.release(size);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::message::now_ms;
+    use weir_backend::PartitionId;
+
+    #[test]
+    fn unlimited_prefetch_takes_only_the_unsent_window() {
+        let p = Partition::new(PartitionId(1), false);
+        let n = UNSENT_MAX_COUNT as u64 * 2 + 10;
+        for id in 0..n {
+            let e = Entry {
+                seq: 0,
+                id,
+                location: None,
+                size: 10,
+                redelivered: false,
+                attempts: 0,
+                enqueued_ms: now_ms(),
+                message: None,
+            };
+            assert!(p.enqueue(e).is_none());
+        }
+        let conn = ConnHandle::new(1);
+        let c = Arc::new(Consumer {
+            tag: Bytes::from_static(b"c"),
+            channel: 1,
+            no_ack: false,
+            exclusive: false,
+            conn: conn.clone(),
+            credit: Credit::new(0, 0),
+            channel_credit: None,
+            flow_active: Arc::new(AtomicBool::new(true)),
+            cancelled: AtomicBool::new(false),
+        });
+        assert!(p.add_consumer(c));
+        let (mut d, mut notices) = (Vec::new(), Vec::new());
+        conn.drain(&mut d, &mut notices);
+        assert_eq!(d.len(), UNSENT_MAX_COUNT as usize, "bounded by the window");
+        assert_eq!(p.ready_len(), n - UNSENT_MAX_COUNT as u64);
+        // Nothing more while nothing is written.
+        p.dispatch();
+        conn.drain(&mut d, &mut notices);
+        assert_eq!(d.len(), UNSENT_MAX_COUNT as usize);
+        // Written: room again, and the connection knows to redispatch.
+        conn.unsent_done(d.len() as u32);
+        d.clear();
+        assert!(conn.take_starved());
+        assert!(!conn.take_starved());
+        p.dispatch();
+        conn.drain(&mut d, &mut notices);
+        assert_eq!(d.len(), UNSENT_MAX_COUNT as usize);
+        assert_eq!(conn.unsent(), UNSENT_MAX_COUNT);
     }
 }
