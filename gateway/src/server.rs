@@ -467,7 +467,7 @@ fn monitor_disk(shared: &Shared, dir: &std::path::Path, limit: u64, stop: &Atomi
             continue;
         }
         last = Instant::now();
-        let Some(free) = free_disk_bytes(dir) else {
+        let Ok(free) = weir_backend::free_bytes(dir) else {
             continue;
         };
         let low = free < limit;
@@ -508,18 +508,6 @@ fn page_size() -> u64 {
     } else {
         4096
     }
-}
-
-/// Bytes available to unprivileged users on `dir`'s filesystem.
-fn free_disk_bytes(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes only into `st`; `path` is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// Free bytes inside the heap's arenas (memory glibc holds but no one uses).
