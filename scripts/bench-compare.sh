@@ -9,6 +9,8 @@
 # Usage: scripts/bench-compare.sh [--duration S] [--warmup S] [--rate R] [--only rabbitmq|weir]
 #                                 [--out DIR] [--bench-args "extra weir-bench flags"]
 #                                 [--quiet-wait S (60)] [--quiet-max CORES (0.3)] [--retries N (1)]
+#        WEIR_BIN=/path/to/weir runs that broker binary instead of this checkout's release build
+#        (e.g. an older commit's, for an A/B of one change in the same conditions).
 #
 # What it does: installs Debian's rabbitmq-server if missing and starts it if it isn't running; builds
 # weir-bench and the weir broker in release; runs the RabbitMQ targets; stops RabbitMQ if this script
@@ -198,7 +200,7 @@ if [ "$WEIR_STATUS" = built ]; then
   # A free port: bind to 0 and read back what the kernel picked.
   PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 35672)"
   log "starting weir on 127.0.0.1:$PORT (data dir $WEIR_DIR)"
-  "$ROOT/target/release/weir" --data-dir "$WEIR_DIR" --amqp-listen "127.0.0.1:$PORT" \
+  "${WEIR_BIN:-$ROOT/target/release/weir}" --data-dir "$WEIR_DIR" --amqp-listen "127.0.0.1:$PORT" \
     >"$OUT/weir.log" 2>&1 &
   WEIR_PID=$!
   WEIR_STATUS="did not start listening within 30 s (see $OUT/weir.log)"
