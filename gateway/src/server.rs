@@ -429,26 +429,7 @@ fn monitor_memory(shared: &Shared, limit: u64, stop: &AtomicBool) {
             trim_heap();
             rss = resident_bytes().unwrap_or(rss);
         }
-        let over = rss > limit;
-        let mut changed = false;
-        shared.alarms.send_if_modified(|a| {
-            changed = a.memory != over;
-            a.memory = over;
-            changed
-        });
-        if changed && over {
-            tracing::warn!(
-                rss_bytes = rss,
-                limit_bytes = limit,
-                "memory alarm set: publishers blocked"
-            );
-        } else if changed {
-            tracing::info!(
-                rss_bytes = rss,
-                limit_bytes = limit,
-                "memory alarm cleared: publishers unblocked"
-            );
-        }
+        set_alarm(shared, |a| &mut a.memory, rss > limit, "memory", rss, limit);
         std::thread::sleep(MEMORY_SAMPLE);
     }
 }
@@ -470,26 +451,40 @@ fn monitor_disk(shared: &Shared, dir: &std::path::Path, limit: u64, stop: &Atomi
         let Ok(free) = weir_backend::free_bytes(dir) else {
             continue;
         };
-        let low = free < limit;
-        let mut changed = false;
-        shared.alarms.send_if_modified(|a| {
-            changed = a.disk != low;
-            a.disk = low;
-            changed
-        });
-        if changed && low {
-            tracing::warn!(
-                free_bytes = free,
-                limit_bytes = limit,
-                "disk alarm set: publishers blocked"
-            );
-        } else if changed {
-            tracing::info!(
-                free_bytes = free,
-                limit_bytes = limit,
-                "disk alarm cleared: publishers unblocked"
-            );
-        }
+        set_alarm(shared, |a| &mut a.disk, free < limit, "disk", free, limit);
+    }
+}
+
+/// Sets or clears one alarm (`field` of [`Alarms`]) and logs the change:
+/// WARN when it is set, INFO when it clears. `reading` is the measured
+/// value (resident or free bytes) and `limit` the watermark.
+fn set_alarm(
+    shared: &Shared,
+    field: fn(&mut Alarms) -> &mut bool,
+    on: bool,
+    what: &str,
+    reading: u64,
+    limit: u64,
+) {
+    let mut changed = false;
+    shared.alarms.send_if_modified(|a| {
+        let flag = field(a);
+        changed = *flag != on;
+        *flag = on;
+        changed
+    });
+    if changed && on {
+        tracing::warn!(
+            reading_bytes = reading,
+            limit_bytes = limit,
+            "{what} alarm set: publishers blocked"
+        );
+    } else if changed {
+        tracing::info!(
+            reading_bytes = reading,
+            limit_bytes = limit,
+            "{what} alarm cleared: publishers unblocked"
+        );
     }
 }
 
