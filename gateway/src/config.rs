@@ -66,7 +66,7 @@ pub struct Cli {
     /// progress before it is closed (0 = never) [default: 30].
     #[arg(long, env = "WEIR_PARTIAL_CONTENT_TIMEOUT")]
     pub partial_content_timeout: Option<u64>,
-    // --- Store hardening (data safety) ---
+    // --- data safety ---
     /// Before opening the store, move damaged log ranges into
     /// `<data-dir>/quarantine/` and keep every valid record (as `weir
     /// repair`), reporting exactly what was lost. Without it, damage that is
@@ -76,7 +76,6 @@ pub struct Cli {
     /// A subcommand instead of running the broker.
     #[command(subcommand)]
     pub command: Option<Command>,
-    // --- end store hardening ---
 }
 
 /// Subcommands of `weir`.
@@ -200,6 +199,18 @@ impl Config {
             }
             None => FileConfig::default(),
         };
+        let segment_bytes = cli.segment_mb.or(file.segment_mb).unwrap_or(64) << 20;
+        let memory_limit = match cli.memory_limit.or(file.memory_limit) {
+            Some(v) => parse_memory_limit(&v, physical_memory())?,
+            None => (physical_memory() as f64 * DEFAULT_MEMORY_FRACTION) as u64,
+        };
+        let disk_free_limit = match cli.disk_free_limit.or(file.disk_free_limit) {
+            Some(v) => parse_bytes(&v).ok_or_else(|| {
+                ConfigError::Invalid(format!("disk_free_limit: cannot parse '{v}' as bytes"))
+            })?,
+            // Room for the segments a writer is about to fill, at least 1 GB.
+            None => (1u64 << 30).max(2 * segment_bytes),
+        };
         let cfg = Config {
             data_dir: cli
                 .data_dir
@@ -211,7 +222,7 @@ impl Config {
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 5672))),
             log: cli.log.or(file.log).unwrap_or_else(|| "info".into()),
             fsync: cli.fsync.or(file.fsync).unwrap_or(true),
-            segment_bytes: cli.segment_mb.or(file.segment_mb).unwrap_or(64) << 20,
+            segment_bytes,
             heartbeat: cli.heartbeat.or(file.heartbeat).unwrap_or(60),
             frame_max: cli.frame_max.or(file.frame_max).unwrap_or(131_072),
             default_pass: cli
@@ -223,27 +234,14 @@ impl Config {
                 .consumer_timeout
                 .or(file.consumer_timeout)
                 .unwrap_or(1800),
-            memory_limit: 0,
-            disk_free_limit: 0,
+            memory_limit,
+            disk_free_limit,
             partial_content_timeout_secs: cli
                 .partial_content_timeout
                 .or(file.partial_content_timeout)
                 .unwrap_or(30),
             users: file.users,
             repair: cli.repair,
-        };
-        let mut cfg = cfg;
-        // --- flow control and resource limits ---
-        cfg.memory_limit = match cli.memory_limit.or(file.memory_limit) {
-            Some(v) => parse_memory_limit(&v, physical_memory())?,
-            None => (physical_memory() as f64 * DEFAULT_MEMORY_FRACTION) as u64,
-        };
-        let min_disk = (1u64 << 30).max(2 * cfg.segment_bytes);
-        cfg.disk_free_limit = match cli.disk_free_limit.or(file.disk_free_limit) {
-            Some(v) => parse_bytes(&v).ok_or_else(|| {
-                ConfigError::Invalid(format!("disk_free_limit: cannot parse '{v}' as bytes"))
-            })?,
-            None => min_disk,
         };
         if cfg.frame_max < 4096 {
             return Err(ConfigError::Invalid(format!(
