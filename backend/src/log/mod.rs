@@ -608,11 +608,20 @@ impl Store for LogStore {
                     id,
                     partitions,
                     data,
+                }
+                | Op::Page {
+                    id,
+                    partitions,
+                    data,
                 } => {
+                    let kind = if matches!(op, Op::Page { .. }) {
+                        MessageKind::Page
+                    } else {
+                        MessageKind::Publish
+                    };
                     let len = encoded_len(op, None);
                     let (loc, buf) = st.place(len, segment_size);
-                    let n =
-                        record::encode_message(buf, MessageKind::Publish, *id, partitions, data);
+                    let n = record::encode_message(buf, kind, *id, partitions, data);
                     debug_assert_eq!(n, len);
                     let info = st.head_info();
                     info.live += partitions.len() as u64;
@@ -620,22 +629,6 @@ impl Store for LogStore {
                     info.max_id = info.max_id.max(*id);
                     // Ids the engine did not get from us must still never be
                     // handed out again.
-                    self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
-                    locations.push(loc);
-                }
-                Op::Page {
-                    id,
-                    partitions,
-                    data,
-                } => {
-                    let len = encoded_len(op, None);
-                    let (loc, buf) = st.place(len, segment_size);
-                    let n = record::encode_message(buf, MessageKind::Page, *id, partitions, data);
-                    debug_assert_eq!(n, len);
-                    let info = st.head_info();
-                    info.live += partitions.len() as u64;
-                    info.placed += partitions.len() as u64;
-                    info.max_id = info.max_id.max(*id);
                     self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(loc);
                 }

@@ -90,27 +90,30 @@ pub(crate) fn recover(
         let mut off = 0usize;
         let mut zero_tail = false;
         while off < buf.len() {
-            let len = match scan::next_item(&buf, off, last) {
-                scan::Item::Record { len } => len,
-                scan::Item::CleanEnd => {
-                    // The preallocated, never-written rest of the head
-                    // segment: a clean end, not a torn record.
-                    zero_tail = true;
-                    break;
-                }
-                // Unconfirmed: the last round was never fsynced.
-                scan::Item::TornTail => break,
-                scan::Item::Damaged { end } => {
-                    return Err(damage(&path, seg, &buf, off, end));
-                }
-            };
-            // next_item validated the record; decode it again to use it.
-            let rec = match record::split_frame(&buf[off..]) {
-                Ok((payload, _)) => record::decode_payload(payload).ok(),
-                Err(_) => None,
-            };
-            let Some(rec) = rec else {
-                return Err(damage(&path, seg, &buf, off, off + len));
+            // The common case, a valid record, is checked (CRC) and decoded
+            // once; only what is not one is classified by the scan.
+            let valid = record::split_frame(&buf[off..])
+                .ok()
+                .and_then(|(payload, len)| Some((record::decode_payload(payload).ok()?, len)));
+            let (rec, len) = match valid {
+                Some(ok) => ok,
+                None => match scan::next_item(&buf, off, last) {
+                    scan::Item::CleanEnd => {
+                        // The preallocated, never-written rest of the head
+                        // segment: a clean end, not a torn record.
+                        zero_tail = true;
+                        break;
+                    }
+                    // Unconfirmed: the last round was never fsynced.
+                    scan::Item::TornTail => break,
+                    scan::Item::Damaged { end } => {
+                        return Err(damage(&path, seg, &buf, off, end));
+                    }
+                    // next_item applies the same check as above.
+                    scan::Item::Record { len } => {
+                        return Err(damage(&path, seg, &buf, off, off + len));
+                    }
+                },
             };
             let loc = Location {
                 segment: seg,

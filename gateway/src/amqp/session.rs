@@ -38,6 +38,18 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client gets from connecting to connection.open-ok (RabbitMQ: 10 s).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where a published message's copy for one partition is kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// In the store, durably (a persistent message in a durable queue).
+    Stored,
+    /// In the store as a page record: transient, but too deep in its queue
+    /// to stay in memory.
+    Paged,
+    /// In memory only.
+    Memory,
+}
+
 /// A store confirmation for a channel's publishes up to `tag`.
 struct StoreConfirm {
     channel: u16,
@@ -166,9 +178,9 @@ struct Session {
     channels: HashMap<u16, Channel>,
     confirm_tx: mpsc::UnboundedSender<StoreConfirm>,
     route_buf: Vec<Arc<Queue>>,
-    /// Per publish: each destination's partition and whether it is stored.
-    publish_targets: Vec<(Arc<Partition>, bool)>,
-    /// Per publish: the stored partitions.
+    /// Per publish: each destination's partition and where its copy is kept.
+    publish_targets: Vec<(Arc<Partition>, Kept)>,
+    /// Per publish: the stored partitions, then the paged ones.
     publish_durable: Vec<PartitionId>,
     /// Settles gathered in this batch, appended to the store once.
     settles: Vec<(PartitionId, MessageId, Location)>,
@@ -578,11 +590,13 @@ impl Session {
         durable_parts.clear();
         for q in &queues {
             let part = q.partition_for_publish();
-            let stored = message.persistent && part.durable;
-            if stored {
+            let kept = if message.persistent && part.durable {
                 durable_parts.push(part.id);
-            }
-            targets.push((part.clone(), stored));
+                Kept::Stored
+            } else {
+                Kept::Memory
+            };
+            targets.push((part.clone(), kept));
         }
         // Transient copies (a transient message, or a non-durable queue) into
         // partitions already deeper than the in-memory window are paged to
@@ -591,8 +605,11 @@ impl Session {
         // (every target stored).
         let n_durable = durable_parts.len();
         if n_durable < targets.len() {
-            for (part, stored) in &targets {
-                if !*stored && part.ready_len() >= crate::engine::queue::HOT_ENTRIES as u64 {
+            for (part, kept) in &mut targets {
+                if *kept == Kept::Memory
+                    && part.ready_len() >= crate::engine::queue::HOT_ENTRIES as u64
+                {
+                    *kept = Kept::Paged;
                     durable_parts.push(part.id);
                 }
             }
@@ -652,13 +669,12 @@ impl Session {
             }
         }
         let now = now_ms();
-        for (part, stored) in targets.drain(..) {
-            let location = if stored {
-                location
-            } else if page_location.is_some() && durable_parts[n_durable..].contains(&part.id) {
-                page_location
-            } else {
-                None
+        for (part, kept) in targets.drain(..) {
+            let location = match kept {
+                Kept::Stored => location,
+                // None if the store could not take the page: kept in memory.
+                Kept::Paged => page_location,
+                Kept::Memory => None,
             };
             let refused = part.enqueue(Entry {
                 seq: 0,

@@ -7,13 +7,13 @@
 //! routing-key words), with no backtracking however many `#` a pattern has.
 
 use super::queue::Queue;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// The routing algorithm of an exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -89,6 +89,14 @@ impl Destination {
         }
     }
 
+    /// The exchanges bound to it.
+    pub fn sources(&self) -> &Sources {
+        match self {
+            Destination::Queue(q) => &q.sources,
+            Destination::Exchange(x) => &x.sources,
+        }
+    }
+
     /// The destination's name.
     pub fn name(&self) -> &str {
         match self {
@@ -116,6 +124,50 @@ pub struct Exchange {
     bindings: RwLock<Bindings>,
     /// Set once deleted.
     pub deleted: AtomicBool,
+    /// The exchanges with a binding to this one.
+    sources: Sources,
+    /// This exchange, for the `sources` of its destinations.
+    me: Weak<Exchange>,
+}
+
+/// The exchanges with bindings to a queue or exchange (a reverse index of
+/// the bindings), so deleting it visits only those instead of every
+/// exchange of the tenant. Kept by [`Exchange`]'s bind and unbind methods,
+/// the only places bindings change; a leaf lock (nothing else is locked
+/// while it is held, apart from the source's bindings).
+#[derive(Default)]
+pub struct Sources(Mutex<HashMap<usize, (Weak<Exchange>, u32)>>);
+
+impl Sources {
+    fn add(&self, source: &Weak<Exchange>) {
+        self.0
+            .lock()
+            .entry(source.as_ptr() as usize)
+            .or_insert_with(|| (source.clone(), 0))
+            .1 += 1;
+    }
+
+    fn remove(&self, source: &Weak<Exchange>) {
+        let mut m = self.0.lock();
+        let key = source.as_ptr() as usize;
+        if let Some((_, n)) = m.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&key);
+            }
+        } else {
+            debug_assert!(false, "a removed binding's source was not indexed");
+        }
+    }
+
+    /// The live exchanges with a binding to this destination.
+    pub fn list(&self) -> Vec<Arc<Exchange>> {
+        self.0
+            .lock()
+            .values()
+            .filter_map(|(w, _)| w.upgrade())
+            .collect()
+    }
 }
 
 /// Index of a binding in [`Bindings::slab`]; stable while it exists.
@@ -576,10 +628,12 @@ pub trait HeaderLookup {
 impl Exchange {
     /// A new exchange with no bindings.
     pub fn new(def: ExchangeDef) -> Arc<Self> {
-        Arc::new(Exchange {
+        Arc::new_cyclic(|me| Exchange {
             def,
             bindings: RwLock::new(Bindings::default()),
             deleted: AtomicBool::new(false),
+            sources: Sources::default(),
+            me: me.clone(),
         })
     }
 
@@ -594,6 +648,7 @@ impl Exchange {
         if b.ids.contains_key(&identity) {
             return false;
         }
+        destination.sources().add(&self.me);
         let binding = Binding {
             destination,
             key: key.to_string(),
@@ -615,6 +670,7 @@ impl Exchange {
             return false;
         };
         b.remove(self.def.kind, id);
+        destination.sources().remove(&self.me);
         true
     }
 
@@ -624,27 +680,28 @@ impl Exchange {
         let Some(ids) = b.by_destination.get(&destination.id()).cloned() else {
             return Vec::new();
         };
-        ids.into_iter()
+        let gone: Vec<Binding> = ids
+            .into_iter()
             .map(|id| b.remove(self.def.kind, id))
-            .collect()
+            .collect();
+        for g in &gone {
+            g.destination.sources().remove(&self.me);
+        }
+        gone
     }
 
     /// Removes every binding from this exchange; returns them.
     pub fn unbind_everything(&self) -> Vec<Binding> {
-        self.bindings.write().clear()
+        let gone = self.bindings.write().clear();
+        for g in &gone {
+            g.destination.sources().remove(&self.me);
+        }
+        gone
     }
 
     /// Number of bindings with this exchange as source.
     pub fn binding_count(&self) -> usize {
         self.bindings.read().len()
-    }
-
-    /// Whether `destination` has a binding from this exchange.
-    pub fn has_binding_to(&self, destination: &Destination) -> bool {
-        self.bindings
-            .read()
-            .by_destination
-            .contains_key(&destination.id())
     }
 
     /// A copy of the bindings.
@@ -661,16 +718,29 @@ impl Exchange {
     /// Adds to `out` every queue a message with `routing_key` (and
     /// `headers`) reaches through this exchange, each once (queues already
     /// in `out` are not added again). Exchange destinations are followed
-    /// recursively; `seen` breaks cycles.
+    /// with a worklist, not recursion (a long chain of exchange-to-exchange
+    /// bindings must not overflow the stack), each exchange once (so cycles
+    /// end and the work is linear in the bindings followed).
     pub fn route(
         self: &Arc<Self>,
         routing_key: &str,
         headers: &dyn HeaderLookup,
         out: &mut Vec<Arc<Queue>>,
-        seen: &mut Vec<*const Exchange>,
     ) {
         let mut may_repeat = !out.is_empty();
-        self.route_into(routing_key, headers, out, seen, &mut may_repeat);
+        let mut next: Vec<Arc<Exchange>> = Vec::new();
+        self.route_here(routing_key, headers, out, &mut next, &mut may_repeat);
+        if !next.is_empty() {
+            // Exchange-to-exchange hops (rare: only now is anything
+            // allocated for them). Two paths may lead to the same queue.
+            may_repeat = true;
+            let mut visited: HashSet<*const Exchange> = HashSet::from([Arc::as_ptr(self)]);
+            while let Some(x) = next.pop() {
+                if visited.insert(Arc::as_ptr(&x)) {
+                    x.route_here(routing_key, headers, out, &mut next, &mut may_repeat);
+                }
+            }
+        }
         if may_repeat {
             dedup(out);
         }
@@ -684,61 +754,45 @@ impl Exchange {
         );
     }
 
-    /// Appends the queues reached, possibly more than once; sets
-    /// `may_repeat` when one may be (then the caller deduplicates once).
-    fn route_into(
-        self: &Arc<Self>,
+    /// Appends the queues this exchange's own bindings reach (possibly more
+    /// than once: then it sets `may_repeat`) to `out`, and the exchanges
+    /// they reach to `next`.
+    fn route_here(
+        &self,
         routing_key: &str,
         headers: &dyn HeaderLookup,
         out: &mut Vec<Arc<Queue>>,
-        seen: &mut Vec<*const Exchange>,
+        next: &mut Vec<Arc<Exchange>>,
         may_repeat: &mut bool,
     ) {
-        if seen.contains(&Arc::as_ptr(self)) {
-            return;
+        let b = self.bindings.read();
+        if b.shared_destinations > 0 {
+            *may_repeat = true;
         }
-        let mut next: Vec<Arc<Exchange>> = Vec::new();
-        {
-            let b = self.bindings.read();
-            if b.shared_destinations > 0 {
-                *may_repeat = true;
-            }
-            let mut add = |id: Id| match &b.entry(id).binding.destination {
-                Destination::Queue(q) => out.push(q.clone()),
-                Destination::Exchange(x) => next.push(x.clone()),
-            };
-            match self.def.kind {
-                ExchangeKind::Direct => {
-                    if let Some(ids) = b.by_key.get(routing_key) {
-                        ids.iter().for_each(|&id| add(id));
-                    }
+        let mut add = |id: Id| match &b.entry(id).binding.destination {
+            Destination::Queue(q) => out.push(q.clone()),
+            Destination::Exchange(x) => next.push(x.clone()),
+        };
+        match self.def.kind {
+            ExchangeKind::Direct => {
+                if let Some(ids) = b.by_key.get(routing_key) {
+                    ids.iter().for_each(|&id| add(id));
                 }
-                ExchangeKind::Fanout => b.all.iter().for_each(|&id| add(id)),
-                ExchangeKind::Topic => b.trie.matches(routing_key, |n| {
-                    b.trie.nodes[n as usize]
-                        .bindings
-                        .iter()
-                        .for_each(|&id| add(id))
-                }),
-                ExchangeKind::Headers => {
-                    for &id in &b.all {
-                        if headers_match(&b.entry(id).binding.arguments, headers) {
-                            add(id);
-                        }
+            }
+            ExchangeKind::Fanout => b.all.iter().for_each(|&id| add(id)),
+            ExchangeKind::Topic => b.trie.matches(routing_key, |n| {
+                b.trie.nodes[n as usize]
+                    .bindings
+                    .iter()
+                    .for_each(|&id| add(id))
+            }),
+            ExchangeKind::Headers => {
+                for &id in &b.all {
+                    if headers_match(&b.entry(id).binding.arguments, headers) {
+                        add(id);
                     }
                 }
             }
-        }
-        if next.is_empty() {
-            // The common case: no exchange-to-exchange hop, nothing to track
-            // (and nothing allocated per message).
-            return;
-        }
-        // Two exchanges may lead to the same queue.
-        *may_repeat = true;
-        seen.push(Arc::as_ptr(self));
-        for x in next {
-            x.route_into(routing_key, headers, out, seen, may_repeat);
         }
     }
 }
@@ -1055,7 +1109,7 @@ mod tests {
 
     fn routed(x: &Arc<Exchange>, key: &str) -> Vec<String> {
         let mut out = Vec::new();
-        x.route(key, &NoHeaders, &mut out, &mut Vec::new());
+        x.route(key, &NoHeaders, &mut out);
         let mut names: Vec<String> = out.iter().map(|q| q.name().to_string()).collect();
         names.sort();
         names
@@ -1063,6 +1117,54 @@ mod tests {
 
     fn empty() -> Value {
         Value::Object(Default::default())
+    }
+
+    #[test]
+    fn sources_index_the_exchanges_bound_to_a_destination() {
+        let q = queue("q");
+        let dest = Destination::Queue(q.clone());
+        let (a, b) = (
+            exchange(ExchangeKind::Direct),
+            exchange(ExchangeKind::Topic),
+        );
+        let names = |d: &Destination| {
+            let mut v: Vec<*const Exchange> = d.sources().list().iter().map(Arc::as_ptr).collect();
+            v.sort();
+            v
+        };
+        let mut both = vec![Arc::as_ptr(&a), Arc::as_ptr(&b)];
+        both.sort();
+        assert!(a.bind(dest.clone(), "k1", empty()));
+        assert!(a.bind(dest.clone(), "k2", empty()));
+        assert!(
+            !a.bind(dest.clone(), "k2", empty()),
+            "duplicate not counted"
+        );
+        assert!(b.bind(dest.clone(), "#", empty()));
+        assert_eq!(names(&dest), both);
+        // One of a's two bindings goes: a still is a source.
+        assert!(a.unbind(&dest, "k1", &empty()));
+        assert_eq!(names(&dest), both);
+        assert_eq!(a.unbind_all_to(&dest).len(), 1);
+        assert_eq!(names(&dest), vec![Arc::as_ptr(&b)]);
+        assert_eq!(b.unbind_everything().len(), 1);
+        assert!(names(&dest).is_empty());
+    }
+
+    #[test]
+    fn a_long_exchange_chain_routes_without_recursion() {
+        // 200,000 hops: recursion (a few hundred bytes of stack per hop)
+        // would overflow any thread's stack; a cycle back to the start ends.
+        let first = exchange(ExchangeKind::Fanout);
+        let mut last = first.clone();
+        for _ in 0..200_000 {
+            let x = exchange(ExchangeKind::Fanout);
+            assert!(last.bind(Destination::Exchange(x.clone()), "", empty()));
+            last = x;
+        }
+        assert!(last.bind(Destination::Exchange(first.clone()), "", empty()));
+        assert!(last.bind(Destination::Queue(queue("end")), "", empty()));
+        assert_eq!(routed(&first, "k"), vec!["end"]);
     }
 
     #[test]
@@ -1178,7 +1280,7 @@ mod tests {
                 let bind = t.elapsed();
                 let t = Instant::now();
                 let mut out = Vec::new();
-                x.route("a.7.7", &NoHeaders, &mut out, &mut Vec::new());
+                x.route("a.7.7", &NoHeaders, &mut out);
                 let route = t.elapsed();
                 let t = Instant::now();
                 for k in &keys {
@@ -1213,7 +1315,7 @@ mod tests {
             let t = Instant::now();
             for _ in 0..rounds {
                 out.clear();
-                x.route("k", &NoHeaders, &mut out, &mut Vec::new());
+                x.route("k", &NoHeaders, &mut out);
             }
             assert_eq!(out.len(), n);
             println!(

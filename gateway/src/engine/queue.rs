@@ -494,6 +494,8 @@ pub struct Queue {
     pub had_consumer: AtomicBool,
     /// Publishes routed here since start (round-robin partition choice).
     next_partition: AtomicU64,
+    /// The exchanges with a binding to this queue.
+    pub sources: super::exchange::Sources,
 }
 
 impl Queue {
@@ -520,6 +522,7 @@ impl Queue {
             consumers: AtomicU32::new(0),
             had_consumer: AtomicBool::new(false),
             next_partition: AtomicU64::new(0),
+            sources: Default::default(),
         })
     }
 
@@ -680,49 +683,23 @@ mod tests {
         assert_eq!(ids(drained(&b)), vec![2, 4, 6]);
     }
 
-    #[test]
-    fn deep_durable_entries_drop_their_bodies() {
-        let p = Partition::new(PartitionId(1), true);
+    /// Enqueues `n` entries sharing one message into a partition, giving a
+    /// store location to those `stored` picks; returns how many entries
+    /// still hold the message.
+    fn bodies_kept(durable: bool, n: u64, stored: impl Fn(u64) -> bool) -> usize {
+        let p = Partition::new(PartitionId(1), durable);
         let msg = Arc::new(crate::engine::message::Message {
             id: 1,
             exchange: bytes::Bytes::new(),
             routing_key: bytes::Bytes::new(),
             properties: bytes::Bytes::new(),
             body: bytes::Bytes::from_static(b"x"),
-            persistent: true,
+            persistent: durable,
             priority: 0,
         });
-        for id in 0..(HOT_ENTRIES as u64 + 10) {
+        for id in 0..n {
             let mut e = entry(id);
-            e.location = Some(weir_backend::Location {
-                segment: 1,
-                offset: 0,
-                len: 1,
-            });
-            e.message = Some(msg.clone());
-            assert!(p.enqueue(e).is_none());
-        }
-        // Only the hot head keeps the message in memory.
-        assert_eq!(Arc::strong_count(&msg), HOT_ENTRIES + 1);
-    }
-
-    #[test]
-    fn paged_entries_of_a_non_durable_partition_drop_their_bodies_too() {
-        // Entries without a location (not paged) must keep their bodies.
-        let p = Partition::new(PartitionId(2), false);
-        let msg = Arc::new(crate::engine::message::Message {
-            id: 1,
-            exchange: bytes::Bytes::new(),
-            routing_key: bytes::Bytes::new(),
-            properties: bytes::Bytes::new(),
-            body: bytes::Bytes::from_static(b"x"),
-            persistent: false,
-            priority: 0,
-        });
-        for id in 0..(HOT_ENTRIES as u64 + 20) {
-            let mut e = entry(id);
-            // Every other deep entry was paged by the session.
-            if id >= HOT_ENTRIES as u64 && id % 2 == 0 {
+            if stored(id) {
                 e.location = Some(weir_backend::Location {
                     segment: 1,
                     offset: 0,
@@ -732,6 +709,44 @@ mod tests {
             e.message = Some(msg.clone());
             assert!(p.enqueue(e).is_none());
         }
-        assert_eq!(Arc::strong_count(&msg), HOT_ENTRIES + 10 + 1);
+        Arc::strong_count(&msg) - 1
+    }
+
+    #[test]
+    fn deep_entries_with_a_location_drop_their_bodies() {
+        let hot = HOT_ENTRIES as u64;
+        // Durable: only the hot head keeps the message in memory.
+        assert_eq!(bodies_kept(true, hot + 10, |_| true), HOT_ENTRIES);
+        // Non-durable, every other deep entry paged by the session: entries
+        // without a location (not paged) must keep their bodies.
+        assert_eq!(
+            bodies_kept(false, hot + 20, |id| id >= hot && id % 2 == 0),
+            HOT_ENTRIES + 10
+        );
+    }
+
+    #[test]
+    fn unlimited_prefetch_takes_only_the_connections_unsent_window() {
+        use crate::engine::consumer::UNSENT_MAX_COUNT;
+        let p = Partition::new(PartitionId(1), false);
+        let n = UNSENT_MAX_COUNT as u64 * 2 + 10;
+        for id in 0..n {
+            assert!(p.enqueue(entry(id)).is_none());
+        }
+        let conn = ConnHandle::new(1);
+        assert!(p.add_consumer(consumer(&conn, 0)));
+        let d = drained(&conn);
+        assert_eq!(d.len(), UNSENT_MAX_COUNT as usize, "bounded by the window");
+        assert_eq!(p.ready_len(), n - UNSENT_MAX_COUNT as u64);
+        // Nothing more while nothing is written.
+        p.dispatch();
+        assert!(drained(&conn).is_empty());
+        // Written: room again, and the connection knows to redispatch.
+        conn.unsent_done(d.len() as u32);
+        assert!(conn.take_starved());
+        assert!(!conn.take_starved());
+        p.dispatch();
+        assert_eq!(drained(&conn).len(), UNSENT_MAX_COUNT as usize);
+        assert_eq!(conn.unsent(), UNSENT_MAX_COUNT);
     }
 }

@@ -160,18 +160,6 @@ impl Tenant {
         self.queues.read().values().cloned().collect()
     }
 
-    /// The exchanges with a binding to `dest`: a hash probe per exchange
-    /// under a read lock, so deleting a queue neither copies the exchange
-    /// table nor write-locks exchanges that have nothing to unbind.
-    fn sources_of(&self, dest: &Destination) -> Vec<Arc<Exchange>> {
-        self.exchanges
-            .read()
-            .values()
-            .filter(|x| x.has_binding_to(dest))
-            .cloned()
-            .collect()
-    }
-
     /// Every exchange.
     pub fn exchanges(&self) -> Vec<Arc<Exchange>> {
         self.exchanges.read().values().cloned().collect()
@@ -290,11 +278,21 @@ impl Tenant {
         let Some(x) = self.exchanges.read().get(name).cloned() else {
             return Ok(None);
         };
-        self.remove_exchange(&x, if_unused)
+        let mut emptied = Vec::new();
+        let wait = self.remove_exchange(&x, if_unused, &mut emptied)?;
+        self.auto_delete_exchanges(emptied);
+        Ok(wait)
     }
 
     /// Removes exactly the exchange `x` (not a namesake declared since).
-    fn remove_exchange(&self, x: &Arc<Exchange>, if_unused: bool) -> Result<Option<DurableWait>> {
+    /// Exchanges that lost a binding to it are pushed onto `emptied`, for
+    /// the caller's auto-delete worklist.
+    fn remove_exchange(
+        &self,
+        x: &Arc<Exchange>,
+        if_unused: bool,
+        emptied: &mut Vec<Arc<Exchange>>,
+    ) -> Result<Option<DurableWait>> {
         let engine = self.engine()?;
         let name = x.def.name.as_str();
         {
@@ -318,7 +316,8 @@ impl Tenant {
             keys.push(meta::binding_key(&self.name, &binding_def(name, &b)));
         }
         let dest = Destination::Exchange(x.clone());
-        for other in self.sources_of(&dest) {
+        // Only the exchanges bound to it (the reverse index), not all.
+        for other in dest.sources().list() {
             let gone = other.unbind_all_to(&dest);
             if gone.is_empty() {
                 continue;
@@ -329,7 +328,7 @@ impl Tenant {
                     &binding_def(&other.def.name, &b),
                 ));
             }
-            self.maybe_auto_delete_exchange(&other);
+            emptied.push(other);
         }
         if !x.def.durable {
             return Ok(None);
@@ -493,7 +492,7 @@ impl Tenant {
         q.deleted.store(true, Ordering::Release);
         let dest = Destination::Queue(q.clone());
         let mut keys: Vec<Vec<u8>> = Vec::new();
-        for x in self.sources_of(&dest) {
+        for x in dest.sources().list() {
             let gone = x.unbind_all_to(&dest);
             if gone.is_empty() {
                 continue;
@@ -685,9 +684,19 @@ impl Tenant {
     }
 
     fn maybe_auto_delete_exchange(&self, x: &Arc<Exchange>) {
-        if x.def.auto_delete && x.binding_count() == 0 && !x.deleted.load(Ordering::Acquire) {
-            if let Err(e) = self.remove_exchange(x, false) {
-                tracing::warn!(exchange = %x.def.name, error = %e, "auto-delete of exchange failed");
+        self.auto_delete_exchanges(vec![x.clone()]);
+    }
+
+    /// Deletes the auto-delete exchanges of `work` left without bindings,
+    /// and in turn those that this leaves without bindings: a worklist, not
+    /// recursion, so a long chain of auto-delete exchanges cannot overflow
+    /// the stack.
+    fn auto_delete_exchanges(&self, mut work: Vec<Arc<Exchange>>) {
+        while let Some(x) = work.pop() {
+            if x.def.auto_delete && x.binding_count() == 0 && !x.deleted.load(Ordering::Acquire) {
+                if let Err(e) = self.remove_exchange(&x, false, &mut work) {
+                    tracing::warn!(exchange = %x.def.name, error = %e, "auto-delete of exchange failed");
+                }
             }
         }
     }
@@ -707,8 +716,7 @@ impl Tenant {
                 input.exchange, self.name
             )));
         }
-        let mut seen = Vec::new();
-        x.route(input.routing_key, input.headers, out, &mut seen);
+        x.route(input.routing_key, input.headers, out);
         Ok(())
     }
 
