@@ -8,8 +8,10 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, ProtocolVersion, WriteContext};
-use amq_protocol::protocol::{channel, connection, AMQPClass};
+use amq_protocol::frame::{
+    gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, ProtocolVersion, WriteContext,
+};
+use amq_protocol::protocol::{basic, channel, confirm, connection, AMQPClass, BasicProperties};
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use amq_protocol::uri::AMQPUri;
 use bytes::{Buf, BytesMut};
@@ -23,7 +25,7 @@ pub const CHANNEL: u16 = 1;
 const FRAME_OVERHEAD: usize = 8;
 
 /// frame_max we propose when the server leaves it unlimited (0). 128 KiB is RabbitMQ's default.
-const DEFAULT_FRAME_MAX: u32 = 131_072;
+pub const DEFAULT_FRAME_MAX: u32 = 131_072;
 
 /// An error with a human-readable chain of context, e.g. "publisher 1: handshake: connection refused".
 #[derive(Debug)]
@@ -54,6 +56,94 @@ pub trait Context<T> {
 impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
     fn ctx(self, what: impl fmt::Display) -> Result<T> {
         self.map_err(|e| BenchError(format!("{what}: {e}")))
+    }
+}
+
+/// The encoded frames of one `basic.publish` on [`CHANNEL`] (method, content header, body frames)
+/// of `size` bytes of `x`, the body split at `frame_max`; and the offset of the first body byte in
+/// them (0 if the body is empty). Encoded once and copied per message by the publishers of both
+/// tools.
+pub fn encode_publish(
+    frame_max: u32,
+    exchange: &str,
+    routing_key: &str,
+    size: usize,
+    persistent: bool,
+) -> Result<(Vec<u8>, usize)> {
+    let mut frames = vec![
+        AMQPFrame::Method(
+            CHANNEL,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        ),
+        AMQPFrame::Header(
+            CHANNEL,
+            AMQPContentHeader {
+                class_id: 60,
+                body_size: size as u64,
+                // delivery_mode 2 = persistent, 1 = transient.
+                properties: BasicProperties::default().with_delivery_mode(if persistent {
+                    2
+                } else {
+                    1
+                }),
+            },
+        ),
+    ];
+    // Bodies larger than a frame are split; 8 bytes of each frame are framing.
+    let body = vec![b'x'; size];
+    for part in body.chunks(frame_max as usize - FRAME_OVERHEAD) {
+        frames.push(AMQPFrame::Body(CHANNEL, part.to_vec()));
+    }
+    let mut bytes = Vec::new();
+    let mut body_offset = 0;
+    for (i, frame) in frames.iter().enumerate() {
+        if i == 2 {
+            // Body frame payload starts after type (1) + channel (2) + size (4).
+            body_offset = bytes.len() + 7;
+        }
+        bytes = encode(frame, bytes).ctx("encoding publish")?;
+    }
+    Ok((bytes, body_offset))
+}
+
+/// Append the encoding of `frame` to `buf`.
+pub fn encode(frame: &AMQPFrame, buf: Vec<u8>) -> Result<Vec<u8>> {
+    let (buf, _) = gen_frame(frame)(WriteContext::from(buf))
+        .ctx("encoding frame")?
+        .into_inner();
+    Ok(buf)
+}
+
+/// Parse the next complete frame off the front of `rbuf`, if there is one. A frame announcing more
+/// than `frame_max` (plus slack) is an error rather than something to wait for.
+pub fn take_frame(rbuf: &mut BytesMut, frame_max: u32) -> Result<Option<AMQPFrame>> {
+    let buf = &rbuf[..];
+    if buf.len() < 7 {
+        return Ok(None);
+    }
+    // Check completeness ourselves: cheaper than letting the parser fail with Incomplete, and it
+    // lets us reject an absurd size before waiting forever for it.
+    let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]) as usize;
+    if size + FRAME_OVERHEAD > frame_max as usize + 4096 {
+        return err(format!(
+            "frame of {size} bytes exceeds frame_max {frame_max}"
+        ));
+    }
+    if buf.len() < size + FRAME_OVERHEAD {
+        return Ok(None);
+    }
+    match parse_frame(buf) {
+        Ok((rest, frame)) => {
+            let used = buf.len() - rest.len();
+            rbuf.advance(used);
+            Ok(Some(frame))
+        }
+        Err(e) => err(format!("malformed frame from server: {e}")),
     }
 }
 
@@ -194,11 +284,7 @@ impl Conn {
 
     /// Encode a frame into the write buffer.
     pub fn push(&mut self, frame: &AMQPFrame) -> Result<()> {
-        let buf = std::mem::take(&mut self.wbuf);
-        let (buf, _) = gen_frame(frame)(WriteContext::from(buf))
-            .ctx("encoding frame")?
-            .into_inner();
-        self.wbuf = buf;
+        self.wbuf = encode(frame, std::mem::take(&mut self.wbuf))?;
         Ok(())
     }
 
@@ -283,30 +369,7 @@ impl Conn {
 
     /// Parse the next complete frame out of the read buffer, if there is one.
     pub fn next_frame(&mut self) -> Result<Option<AMQPFrame>> {
-        let buf = &self.rbuf[..];
-        if buf.len() < 7 {
-            return Ok(None);
-        }
-        // Check completeness ourselves: cheaper than letting the parser fail with Incomplete, and it
-        // lets us reject an absurd size before waiting forever for it.
-        let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]) as usize;
-        if size + FRAME_OVERHEAD > self.frame_max as usize + 4096 {
-            return err(format!(
-                "frame of {size} bytes exceeds frame_max {}",
-                self.frame_max
-            ));
-        }
-        if buf.len() < size + FRAME_OVERHEAD {
-            return Ok(None);
-        }
-        match parse_frame(buf) {
-            Ok((rest, frame)) => {
-                let used = buf.len() - rest.len();
-                self.rbuf.advance(used);
-                Ok(Some(frame))
-            }
-            Err(e) => err(format!("malformed frame from server: {e}")),
-        }
+        take_frame(&mut self.rbuf, self.frame_max)
     }
 
     /// Wait for the next frame.
@@ -357,6 +420,20 @@ impl Conn {
         self.push_method(CHANNEL, method)?;
         self.flush().await?;
         self.recv_method(CHANNEL).await
+    }
+
+    /// Put channel 1 in confirm mode (`confirm.select`).
+    pub async fn confirm_select(&mut self) -> Result<()> {
+        let reply = self
+            .call(AMQPClass::Confirm(confirm::AMQPMethod::Select(
+                confirm::Select { nowait: false },
+            )))
+            .await
+            .ctx("confirm.select")?;
+        match reply {
+            AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_)) => Ok(()),
+            other => err(format!("expected confirm.select-ok, got {other:?}")),
+        }
     }
 
     /// Close the connection politely (so brokers don't log "unexpectedly closed"), waiting at most

@@ -2,12 +2,12 @@
 
 use std::collections::VecDeque;
 
-use amq_protocol::frame::{gen_frame, AMQPContentHeader, AMQPFrame, WriteContext};
-use amq_protocol::protocol::{basic, confirm, AMQPClass, BasicProperties};
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{basic, AMQPClass};
 use hdrhistogram::Histogram;
 use tokio::sync::watch;
 
-use crate::conn::{err, Conn, Context, Result, CHANNEL};
+use crate::conn::{encode_publish, err, Conn, Context, Result};
 use crate::stats::{self, new_histogram, now_ns, record_ns};
 use crate::Plan;
 
@@ -38,48 +38,8 @@ pub struct Template {
 impl Template {
     /// Encode the frames that publish `size` bytes to `queue` through the default exchange.
     pub fn new(frame_max: u32, queue: &str, size: usize, persistent: bool) -> Result<Template> {
-        let mut frames = vec![
-            AMQPFrame::Method(
-                CHANNEL,
-                AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
-                    exchange: "".into(),
-                    routing_key: queue.into(),
-                    mandatory: false,
-                    immediate: false,
-                })),
-            ),
-            AMQPFrame::Header(
-                CHANNEL,
-                AMQPContentHeader {
-                    class_id: 60,
-                    body_size: size as u64,
-                    // delivery_mode 2 = persistent, 1 = transient.
-                    properties: BasicProperties::default().with_delivery_mode(if persistent {
-                        2
-                    } else {
-                        1
-                    }),
-                },
-            ),
-        ];
-        // Bodies larger than a frame are split; 8 bytes of each frame are framing.
-        let chunk = frame_max as usize - 8;
-        let body = vec![b'x'; size];
-        for part in body.chunks(chunk) {
-            frames.push(AMQPFrame::Body(CHANNEL, part.to_vec()));
-        }
-        let mut bytes = Vec::new();
-        let mut ts_offset = 0;
-        for (i, frame) in frames.iter().enumerate() {
-            if i == 2 {
-                // Body frame payload starts after type (1) + channel (2) + size (4).
-                ts_offset = bytes.len() + 7;
-            }
-            let (b, _) = gen_frame(frame)(WriteContext::from(bytes))
-                .ctx("encoding publish template")?
-                .into_inner();
-            bytes = b;
-        }
+        let (bytes, ts_offset) = encode_publish(frame_max, "", queue, size, persistent)
+            .ctx("encoding publish template")?;
         Ok(Template { bytes, ts_offset })
     }
 
@@ -94,16 +54,7 @@ impl Template {
 
 /// Put the channel in confirm mode.
 pub async fn setup(conn: &mut Conn) -> Result<()> {
-    let reply = conn
-        .call(AMQPClass::Confirm(confirm::AMQPMethod::Select(
-            confirm::Select { nowait: false },
-        )))
-        .await
-        .ctx("confirm.select")?;
-    match reply {
-        AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_)) => Ok(()),
-        other => err(format!("expected confirm.select-ok, got {other:?}")),
-    }
+    conn.confirm_select().await
 }
 
 /// Unconfirmed publishes, indexed by delivery tag (publish sequence number).

@@ -19,6 +19,7 @@ pub use lapin;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+pub mod hardening;
 
 /// How long the broker gets to become ready or to exit.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);

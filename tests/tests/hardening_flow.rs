@@ -3,32 +3,15 @@
 //! queued message pinning only its own bytes, a consumer that stops reading,
 //! a client that stalls in the middle of a message, and slowed failed logins.
 
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions, QueuePurgeOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueuePurgeOptions};
 use lapin::types::FieldTable;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+use weir_tests::hardening::{broker_rss, declare_durable, split_frame, wait_until, Tmpfs};
 use weir_tests::raw::{self, Frame};
 use weir_tests::*;
-
-/// Resident memory of a process, from /proc/<pid>/status (VmRSS).
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS line");
-    kb * 1024
-}
-
-fn broker_rss(b: &Broker) -> u64 {
-    rss_bytes(b.pid().expect("broker running"))
-}
 
 /// A raw AMQP client that advertises the `connection.blocked` capability,
 /// with its socket split so one task can write while another reads.
@@ -111,18 +94,9 @@ impl Client {
     /// Next frame; `None` on EOF.
     async fn frame(&mut self) -> Option<Frame> {
         loop {
-            if self.buf.len() >= 7 {
-                let size = u32::from_be_bytes([self.buf[3], self.buf[4], self.buf[5], self.buf[6]])
-                    as usize;
-                if self.buf.len() >= 8 + size {
-                    let f = Frame {
-                        kind: self.buf[0],
-                        channel: u16::from_be_bytes([self.buf[1], self.buf[2]]),
-                        payload: self.buf[7..7 + size].to_vec(),
-                    };
-                    self.buf.drain(..8 + size);
-                    return Some(f);
-                }
+            if let Some((f, len)) = split_frame(&self.buf) {
+                self.buf.drain(..len);
+                return Some(f);
             }
             let mut chunk = [0u8; 16384];
             match self.r.read(&mut chunk).await {
@@ -165,12 +139,10 @@ impl Client {
     }
 }
 
-/// basic.publish + header + body (one frame) of `body` to `exchange`/`key`.
+/// basic.publish + header + body (one frame) of `body` to the default
+/// exchange, routing key `key`, on channel 1.
 fn publish_frames(key: &str, body: &[u8]) -> Vec<u8> {
-    let mut v = raw::basic_publish(1, "", key);
-    v.extend(raw::content_header(1, body.len() as u64));
-    v.extend(raw::body(1, body));
-    v
+    weir_tests::hardening::publish_frames(1, "", key, body)
 }
 
 /// basic.consume on channel 1, manual ack.
@@ -183,36 +155,6 @@ fn consume_frame(queue: &str) -> Vec<u8> {
     raw::method(1, 60, 20, &a)
 }
 
-async fn message_count(ch: &lapin::Channel, queue: &str) -> u32 {
-    queue_len(ch, queue).await
-}
-
-/// Waits (bounded) until `cond` holds, polling `probe`.
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !probe().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn declare(ch: &lapin::Channel, name: &str, durable: bool) {
-    ch.queue_declare(
-        name.into(),
-        QueueDeclareOptions {
-            durable,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .expect("queue.declare");
-}
-
 /// Finding 6: past the memory watermark, publishers get connection.blocked
 /// and are no longer read; a consumer still drains the queue, and once
 /// memory falls the publisher gets connection.unblocked.
@@ -221,7 +163,7 @@ async fn memory_alarm_blocks_publishers_and_consumers_still_drain() {
     let b = Broker::start_with(&["--memory-limit", "96MB"]);
     let admin = connect(&b.url()).await;
     let ach = admin.create_channel().await.expect("channel");
-    declare(&ach, "mem", false).await;
+    declare_queue(&ach, "mem").await;
 
     let mut reader = Client::open(b.addr()).await;
     let body = vec![7u8; 64 * 1024];
@@ -243,12 +185,12 @@ async fn memory_alarm_blocks_publishers_and_consumers_still_drain() {
     assert!(b.wait_for_log("memory alarm set", OP_TIMEOUT));
 
     // The publisher is no longer read: the queue stops growing.
-    let mut last = message_count(&ach, "mem").await;
+    let mut last = queue_len(&ach, "mem").await;
     let mut stable = 0;
     let deadline = Instant::now() + OP_TIMEOUT;
     while stable < 5 {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = message_count(&ach, "mem").await;
+        let now = queue_len(&ach, "mem").await;
         stable = if now == last { stable + 1 } else { 0 };
         last = now;
         assert!(
@@ -305,7 +247,7 @@ async fn disk_alarm_blocks_publishers_and_consumers_still_work() {
     let b = Broker::start_with(&["--disk-free-limit", "1PB"]);
     let admin = connect(&b.url()).await;
     let ach = admin.create_channel().await.expect("channel");
-    declare(&ach, "disk", true).await;
+    declare_durable(&ach, "disk").await;
 
     // The publish in hand is taken, then connection.blocked...
     let mut publisher = Client::open(b.addr()).await;
@@ -316,7 +258,7 @@ async fn disk_alarm_blocks_publishers_and_consumers_still_work() {
         "low on disk space"
     );
     wait_until("the publish in hand", OP_TIMEOUT, || async {
-        message_count(&ach, "disk").await == 1
+        queue_len(&ach, "disk").await == 1
     })
     .await;
     // ...then the publisher is no longer read.
@@ -324,7 +266,7 @@ async fn disk_alarm_blocks_publishers_and_consumers_still_work() {
     publisher.send(&second).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        message_count(&ach, "disk").await,
+        queue_len(&ach, "disk").await,
         1,
         "blocked publisher was read"
     );
@@ -364,7 +306,7 @@ async fn a_queued_message_pins_only_its_own_bytes() {
     let b = Broker::start_with(&["--memory-limit", "8GB"]);
     let admin = connect(&b.url()).await;
     let ach = admin.create_channel().await.expect("channel");
-    declare(&ach, "small", false).await;
+    declare_queue(&ach, "small").await;
     let mut c = Client::open(b.addr()).await;
     let big = vec![1u8; 120 * 1024];
     let mut pair = publish_frames("small", b"s");
@@ -378,7 +320,7 @@ async fn a_queued_message_pins_only_its_own_bytes() {
     wait_until(
         "every small message queued",
         Duration::from_secs(60),
-        || async { message_count(&ach, "small").await as usize == N },
+        || async { queue_len(&ach, "small").await as usize == N },
     )
     .await;
     let after = broker_rss(&b);
@@ -399,9 +341,9 @@ async fn a_stalled_unlimited_consumer_holds_bounded_memory() {
     let b = Broker::start_with(&["--memory-limit", "8GB", "--fsync", "false"]);
     let admin = connect(&b.url()).await;
     let ach = confirm_channel(&admin).await;
-    declare(&ach, "deep", true).await;
+    declare_durable(&ach, "deep").await;
     let body = vec![3u8; 10 * 1024];
-    for chunk in 0..N / 500 {
+    for _ in 0..N / 500 {
         let mut confirms = Vec::new();
         for _ in 0..500 {
             confirms.push(
@@ -417,11 +359,10 @@ async fn a_stalled_unlimited_consumer_holds_bounded_memory() {
             );
         }
         for c in confirms {
-            c.await.expect("confirm");
+            assert!(c.await.expect("confirm").is_ack(), "publish nacked");
         }
-        let _ = chunk;
     }
-    assert_eq!(message_count(&ach, "deep").await as usize, N);
+    assert_eq!(queue_len(&ach, "deep").await as usize, N);
     let before = broker_rss(&b);
 
     // prefetch 0 (unlimited), manual ack, and never read the socket again.
@@ -429,13 +370,13 @@ async fn a_stalled_unlimited_consumer_holds_bounded_memory() {
     stalled.send(&consume_frame("deep")).await;
     // Let the broker hand it what it will, then measure.
     wait_until("deliveries to stop", OP_TIMEOUT, || async {
-        let a = message_count(&ach, "deep").await;
+        let a = queue_len(&ach, "deep").await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        a == message_count(&ach, "deep").await && a < N as u32
+        a == queue_len(&ach, "deep").await && a < N as u32
     })
     .await;
     let after = broker_rss(&b);
-    let left = message_count(&ach, "deep").await;
+    let left = queue_len(&ach, "deep").await;
     eprintln!(
         "stalled consumer: RSS {before} -> {after}, {} of {N} messages left in the queue",
         left
@@ -451,7 +392,8 @@ async fn a_stalled_unlimited_consumer_holds_bounded_memory() {
         N as u32 - left
     );
 
-    // Another consumer is served from the rest of the queue within 1 s.
+    // Another consumer is served from the rest of the queue (each delivery
+    // bounded by OP_TIMEOUT; the time taken is printed, not asserted).
     let other = connect(&b.url()).await;
     let och = other.create_channel().await.expect("channel");
     och.basic_qos(50, BasicQosOptions::default())
@@ -519,7 +461,7 @@ async fn a_client_stalled_mid_frame_is_closed_after_the_timeout() {
     .await;
 }
 
-/// Finding 9: 20 clients that each sent most of a large multi-frame message
+/// Finding 9: clients that each sent most of a large multi-frame message
 /// and stopped are closed after the partial-content timeout, and the broker
 /// lets go of their buffers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -590,40 +532,6 @@ async fn failed_logins_are_slowed_and_good_ones_are_not() {
     assert!(guess.await.expect("guess task"), "sixth guess accepted");
 }
 
-/// A small tmpfs, unmounted on drop; `None` (test skipped) where it cannot
-/// be mounted.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!(
-                "SKIPPED: cannot mount a tmpfs (needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return None;
-        }
-        Some(Tmpfs { dir })
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
 /// Finding 5: the disk alarm clears by itself once space is freed, and the
 /// blocked publisher gets connection.unblocked and is read again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -631,14 +539,14 @@ async fn disk_alarm_clears_when_space_returns() {
     let Some(fs) = Tmpfs::mount("64m") else {
         return;
     };
-    let data = fs.dir.path().join("data");
+    let data = fs.path().join("data");
     std::fs::create_dir_all(&data).expect("data dir");
     let b = Broker::start_in_with(&data, &["--segment-mb", "1", "--disk-free-limit", "24MB"]);
     let admin = connect(&b.url()).await;
     let ach = admin.create_channel().await.expect("channel");
-    declare(&ach, "space", true).await;
+    declare_durable(&ach, "space").await;
     // Take the free space below the watermark with a file of our own.
-    let hog = fs.dir.path().join("hog");
+    let hog = fs.path().join("hog");
     std::fs::write(&hog, vec![0u8; 48 << 20]).expect("hog file");
     assert!(b.wait_for_log("disk alarm set", OP_TIMEOUT));
     let mut publisher = Client::open(b.addr()).await;
@@ -650,7 +558,7 @@ async fn disk_alarm_clears_when_space_returns() {
     within("connection.unblocked", publisher.expect(10, 61)).await;
     assert!(b.wait_for_log("disk alarm cleared", OP_TIMEOUT));
     wait_until("the held publish", OP_TIMEOUT, || async {
-        message_count(&ach, "space").await == 2
+        queue_len(&ach, "space").await == 2
     })
     .await;
 }

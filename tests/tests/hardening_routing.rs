@@ -12,8 +12,7 @@
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
-use weir_tests::lapin::options::QueueDeclareOptions;
-use weir_tests::lapin::types::FieldTable;
+use weir_tests::hardening::{ack_tag, declare_ok_count, publish_frames as publish, split_frame};
 use weir_tests::raw::{self, method, shortstr, Frame, RawClient};
 use weir_tests::*;
 
@@ -48,13 +47,6 @@ fn confirm_select(ch: u16) -> Vec<u8> {
     method(ch, 85, 10, &[0])
 }
 
-fn publish(ch: u16, exchange: &str, key: &str, body: &[u8]) -> Vec<u8> {
-    let mut v = raw::basic_publish(ch, exchange, key);
-    v.extend(raw::content_header(ch, body.len() as u64));
-    v.extend(raw::body(ch, body));
-    v
-}
-
 /// Reads frames off a read half (the write half stays with a writer task,
 /// so a large pipelined write and the replies flow at once).
 struct Reader {
@@ -69,28 +61,19 @@ impl Reader {
     /// channel or connection close (nothing in these tests should fail).
     async fn method(&mut self) -> Frame {
         loop {
-            let b = &self.buf[self.at..];
-            if b.len() >= 7 {
-                let size = u32::from_be_bytes([b[3], b[4], b[5], b[6]]) as usize;
-                if b.len() >= 8 + size {
-                    let f = Frame {
-                        kind: b[0],
-                        channel: u16::from_be_bytes([b[1], b[2]]),
-                        payload: b[7..7 + size].to_vec(),
-                    };
-                    // Consumed frames are dropped in bulk, not one by one.
-                    self.at += 8 + size;
-                    if f.kind == raw::FRAME_HEARTBEAT {
-                        continue;
-                    }
-                    let m = f.method();
-                    assert!(
-                        m != Some((10, 50)) && m != Some((20, 40)),
-                        "broker closed: {:?}",
-                        raw::parse_close(&f)
-                    );
-                    return f;
+            if let Some((f, len)) = split_frame(&self.buf[self.at..]) {
+                // Consumed frames are dropped in bulk, not one by one.
+                self.at += len;
+                if f.kind == raw::FRAME_HEARTBEAT {
+                    continue;
                 }
+                let m = f.method();
+                assert!(
+                    m != Some((10, 50)) && m != Some((20, 40)),
+                    "broker closed: {:?}",
+                    raw::parse_close(&f)
+                );
+                return f;
             }
             self.buf.drain(..self.at);
             self.at = 0;
@@ -104,6 +87,12 @@ impl Reader {
         let f = self.method().await;
         assert_eq!(f.method(), Some((class, m)), "unexpected frame {f:?}");
         f
+    }
+
+    /// Reads basic.acks until the one for delivery tag `tag` (acks may be
+    /// merged with `multiple`, so earlier tags can be skipped).
+    async fn acked_through(&mut self, tag: u64) {
+        while ack_tag(&self.expect(60, 80).await) != tag {}
     }
 }
 
@@ -136,17 +125,9 @@ fn attackers() -> usize {
 async fn bystander_is_served(url: &str, queue: &str) -> Duration {
     let started = Instant::now();
     let served = tokio::time::timeout(SERVED_WITHIN, async {
-        let conn = weir_tests::lapin::Connection::connect(url, Default::default())
-            .await
-            .expect("connect");
+        let conn = connect(url).await;
         let ch = conn.create_channel().await.expect("channel.open");
-        ch.queue_declare(
-            queue.into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("queue.declare");
+        declare_queue(&ch, queue).await;
         conn
     })
     .await;
@@ -204,17 +185,9 @@ async fn pathological_topic_pattern_does_not_stall_the_broker() {
     // Both publishes of every attacker are confirmed (acks may be merged
     // with `multiple`), promptly.
     for (rd, _wr) in &mut publishers {
-        tokio::time::timeout(ATTACK_DONE, async {
-            loop {
-                let f = rd.expect(60, 80).await;
-                let tag = u64::from_be_bytes(f.payload[4..12].try_into().expect("8 bytes"));
-                if tag == 2 {
-                    break;
-                }
-            }
-        })
-        .await
-        .expect("publishes confirmed");
+        tokio::time::timeout(ATTACK_DONE, rd.acked_through(2))
+            .await
+            .expect("publishes confirmed");
     }
     let per_publish = started.elapsed() / (2 * n as u32);
     eprintln!(
@@ -223,14 +196,7 @@ async fn pathological_topic_pattern_does_not_stall_the_broker() {
 
     // Only the matching key was routed.
     setup.send(&queue_declare_passive(1, "topic-q")).await;
-    let f = setup.expect_method(50, 11).await;
-    let name_len = f.payload[4] as usize;
-    let count_at = 5 + name_len;
-    let count = u32::from_be_bytes(
-        f.payload[count_at..count_at + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let count = declare_ok_count(&setup.expect_method(50, 11).await);
     assert_eq!(count as usize, n, "one message per attacker routed");
 }
 
@@ -350,15 +316,7 @@ async fn fanout_to_eight_thousand_queues() {
     let mut frames = publish(1, "wide", "any", b"to all");
     frames.extend(publish(1, "wide", "other", b"again"));
     wr.write_all(&frames).await.expect("write");
-    within("confirms", async {
-        loop {
-            let f = rd.expect(60, 80).await;
-            if u64::from_be_bytes(f.payload[4..12].try_into().expect("8 bytes")) == 2 {
-                break;
-            }
-        }
-    })
-    .await;
+    within("confirms", rd.acked_through(2)).await;
     eprintln!(
         "fanout to {FANOUT_QUEUES} queues: 2 confirmed publishes in {:?}",
         started.elapsed()
@@ -371,10 +329,7 @@ async fn fanout_to_eight_thousand_queues() {
     wr.write_all(&frames).await.expect("write");
     within("message counts", async {
         for i in 0..FANOUT_QUEUES {
-            let f = rd.expect(50, 11).await;
-            let name_len = f.payload[4] as usize;
-            let at = 5 + name_len;
-            let count = u32::from_be_bytes(f.payload[at..at + 4].try_into().expect("4 bytes"));
+            let count = declare_ok_count(&rd.expect(50, 11).await);
             assert_eq!(count, 2, "queue fan-{i}");
         }
     })
@@ -397,13 +352,7 @@ async fn timed_publishes(
     }
     let started = Instant::now();
     wr.write_all(&frames).await.expect("write");
-    loop {
-        let f = rd.expect(60, 80).await;
-        let tag = u64::from_be_bytes(f.payload[4..12].try_into().expect("8 bytes"));
-        if tag == tags_before + count {
-            break;
-        }
-    }
+    rd.acked_through(tags_before + count).await;
     started.elapsed() / count as u32
 }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use weir_tests::hardening::{declare_durable, rss_bytes, Tmpfs};
 use weir_tests::*;
 
 /// The `*.seg` files of a data directory, oldest first.
@@ -47,17 +48,37 @@ fn body(i: usize) -> Vec<u8> {
     b
 }
 
-async fn declare_durable(ch: &lapin::Channel, name: &str) {
-    ch.queue_declare(
-        name.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("declaring {name}: {e}"));
+/// Declares durable `queue` and publishes `body(0..n)` to it, persistent
+/// and each one confirmed, on a connection of its own.
+async fn publish_bodies(url: &str, queue: &str, n: usize) {
+    let conn = connect(url).await;
+    let ch = confirm_channel(&conn).await;
+    declare_durable(&ch, queue).await;
+    for i in 0..n {
+        publish_confirmed(&ch, "", queue, &body(i), persistent()).await;
+    }
+    conn.close(200, "bye".into()).await.unwrap();
+}
+
+/// The only file in the data directory's quarantine.
+fn only_quarantined(data_dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(data_dir.join("quarantine"))
+        .expect("quarantine dir")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "quarantine holds {files:?}");
+    files.into_iter().next().unwrap()
+}
+
+/// Broker flags for a data directory on a [`Tmpfs`]: 1 MiB segments and,
+/// where the binary has a free-disk watermark, none, so that the disk
+/// really fills up.
+fn full_disk_args() -> Vec<&'static str> {
+    let mut args = vec!["--segment-mb", "1"];
+    if binary_knows("--disk-free-limit") {
+        args.extend(["--disk-free-limit", "0"]);
+    }
+    args
 }
 
 /// Takes every message of `queue` with basic.get + ack.
@@ -101,15 +122,7 @@ async fn flipped_bit_mid_head_segment_refuses_to_start_and_repair_keeps_the_rest
     const VICTIM: usize = 7;
     let dir = tempfile::tempdir().unwrap();
     let mut broker = Broker::start_in(dir.path());
-    {
-        let conn = connect(&broker.url()).await;
-        let ch = confirm_channel(&conn).await;
-        declare_durable(&ch, "hs").await;
-        for i in 0..N {
-            publish_confirmed(&ch, "", "hs", &body(i), persistent()).await;
-        }
-        conn.close(200, "bye".into()).await.unwrap();
-    }
+    publish_bodies(&broker.url(), "hs", N).await;
     broker.stop();
 
     // Flip one bit in the body of message VICTIM, with ~50 confirmed
@@ -160,13 +173,8 @@ async fn flipped_bit_mid_head_segment_refuses_to_start_and_repair_keeps_the_rest
         out.contains(&format!("offset {rec_off}")) && out.contains("lost message ids"),
         "repair did not report the loss:\n{out}"
     );
-    let quarantined: Vec<PathBuf> = std::fs::read_dir(dir.path().join("quarantine"))
-        .expect("quarantine dir")
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(quarantined.len(), 1);
     assert_eq!(
-        std::fs::read(&quarantined[0]).unwrap(),
+        std::fs::read(only_quarantined(dir.path())).unwrap(),
         bytes[rec_off..rec_off + rec_len],
         "the quarantine file holds the damaged bytes"
     );
@@ -185,15 +193,7 @@ async fn torn_last_record_still_recovers_silently() {
     const N: usize = 10;
     let dir = tempfile::tempdir().unwrap();
     let mut broker = Broker::start_in(dir.path());
-    {
-        let conn = connect(&broker.url()).await;
-        let ch = confirm_channel(&conn).await;
-        declare_durable(&ch, "tt2").await;
-        for i in 0..N {
-            publish_confirmed(&ch, "", "tt2", &body(i), persistent()).await;
-        }
-        conn.close(200, "bye".into()).await.unwrap();
-    }
+    publish_bodies(&broker.url(), "tt2", N).await;
     broker.stop();
     // Cut the last record in half, as a crash mid-write would.
     let seg = segments(dir.path()).pop().unwrap();
@@ -234,58 +234,18 @@ async fn second_broker_on_the_same_data_dir_is_refused() {
     assert!(!status.success(), "repair ran on a live store:\n{out}");
 
     // The first keeps working, durably.
-    let conn = connect(&first.url()).await;
-    let ch = confirm_channel(&conn).await;
-    declare_durable(&ch, "lk").await;
-    for i in 0..20 {
-        publish_confirmed(&ch, "", "lk", &body(i), persistent()).await;
-    }
-    conn.close(200, "bye".into()).await.unwrap();
+    publish_bodies(&first.url(), "lk", 20).await;
     first.stop();
     first.restart();
-    assert_eq!(drain(&first.url(), "lk").await.len(), 20);
+    assert_eq!(
+        drain(&first.url(), "lk").await,
+        (0..20).map(body).collect::<Vec<_>>()
+    );
     first.stop();
 }
 
 // ---------------------------------------------------------------------------
 // Disk full
-
-/// A small tmpfs, unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!(
-                "SKIPPED: cannot mount a tmpfs (needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return None;
-        }
-        Some(Tmpfs { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
 
 /// Fills the filesystem of `path` with a file until it is full.
 fn fill(path: &Path) {
@@ -337,11 +297,7 @@ async fn full_disk_nacks_publishes_keeps_settles_working_and_recovers_without_re
     };
     let data = fs.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let mut args = vec!["--segment-mb", "1"];
-    if binary_knows("--disk-free-limit") {
-        args.extend(["--disk-free-limit", "0"]);
-    }
-    let mut broker = Broker::start_in_with(&data, &args);
+    let mut broker = Broker::start_in_with(&data, &full_disk_args());
     let conn = connect(&broker.url()).await;
     let ch = confirm_channel(&conn).await;
     declare_durable(&ch, "purged").await;
@@ -428,6 +384,13 @@ async fn full_disk_nacks_publishes_keeps_settles_working_and_recovers_without_re
         .into_iter()
         .map(|mut b| {
             if b.starts_with(b"k") {
+                // Published padded to 4000 bytes with b'k': must come back
+                // whole, not just recognisable by its prefix.
+                assert!(
+                    b.len() == 4000 && b[7..].iter().all(|&c| c == b'k'),
+                    "a confirmed message came back damaged: {:?}",
+                    String::from_utf8_lossy(&b[..b.len().min(16)])
+                );
                 b.truncate(7);
             }
             b
@@ -570,11 +533,7 @@ async fn disk_filled_by_publishers_purge_after_restart_frees_it() {
     };
     let data = fs.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let mut args = vec!["--segment-mb", "1"];
-    if binary_knows("--disk-free-limit") {
-        args.extend(["--disk-free-limit", "0"]);
-    }
-    let mut broker = Broker::start_in_with(&data, &args);
+    let mut broker = Broker::start_in_with(&data, &full_disk_args());
     let conn = connect(&broker.url()).await;
     let ch = confirm_channel(&conn).await;
     declare_durable(&ch, "big").await;
@@ -640,18 +599,6 @@ async fn disk_filled_by_publishers_purge_after_restart_frees_it() {
     broker.stop();
 }
 
-/// Resident memory of a process, from /proc.
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kb * 1024
-}
-
 /// Measurement, not a check: resident memory per queued transient 1 KB
 /// message in a deep non-durable queue. Run with `--ignored --no-capture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -692,6 +639,12 @@ async fn measure_memory_per_paged_transient_message() {
     broker.stop();
 }
 
+fn sealed_body(i: usize) -> Vec<u8> {
+    let mut b = format!("s{i:05}-").into_bytes();
+    b.resize(800, b's');
+    b
+}
+
 /// Damage in a sealed (older) segment: refused the same way, and `--repair`
 /// at startup quarantines it and starts with every other message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -705,8 +658,7 @@ async fn damaged_sealed_segment_is_repaired_by_the_repair_flag() {
         let ch = confirm_channel(&conn).await;
         declare_durable(&ch, "sealed").await;
         for i in 0..N {
-            let mut b = format!("s{i:05}-").into_bytes();
-            b.resize(800, b's');
+            let b = sealed_body(i);
             let c = ch
                 .basic_publish(
                     "".into(),
@@ -753,9 +705,14 @@ async fn damaged_sealed_segment_is_repaired_by_the_repair_flag() {
     let got = drain(&broker.url(), "sealed").await;
     assert_eq!(got.len(), N - 1);
     assert!(got.iter().all(|b| !b.starts_with(&needle)));
-    let quarantined = std::fs::read_dir(dir.path().join("quarantine"))
-        .unwrap()
-        .count();
-    assert_eq!(quarantined, 1);
+    // Every other message, intact and in order.
+    let want: Vec<Vec<u8>> = (0..N).filter(|i| *i != VICTIM).map(sealed_body).collect();
+    assert!(got == want, "survivors differ from all-but-the-victim");
+    // The quarantined record is the damaged one.
+    let q = std::fs::read(only_quarantined(dir.path())).unwrap();
+    assert!(
+        q.windows(needle.len()).any(|w| w == needle),
+        "the quarantine file does not hold message {VICTIM}"
+    );
     broker.stop();
 }

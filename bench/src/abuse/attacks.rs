@@ -4,12 +4,12 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use amq_protocol::frame::AMQPFrame;
-use amq_protocol::protocol::{basic, connection, queue, AMQPClass};
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame};
+use amq_protocol::protocol::{basic, connection, queue, AMQPClass, BasicProperties};
 use amq_protocol::types::FieldTable;
 use amq_protocol::uri::AMQPUri;
 
-use crate::conn::{err, Conn, Context, Result, CHANNEL};
+use crate::conn::{self, err, Conn, Context, Result, CHANNEL};
 use crate::monitor::RssSampler;
 use crate::ops;
 use crate::raw::{self, Nesting, Raw};
@@ -84,7 +84,7 @@ pub async fn topic_backtrack(t: &Target, words: &[usize], limit: Duration) -> Re
     if !matches!(reply, AMQPClass::Queue(queue::AMQPMethod::BindOk(_))) {
         return err(format!("expected bind-ok, got {reply:?}"));
     }
-    ops::confirm_select(&mut c).await?;
+    c.confirm_select().await?;
     let mut out = Vec::new();
     for &w in words {
         let rk = vec!["a"; w].join(".");
@@ -144,7 +144,7 @@ pub async fn bind_burst(t: &Target, count: usize, limit: Duration) -> Result<Str
 
 /// Options of a plain publish run.
 pub struct PublishOpts {
-    /// Queue (declared unless `exchange` is set).
+    /// Queue.
     pub queue: String,
     /// Declare the queue durable.
     pub durable: bool,
@@ -167,10 +167,21 @@ pub struct PublishOpts {
 pub async fn publish(t: &Target, o: &PublishOpts, rss: Option<&RssSampler>) -> Result<String> {
     let mut c = t.conn().await?;
     ops::declare_queue(&mut c, &o.queue, o.durable).await?;
-    ops::confirm_select(&mut c).await?;
+    let out = fill(&mut c, o).await?;
+    let mut s = format!("{} publish_ms={}", out.tokens(), ms(out.elapsed));
+    s.push_str(&depth_and_cost(t, &o.queue, rss).await);
+    // Leave the publishing connection open until the figures are taken (closing it could free
+    // buffers); it is dropped here.
+    drop(c);
+    Ok(s)
+}
+
+/// Confirm mode on `c`, then `o.count` confirmed publishes to the (already declared) `o.queue`.
+async fn fill(c: &mut Conn, o: &PublishOpts) -> Result<ops::PubOutcome> {
+    c.confirm_select().await?;
     let frames = ops::encode_publish(c.frame_max, "", &o.queue, o.size, o.persistent)?;
-    let out = ops::publish_confirmed(
-        &mut c,
+    Ok(ops::publish_confirmed(
+        c,
         &frames,
         1,
         o.count,
@@ -178,13 +189,7 @@ pub async fn publish(t: &Target, o: &PublishOpts, rss: Option<&RssSampler>) -> R
         Instant::now() + o.limit,
         o.stall,
     )
-    .await;
-    let mut s = format!("{} publish_ms={}", out.tokens(), ms(out.elapsed));
-    s.push_str(&depth_and_cost(t, &o.queue, rss).await);
-    // Leave the publishing connection open until the figures are taken (closing it could free
-    // buffers); it is dropped here.
-    drop(c);
-    Ok(s)
+    .await)
 }
 
 /// ` queued=N [per_msg_b=X]`, or ` queued=err:…`.
@@ -270,7 +275,7 @@ pub async fn amplify(
     let q = "abuse.amp";
     let mut c = t.conn().await?;
     ops::declare_queue(&mut c, q, false).await?;
-    ops::confirm_select(&mut c).await?;
+    c.confirm_select().await?;
     let mut frames = ops::encode_publish(c.frame_max, "", q, 1, false)?;
     frames.extend(ops::encode_publish(
         c.frame_max,
@@ -310,18 +315,17 @@ pub async fn stalled_consumer(
     let mut c = t.conn().await?;
     ops::declare_queue(&mut c, q, true).await?;
     ops::purge(&mut c, q).await?;
-    ops::confirm_select(&mut c).await?;
-    let frames = ops::encode_publish(c.frame_max, "", q, size, true)?;
-    let out = ops::publish_confirmed(
-        &mut c,
-        &frames,
-        1,
+    let o = PublishOpts {
+        queue: q.into(),
+        durable: true,
+        persistent: true,
         count,
-        2000,
-        Instant::now() + Duration::from_secs(120),
-        Duration::from_secs(10),
-    )
-    .await;
+        size,
+        window: 2000,
+        limit: Duration::from_secs(120),
+        stall: Duration::from_secs(10),
+    };
+    let out = fill(&mut c, &o).await?;
     c.close().await;
     let rss_queued = rss.map(|r| r.now_kb() / 1024).unwrap_or(0);
     let mut consumer = t.conn().await?;
@@ -362,15 +366,27 @@ pub async fn partial(
     let mut tasks = Vec::new();
     for _ in 0..conns {
         let mut c = t.conn().await?;
+        // A publish announcing `body_mb`, and one full body frame to send over and over.
+        c.push_method(
+            CHANNEL,
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                exchange: "".into(),
+                routing_key: "abuse.partial".into(),
+                mandatory: false,
+                immediate: false,
+            })),
+        )?;
+        c.push(&AMQPFrame::Header(
+            CHANNEL,
+            AMQPContentHeader {
+                class_id: 60,
+                body_size: body_mb << 20,
+                properties: BasicProperties::default(),
+            },
+        ))?;
+        let chunk = c.frame_max as usize - 8;
+        let body = conn::encode(&AMQPFrame::Body(CHANNEL, vec![b'x'; chunk]), Vec::new())?;
         tasks.push(tokio::spawn(async move {
-            let chunk = c.frame_max as usize - 8;
-            let body = raw::frame(3, CHANNEL, &vec![b'x'; chunk]);
-            c.wbuf.extend(raw::publish_head(
-                CHANNEL,
-                "",
-                "abuse.partial",
-                body_mb << 20,
-            ));
             let target = (send_mb << 20) as usize;
             let mut queued = 0usize;
             let mut blocked = false;
@@ -483,7 +499,7 @@ pub async fn fanout(t: &Target, targets: &[usize], publishes: u64) -> Result<Str
         }
         // A fresh connection per round, so its delivery tags start at 1.
         let mut p = t.conn().await?;
-        ops::confirm_select(&mut p).await?;
+        p.confirm_select().await?;
         let frames = ops::encode_publish(p.frame_max, ex, "", 16, false)?;
         let o = ops::publish_confirmed(
             &mut p,
@@ -553,18 +569,17 @@ pub async fn trim(t: &Target, count: u64, size: usize, rss: Option<&RssSampler>)
     let q = "abuse.trim";
     let mut c = t.conn().await?;
     ops::declare_queue(&mut c, q, false).await?;
-    ops::confirm_select(&mut c).await?;
-    let frames = ops::encode_publish(c.frame_max, "", q, size, false)?;
-    let out = ops::publish_confirmed(
-        &mut c,
-        &frames,
-        1,
+    let o = PublishOpts {
+        queue: q.into(),
+        durable: false,
+        persistent: false,
         count,
-        1000,
-        Instant::now() + Duration::from_secs(60),
-        Duration::from_secs(5),
-    )
-    .await;
+        size,
+        window: 1000,
+        limit: Duration::from_secs(60),
+        stall: Duration::from_secs(5),
+    };
+    let out = fill(&mut c, &o).await?;
     c.close().await;
     let full = rss.map(|r| r.now_kb() / 1024).unwrap_or(0);
     let mut c = t.conn().await?;

@@ -9,11 +9,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use amq_protocol::protocol::{queue, AMQPClass};
-use amq_protocol::types::FieldTable;
 use amq_protocol::uri::AMQPUri;
 
-use crate::conn::{err, Conn, Result};
+use crate::conn::{Conn, Result};
+use crate::ops;
 
 /// Queue the probe declares once and then passive-declares on every round.
 pub const PROBE_QUEUE: &str = "abuse-probe";
@@ -147,27 +146,12 @@ mod parking_lot_free {
     }
 }
 
+/// One probe round: connect, open a channel, passive-declare. The connection is dropped without a
+/// close handshake: waiting for close-ok would only add to the measured time.
 async fn probe_round(uri: &AMQPUri) -> Result<()> {
     let mut c = Conn::open(uri).await?;
-    let reply = c
-        .call(AMQPClass::Queue(queue::AMQPMethod::Declare(
-            queue::Declare {
-                queue: PROBE_QUEUE.into(),
-                passive: true,
-                durable: false,
-                exclusive: false,
-                auto_delete: false,
-                nowait: false,
-                arguments: FieldTable::default(),
-            },
-        )))
-        .await?;
-    match reply {
-        AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)) => Ok(()),
-        other => err(format!("expected declare-ok, got {other:?}")),
-    }
-    // The connection is dropped without a close handshake: waiting for close-ok would only add to
-    // the measured time.
+    ops::count(&mut c, PROBE_QUEUE).await?;
+    Ok(())
 }
 
 impl Probe {
@@ -175,18 +159,7 @@ impl Probe {
     /// Each round is capped at `cap`; a capped round counts as a timeout.
     pub async fn start(uri: AMQPUri, cap: Duration) -> Result<Probe> {
         let mut c = Conn::open(&uri).await?;
-        c.call(AMQPClass::Queue(queue::AMQPMethod::Declare(
-            queue::Declare {
-                queue: PROBE_QUEUE.into(),
-                passive: false,
-                durable: false,
-                exclusive: false,
-                auto_delete: false,
-                nowait: false,
-                arguments: FieldTable::default(),
-            },
-        )))
-        .await?;
+        ops::declare_queue(&mut c, PROBE_QUEUE, false).await?;
         c.close().await;
 
         let stop = Arc::new(AtomicBool::new(false));

@@ -2,12 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use amq_protocol::frame::{gen_frame, AMQPContentHeader, AMQPFrame, WriteContext};
-use amq_protocol::protocol::BasicProperties;
-use amq_protocol::protocol::{basic, confirm, connection, exchange, queue, AMQPClass};
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{basic, channel, connection, exchange, queue, AMQPClass};
 use amq_protocol::types::FieldTable;
 
-use crate::conn::{err, Conn, Context, Result, CHANNEL};
+use crate::conn::{self, err, Conn, Context, Result, CHANNEL};
 
 /// `queue.declare` (not passive); returns the message count.
 pub async fn declare_queue(c: &mut Conn, name: &str, durable: bool) -> Result<u32> {
@@ -21,23 +20,26 @@ pub async fn count(c: &mut Conn, name: &str) -> Result<u32> {
 
 async fn declare(c: &mut Conn, name: &str, passive: bool, durable: bool) -> Result<u32> {
     let reply = c
-        .call(AMQPClass::Queue(queue::AMQPMethod::Declare(
-            queue::Declare {
-                queue: name.into(),
-                passive,
-                durable,
-                exclusive: false,
-                auto_delete: false,
-                nowait: false,
-                arguments: FieldTable::default(),
-            },
-        )))
+        .call(queue_declare(name, passive, durable))
         .await
         .ctx(format!("queue.declare {name}"))?;
     match reply {
         AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)) => Ok(ok.message_count),
         other => err(format!("expected queue.declare-ok, got {other:?}")),
     }
+}
+
+/// The `queue.declare` method (not exclusive, not auto-delete, no arguments).
+fn queue_declare(name: &str, passive: bool, durable: bool) -> AMQPClass {
+    AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+        queue: name.into(),
+        passive,
+        durable,
+        exclusive: false,
+        auto_delete: false,
+        nowait: false,
+        arguments: FieldTable::default(),
+    }))
 }
 
 /// `exchange.declare` of `kind` (topic, fanout, direct), not durable.
@@ -76,15 +78,7 @@ pub fn bind_method(queue_name: &str, exchange_name: &str, key: &str) -> AMQPClas
 
 /// `queue.declare` method, non-durable (for pipelined declares).
 pub fn declare_method(name: &str) -> AMQPClass {
-    AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
-        queue: name.into(),
-        passive: false,
-        durable: false,
-        exclusive: false,
-        auto_delete: false,
-        nowait: false,
-        arguments: FieldTable::default(),
-    }))
+    queue_declare(name, false, false)
 }
 
 /// `queue.purge`: messages purged.
@@ -116,20 +110,6 @@ pub async fn delete(c: &mut Conn, name: &str) -> Result<u32> {
     {
         AMQPClass::Queue(queue::AMQPMethod::DeleteOk(ok)) => Ok(ok.message_count),
         other => err(format!("expected delete-ok, got {other:?}")),
-    }
-}
-
-/// `confirm.select`.
-pub async fn confirm_select(c: &mut Conn) -> Result<()> {
-    match c
-        .call(AMQPClass::Confirm(confirm::AMQPMethod::Select(
-            confirm::Select { nowait: false },
-        )))
-        .await
-        .ctx("confirm.select")?
-    {
-        AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_)) => Ok(()),
-        other => err(format!("expected confirm.select-ok, got {other:?}")),
     }
 }
 
@@ -165,14 +145,7 @@ pub async fn get_and_ack(c: &mut Conn, name: &str) -> Result<bool> {
                 break Some(ok.delivery_tag)
             }
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::GetEmpty(_))) => break None,
-            AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(cl))) => {
-                return err(format!("connection closed: {}", cl.reply_code))
-            }
-            AMQPFrame::Method(
-                _,
-                AMQPClass::Channel(amq_protocol::protocol::channel::AMQPMethod::Close(cl)),
-            ) => return err(format!("channel closed: {}", cl.reply_code)),
-            _ => {}
+            f => close_err(&f)?,
         }
     };
     let Some(tag) = tag else { return Ok(false) };
@@ -185,7 +158,7 @@ pub async fn get_and_ack(c: &mut Conn, name: &str) -> Result<bool> {
     )?;
     // A passive declare after the ack: its reply proves the ack was processed. The GetOk's content
     // frames arrive first; recv_method would reject them, so frames are read by hand.
-    c.push_method(CHANNEL, declare_method_passive(name))?;
+    c.push_method(CHANNEL, queue_declare(name, true, false))?;
     c.flush().await?;
     loop {
         match c.recv_frame().await? {
@@ -193,28 +166,22 @@ pub async fn get_and_ack(c: &mut Conn, name: &str) -> Result<bool> {
             AMQPFrame::Method(_, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_))) => {
                 return Ok(true)
             }
-            AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(cl))) => {
-                return err(format!("connection closed: {}", cl.reply_code))
-            }
-            AMQPFrame::Method(
-                _,
-                AMQPClass::Channel(amq_protocol::protocol::channel::AMQPMethod::Close(cl)),
-            ) => return err(format!("channel closed: {}", cl.reply_code)),
-            _ => {}
+            f => close_err(&f)?,
         }
     }
 }
 
-fn declare_method_passive(name: &str) -> AMQPClass {
-    AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
-        queue: name.into(),
-        passive: true,
-        durable: false,
-        exclusive: false,
-        auto_delete: false,
-        nowait: false,
-        arguments: FieldTable::default(),
-    }))
+/// `Err` for a close from the server (connection or channel), with its reply code.
+fn close_err(f: &AMQPFrame) -> Result<()> {
+    match f {
+        AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(cl))) => {
+            err(format!("connection closed: {}", cl.reply_code))
+        }
+        AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(cl))) => {
+            err(format!("channel closed: {}", cl.reply_code))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The frames of one publish, encoded once and copied per message.
@@ -225,41 +192,7 @@ pub fn encode_publish(
     size: usize,
     persistent: bool,
 ) -> Result<Vec<u8>> {
-    let mut frames = vec![
-        AMQPFrame::Method(
-            CHANNEL,
-            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
-                exchange: exchange_name.into(),
-                routing_key: routing_key.into(),
-                mandatory: false,
-                immediate: false,
-            })),
-        ),
-        AMQPFrame::Header(
-            CHANNEL,
-            AMQPContentHeader {
-                class_id: 60,
-                body_size: size as u64,
-                properties: BasicProperties::default().with_delivery_mode(if persistent {
-                    2
-                } else {
-                    1
-                }),
-            },
-        ),
-    ];
-    let body = vec![b'x'; size];
-    for part in body.chunks(frame_max as usize - 8) {
-        frames.push(AMQPFrame::Body(CHANNEL, part.to_vec()));
-    }
-    let mut bytes = Vec::new();
-    for f in &frames {
-        let (b, _) = gen_frame(f)(WriteContext::from(bytes))
-            .ctx("encoding publish")?
-            .into_inner();
-        bytes = b;
-    }
-    Ok(bytes)
+    Ok(conn::encode_publish(frame_max, exchange_name, routing_key, size, persistent)?.0)
 }
 
 /// How a run of confirmed publishes ended.
@@ -439,10 +372,9 @@ fn handle_frame(f: AMQPFrame, tags: &mut Tags, out: &mut PubOutcome) {
         AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(cl))) => {
             out.closed = Some((cl.reply_code, cl.reply_text.as_str().to_string()))
         }
-        AMQPFrame::Method(
-            _,
-            AMQPClass::Channel(amq_protocol::protocol::channel::AMQPMethod::Close(cl)),
-        ) => out.closed = Some((cl.reply_code, cl.reply_text.as_str().to_string())),
+        AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(cl))) => {
+            out.closed = Some((cl.reply_code, cl.reply_text.as_str().to_string()))
+        }
         _ => {}
     }
 }

@@ -1,16 +1,16 @@
-//! Hand-built AMQP bytes for frames a well-behaved codec refuses to produce (absurdly nested login
-//! responses, wrong passwords, content that never finishes), and a bare socket to send them on.
+//! Hand-built login frames (absurdly nested AMQPLAIN responses, wrong passwords) and a bare socket
+//! to send them on, before any handshake.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use amq_protocol::frame::{parse_frame, AMQPFrame};
+use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{connection, AMQPClass};
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::conn::{err, Context, Result};
+use crate::conn::{err, take_frame, Context, Result, DEFAULT_FRAME_MAX};
 
 /// `AMQP 0-9-1` protocol header.
 pub const PROTOCOL_HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
@@ -98,33 +98,6 @@ pub fn nested_amqplain(nesting: Nesting, depth: usize) -> Vec<u8> {
     out
 }
 
-/// A method frame `class.method` with the given argument bytes.
-pub fn method(channel: u16, class: u16, method: u16, args: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(args.len() + 4);
-    p.extend_from_slice(&class.to_be_bytes());
-    p.extend_from_slice(&method.to_be_bytes());
-    p.extend_from_slice(args);
-    frame(1, channel, &p)
-}
-
-/// `basic.publish` to `exchange` with `routing_key`, then a content header announcing `body_size`
-/// bytes (no properties). The body frames are the caller's.
-pub fn publish_head(channel: u16, exchange: &str, routing_key: &str, body_size: u64) -> Vec<u8> {
-    let mut a = Vec::new();
-    a.extend_from_slice(&0u16.to_be_bytes()); // reserved
-    short_str(&mut a, exchange.as_bytes());
-    short_str(&mut a, routing_key.as_bytes());
-    a.push(0); // mandatory, immediate
-    let mut out = method(channel, 60, 40, &a);
-    let mut h = Vec::new();
-    h.extend_from_slice(&60u16.to_be_bytes());
-    h.extend_from_slice(&0u16.to_be_bytes()); // weight
-    h.extend_from_slice(&body_size.to_be_bytes());
-    h.extend_from_slice(&0u16.to_be_bytes()); // property flags: none
-    out.extend_from_slice(&frame(2, channel, &h));
-    out
-}
-
 /// What a raw session ended with.
 #[derive(Debug)]
 pub enum End {
@@ -185,16 +158,9 @@ impl Raw {
     pub async fn next(&mut self, limit: Duration) -> Result<Option<AMQPFrame>> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            if !self.rbuf.is_empty() {
-                match parse_frame(&self.rbuf[..]) {
-                    Ok((rest, f)) => {
-                        let used = self.rbuf.len() - rest.len();
-                        self.rbuf.advance(used);
-                        return Ok(Some(f));
-                    }
-                    Err(e) if e.is_incomplete() => {}
-                    Err(e) => return err(format!("malformed frame from server: {e}")),
-                }
+            // Before tune, no frame of the server's is larger than the default frame_max.
+            if let Some(f) = take_frame(&mut self.rbuf, DEFAULT_FRAME_MAX)? {
+                return Ok(Some(f));
             }
             let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf));
             match read.await {
@@ -224,6 +190,7 @@ impl Raw {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amq_protocol::frame::parse_frame;
     use amq_protocol::types::{AMQPValue, FieldTable};
 
     /// Parse an AMQPLAIN response the way a server would: as the content of a field table.
@@ -264,7 +231,7 @@ mod tests {
     }
 
     #[test]
-    fn start_ok_and_publish_head_parse_with_the_codec() {
+    fn start_ok_parses_with_the_codec() {
         let bytes = start_ok("PLAIN", &plain_response("guest", "nope"));
         let (rest, f) = parse_frame(&bytes[..]).unwrap();
         assert!(rest.is_empty());
@@ -273,18 +240,6 @@ mod tests {
                 assert_eq!(s.mechanism.as_str(), "PLAIN");
                 assert_eq!(s.response.as_bytes(), b"\0guest\0nope");
             }
-            other => panic!("{other:?}"),
-        }
-        let bytes = publish_head(1, "ex", "rk", 60 << 20);
-        let (rest, f) = parse_frame(&bytes[..]).unwrap();
-        assert!(
-            matches!(f, AMQPFrame::Method(1, AMQPClass::Basic(_))),
-            "{f:?}"
-        );
-        let (rest, h) = parse_frame(rest).unwrap();
-        assert!(rest.is_empty());
-        match h {
-            AMQPFrame::Header(1, h) => assert_eq!(h.body_size, 60 << 20),
             other => panic!("{other:?}"),
         }
     }
