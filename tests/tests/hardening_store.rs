@@ -324,8 +324,9 @@ async fn full_disk_nacks_publishes_keeps_settles_working_and_recovers_without_re
         }
         i += 1;
     }
+    // The line may trail the nack that it explains: await it.
     assert!(
-        broker.run_logs().contains("disk full"),
+        broker.wait_for_log("disk full", OP_TIMEOUT),
         "{}",
         broker.run_logs()
     );
