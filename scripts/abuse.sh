@@ -49,14 +49,20 @@ has --memory-limit && FLAGS+=(--memory-limit "${MEMORY_LIMIT:-512MB}")
 DISK_FLAGS=()
 has --disk-free-limit && DISK_FLAGS+=(--disk-free-limit "${DISK_FREE_LIMIT:-128MB}")
 
-WORK=$(mktemp -d /tmp/weir-abuse.XXXXXX)
-PIDS=()
-MOUNTS=()
+WORK=$(mktemp -d /tmp/weir-abuse.XXXXXX) || exit 1
+PIDS=()    # brokers and background clients, killed on exit
+MOUNTS=()  # tmpfs mounts, unmounted on exit
+mounted() { grep -qs " $1 " /proc/self/mounts; }
 cleanup() {
-  local p m
+  local p m keep=${ABUSE_KEEP:-0}
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
-  if [ "${ABUSE_KEEP:-0}" = 1 ]; then echo "abuse.sh: work dir kept: $WORK" >&2; else rm -rf "$WORK"; fi
+  for m in "${MOUNTS[@]}"; do
+    mounted "$m" || continue
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+    # Never rm -rf into a mount that is still there.
+    mounted "$m" && { echo "abuse.sh: could not unmount $m" >&2; keep=1; }
+  done
+  if [ "$keep" = 1 ]; then echo "abuse.sh: work dir kept: $WORK" >&2; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -66,7 +72,7 @@ free_port() {
 }
 
 # start_broker DATA_DIR LOG [extra flags...]: sets PID and PORT; returns 1 if it exited or never
-# became ready within 30 s (its log says why).
+# became ready within 30 s (its log says why; one that never became ready is killed).
 start_broker() {
   local dir=$1 log=$2 from; shift 2
   # Only this run's lines count: restarts append to the same log.
@@ -81,6 +87,7 @@ start_broker() {
     kill -0 "$PID" 2>/dev/null || { wait "$PID" 2>/dev/null; return 1; }
     sleep 0.1
   done
+  kill9 "$PID"
   return 1
 }
 
@@ -148,7 +155,7 @@ attack_corruption() {
   local q=abuse.durable D=$DIR/data L=$DIR/weir.log out pub confirmed seg flip rec
   start_broker "$D" "$L" || { emit corruption "skipped: broker did not start"; return; }
   # ~48 × 1 KB confirmed: a ~53 KB head segment; byte 5,000 is in an early record.
-  pub=$(abuse --probe false publish --queue $q --count 48 --size 1000)
+  pub=$(abuse --probe false publish --queue "$q" --count 48 --size 1000)
   confirmed=$(val confirmed "$pub")
   kill9 "$PID"
   seg=$(ls "$D"/log/*.seg 2>/dev/null | sort | tail -1)
@@ -156,7 +163,7 @@ attack_corruption() {
   flip=$(abuse flip --file "$seg" --offset 5000)
   out="confirmed=$confirmed flip=$(basename "$seg")@5000"
   if start_broker "$D" "$L"; then
-    rec=$(count $q)
+    rec=$(count "$q")
     out+=" restart=started recovered=$rec lost=$(lost "$confirmed" "$rec")"
     local warn
     warn=$(grep -aiE "torn|corrupt|truncat|checksum|crc" "$L" | tail -1)
@@ -170,7 +177,7 @@ attack_corruption() {
       rep=$("$WEIR_BIN" ${WEIR_REPAIR:-repair --data-dir} "$D" 2>&1 | tail -3 | tr '\n' ' ')
       out+=" repair=\"$(quote "$rep")\""
       if start_broker "$D" "$L"; then
-        rec=$(count $q)
+        rec=$(count "$q")
         out+=" after_repair=started recovered=$rec lost=$(lost "$confirmed" "$rec")"
         kill9 "$PID"
       else
@@ -191,10 +198,11 @@ attack_second_process() {
   local D=$DIR/data q=abuse.durable out first first_port second pa ca rec
   start_broker "$D" "$DIR/weir.log" || { emit second-process "skipped: broker did not start"; return; }
   first=$PID first_port=$PORT
-  abuse --probe false publish --queue $q --count 10 --size 1000 >/dev/null
-  abuse --probe false publish --queue $q --count 100000 --size 1000 --window 32 --limit 20 --stall 5 \
+  abuse --probe false publish --queue "$q" --count 10 --size 1000 >/dev/null
+  abuse --probe false publish --queue "$q" --count 100000 --size 1000 --window 32 --limit 20 --stall 5 \
     >"$DIR/pa" &
   pa=$!
+  PIDS+=("$pa")
   sleep 0.5
   if start_broker "$D" "$DIR/weir2.log"; then
     second=$PID
@@ -215,7 +223,7 @@ attack_second_process() {
   out+=" confirmed=$ca"
   [ -n "$(val closed "$(cat "$DIR/pa")")" ] && out+=" first_closed=$(val closed "$(cat "$DIR/pa")")"
   if start_broker "$D" "$DIR/weir3.log"; then
-    rec=$(count $q)
+    rec=$(count "$q")
     out+=" restart=started recovered=$rec lost=$(lost "$ca" "$rec")"
     kill9 "$PID"
   else
@@ -228,22 +236,22 @@ attack_second_process() {
 attack_disk_full() {
   local mnt=$DIR/mnt q=abuse.disk out fill ops after
   mkdir -p "$mnt"
+  MOUNTS+=("$mnt")  # before mounting: an interrupt right after the mount still unmounts it
   if ! mount -t tmpfs -o "size=${DISK_MB:-400}m" tmpfs "$mnt" 2>"$DIR/mount.err"; then
     emit disk-full "skipped: cannot mount a tmpfs: $(quote "$(cat "$DIR/mount.err")")"; return
   fi
-  MOUNTS+=("$mnt")
   if ! start_broker "$mnt/data" "$DIR/weir.log" "${DISK_FLAGS[@]}"; then
     emit disk-full "skipped: broker did not start on a ${DISK_MB:-400} MB tmpfs: $(quote "$(tail -1 "$DIR/weir.log")")"
-    umount "$mnt"; return
+    umount "$mnt" 2>/dev/null; return
   fi
   # Fill with confirmed 64 KB persistent messages until blocked, refused or stalled.
-  fill=$(abuse --pid "$PID" publish --queue $q --count 100000 --size 65536 --window 64 --limit 40 --stall 5)
+  fill=$(abuse --pid "$PID" publish --queue "$q" --count 100000 --size 65536 --window 64 --limit 40 --stall 5)
   # Then whatever space is left, with a file, as another process on the same disk would.
   dd if=/dev/zero of="$mnt/filler" bs=1M status=none 2>/dev/null
-  ops=$(abuse --probe false disk-ops --queue $q)
+  ops=$(abuse --probe false disk-ops --queue "$q")
   rm -f "$mnt/filler"
   sleep 2
-  after=$(abuse --probe false publish --queue $q --count 20 --size 1000 --limit 10 --stall 5)
+  after=$(abuse --probe false publish --queue "$q" --count 20 --size 1000 --limit 10 --stall 5)
   out="$fill | full: $ops | space freed: publish"
   if [ -n "$(val confirmed "$after")" ]; then
     out+=" confirmed=$(val confirmed "$after")/20"

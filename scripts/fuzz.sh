@@ -21,6 +21,8 @@ cd "$ROOT"
 SECS=${FUZZ_SECONDS:-20}
 SANITIZER=${FUZZ_SANITIZER:-none}
 log() { echo "fuzz: $*" >&2; }
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
 
 bash scripts/install-cargo-fuzz.sh
 export RUSTC_BOOTSTRAP=1
@@ -54,7 +56,7 @@ for t in "${ALL[@]}"; do
     # New inputs go to corpus/ (not committed); committed seeds are read too.
     dirs=("fuzz/corpus/$t")
     [[ -d "fuzz/seeds/$t" ]] && dirs+=("fuzz/seeds/$t")
-    out=$(mktemp)
+    out=$TMP/$t.log
     log "run $t for ${SECS}s"
     if cargo fuzz run -s "$SANITIZER" "$t" "${dirs[@]}" -- \
         -max_total_time="$SECS" -max_len="$(max_len "$t")" -rss_limit_mb=2048 \
@@ -69,7 +71,6 @@ for t in "${ALL[@]}"; do
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$out" | tail -1 || true)
     cov=$({ grep -o 'cov: [0-9]*' "$out" || true; } | tail -1 | tr -d 'cov: ')
     summary+=("$(printf '%-16s %-5s %3ss %10s execs %8s execs/s  cov %s' "$t" "$status" "$SECS" "${runs:-?}" "${rate:-?}" "${cov:-?}")")
-    rm -f "$out"
 done
 
 log "summary:"

@@ -5,7 +5,7 @@
 //! tool's runtime busy cannot delay them and inflate the broker's figures.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -117,32 +117,17 @@ pub struct Probe {
     rounds: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
     timeouts: Arc<AtomicU64>,
-    last_error: Arc<parking_lot_free::Slot>,
+    /// Text of the last failed round.
+    last_error: Arc<Mutex<String>>,
     epoch: Instant,
     cap: Duration,
     thread: Option<JoinHandle<()>>,
 }
 
-/// A tiny mutex-protected string slot (std only; the bench crate does not depend on parking_lot).
-mod parking_lot_free {
-    use std::sync::Mutex;
-
-    /// Last error text.
-    #[derive(Default)]
-    pub struct Slot(Mutex<String>);
-
-    impl Slot {
-        /// Replace the text.
-        pub fn set(&self, s: String) {
-            if let Ok(mut g) = self.0.lock() {
-                *g = s;
-            }
-        }
-
-        /// Current text.
-        pub fn get(&self) -> String {
-            self.0.lock().map(|g| g.clone()).unwrap_or_default()
-        }
+/// Replace the text in `slot` (a poisoned lock only loses the text).
+fn set(slot: &Mutex<String>, s: String) {
+    if let Ok(mut g) = slot.lock() {
+        *g = s;
     }
 }
 
@@ -168,7 +153,7 @@ impl Probe {
         let rounds = Arc::new(AtomicU64::new(0));
         let errors = Arc::new(AtomicU64::new(0));
         let timeouts = Arc::new(AtomicU64::new(0));
-        let last_error = Arc::new(parking_lot_free::Slot::default());
+        let last_error = Arc::new(Mutex::new(String::new()));
         let epoch = Instant::now();
         let thread = {
             let (stop, max_us, cur, rounds, errors, timeouts, last_error) = (
@@ -187,7 +172,7 @@ impl Probe {
                 {
                     Ok(rt) => rt,
                     Err(e) => {
-                        last_error.set(format!("probe runtime: {e}"));
+                        set(&last_error, format!("probe runtime: {e}"));
                         return;
                     }
                 };
@@ -207,7 +192,7 @@ impl Probe {
                             Ok(Ok(())) => {}
                             Ok(Err(e)) => {
                                 errors.fetch_add(1, Ordering::Relaxed);
-                                last_error.set(e.to_string());
+                                set(&last_error, e.to_string());
                             }
                             Err(_) => {
                                 timeouts.fetch_add(1, Ordering::Relaxed);
@@ -267,7 +252,10 @@ impl Probe {
         if errors > 0 {
             s.push_str(&format!(
                 " probe_err={errors} probe_last_err=\"{}\"",
-                self.last_error.get().replace('"', "'")
+                self.last_error
+                    .lock()
+                    .map(|g| g.replace('"', "'"))
+                    .unwrap_or_default()
             ));
         }
         s

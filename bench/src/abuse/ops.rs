@@ -208,8 +208,8 @@ pub struct PubOutcome {
     pub blocked: bool,
     /// connection.unblocked seen.
     pub unblocked: bool,
-    /// connection.close or channel.close from the server: (code, text).
-    pub closed: Option<(u16, String)>,
+    /// Reply code of a connection.close or channel.close from the server.
+    pub closed: Option<u16>,
     /// Socket closed (or failed) without a close method.
     pub eof: bool,
     /// Stopped because nothing was confirmed for the stall limit.
@@ -233,7 +233,7 @@ impl PubOutcome {
         if self.unblocked {
             s.push_str(" unblocked=seen");
         }
-        if let Some((code, _)) = &self.closed {
+        if let Some(code) = self.closed {
             s.push_str(&format!(" closed={code}"));
         }
         if self.eof {
@@ -370,10 +370,10 @@ fn handle_frame(f: AMQPFrame, tags: &mut Tags, out: &mut PubOutcome) {
             out.unblocked = true
         }
         AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(cl))) => {
-            out.closed = Some((cl.reply_code, cl.reply_text.as_str().to_string()))
+            out.closed = Some(cl.reply_code)
         }
         AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(cl))) => {
-            out.closed = Some((cl.reply_code, cl.reply_text.as_str().to_string()))
+            out.closed = Some(cl.reply_code)
         }
         _ => {}
     }
