@@ -8,5 +8,7 @@
 
 pub mod amqp;
 pub mod config;
-pub mod engine;
 pub mod server;
+
+/// The engine lives in its own crate (`weir-engine`); re-exported for the sessions.
+pub use weir_engine as engine;

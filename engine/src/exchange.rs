@@ -881,7 +881,7 @@ pub fn headers_match(binding_args: &Value, headers: &dyn HeaderLookup) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::queue::QueueDef;
+    use crate::queue::QueueDef;
     use std::time::{Duration, Instant};
 
     /// The matcher this module had before: backtracking, exponential on

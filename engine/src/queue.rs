@@ -565,7 +565,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::consumer::{ConnHandle, Credit, Notice};
+    use crate::consumer::{ConnHandle, Credit, Notice};
     use std::sync::atomic::AtomicBool;
 
     fn entry(id: u64) -> Entry {
@@ -688,7 +688,7 @@ mod tests {
     /// still hold the message.
     fn bodies_kept(durable: bool, n: u64, stored: impl Fn(u64) -> bool) -> usize {
         let p = Partition::new(PartitionId(1), durable);
-        let msg = Arc::new(crate::engine::message::Message {
+        let msg = Arc::new(crate::message::Message {
             id: 1,
             exchange: bytes::Bytes::new(),
             routing_key: bytes::Bytes::new(),
@@ -727,7 +727,7 @@ mod tests {
 
     #[test]
     fn unlimited_prefetch_takes_only_the_connections_unsent_window() {
-        use crate::engine::consumer::UNSENT_MAX_COUNT;
+        use crate::consumer::UNSENT_MAX_COUNT;
         let p = Partition::new(PartitionId(1), false);
         let n = UNSENT_MAX_COUNT as u64 * 2 + 10;
         for id in 0..n {
