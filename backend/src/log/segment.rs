@@ -222,7 +222,13 @@ mod tests {
             let mut t = h[..cut].to_vec();
             assert_eq!(check_header(&t), HeaderCheck::Torn, "cut {cut}");
             t.resize(4096, 0);
-            assert_eq!(check_header(&t), HeaderCheck::Torn, "cut {cut}");
+            // Past the version's first byte the zeros complete the header.
+            let want = if cut > 8 {
+                HeaderCheck::Valid
+            } else {
+                HeaderCheck::Torn
+            };
+            assert_eq!(check_header(&t), want, "cut {cut}");
         }
         let mut newer = h.to_vec();
         newer[8] = 7;
