@@ -73,8 +73,10 @@ pub trait Store: Send + Sync + 'static {
     /// that partition (a gateway calls it only for the partitions it owns).
     /// The embedded store scanned everything at open and hands each list out
     /// once: a second call returns an empty list.
-    fn recover_partition(&self, partition: PartitionId)
-        -> Result<Vec<RecoveredMessage>, StoreError>;
+    fn recover_partition(
+        &self,
+        partition: PartitionId,
+    ) -> Result<Vec<RecoveredMessage>, StoreError>;
 
     /// Moves live records so that space can be reclaimed. The store decides
     /// which positions are worth moving (it can decode its own), walks

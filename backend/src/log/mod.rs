@@ -526,7 +526,8 @@ impl State {
         }
         if self.head_size == 0 {
             // A fresh segment: its header goes out with its first records.
-            self.chunk_at(self.head, 0).extend_from_slice(&segment::header());
+            self.chunk_at(self.head, 0)
+                .extend_from_slice(&segment::header());
             self.head_size = header;
             if let Some(info) = self.segments.get_mut(&self.head) {
                 info.size += header;

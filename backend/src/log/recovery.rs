@@ -97,7 +97,10 @@ pub(crate) fn recover(
                 // Created, but its first write never completed: nothing in
                 // it was durable. Give it a header and keep it, empty, so
                 // segment ids stay contiguous.
-                tracing::warn!(segment = seg, "rewriting the torn header of the last log segment");
+                tracing::warn!(
+                    segment = seg,
+                    "rewriting the torn header of the last log segment"
+                );
                 write_empty_segment(&path, sync)?;
                 info.size = segment::HEADER_LEN as u64;
                 segments.insert(seg, info);

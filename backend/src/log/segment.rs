@@ -237,6 +237,9 @@ mod tests {
         let mut old = Vec::new();
         super::super::record::encode_settle(&mut old, crate::PartitionId(1), 2);
         assert_eq!(check_header(&old), HeaderCheck::Legacy);
-        assert_eq!(check_header(b"garbage that is not a segment"), HeaderCheck::Bad);
+        assert_eq!(
+            check_header(b"garbage that is not a segment"),
+            HeaderCheck::Bad
+        );
     }
 }

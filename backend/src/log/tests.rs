@@ -476,7 +476,11 @@ fn reclamation_deletes_oldest_settled_segments() {
         barrier(&store);
         // Only the prefix before the first survivor's segment can go.
         let after = seg_files(dir.path());
-        assert_eq!(after[0], survivors[0].1.segment(), "{before:?} -> {after:?}");
+        assert_eq!(
+            after[0],
+            survivors[0].1.segment(),
+            "{before:?} -> {after:?}"
+        );
         assert!(store.stats().reclaimed_segments >= 1);
         assert!(dir.path().join("meta.checkpoint").exists());
 

@@ -31,10 +31,7 @@ pub trait Harness {
 }
 
 /// Restarts `store` when the harness can; `Err` gives it back otherwise.
-fn restart(
-    h: &mut dyn Harness,
-    store: Arc<dyn Store>,
-) -> Result<Arc<dyn Store>, Arc<dyn Store>> {
+fn restart(h: &mut dyn Harness, store: Arc<dyn Store>) -> Result<Arc<dyn Store>, Arc<dyn Store>> {
     if h.persists() {
         Ok(h.reopen(store))
     } else {
@@ -195,7 +192,10 @@ pub fn append_read_roundtrip(h: &mut dyn Harness) {
         }
     );
     let p = store.read(locs[1]).expect("read paged");
-    assert_eq!((p.id, p.header_format, &p.body[..]), (id + 1, 1, &b"paged"[..]));
+    assert_eq!(
+        (p.id, p.header_format, &p.body[..]),
+        (id + 1, 1, &b"paged"[..])
+    );
     // An empty batch with a waiter completes too.
     append_wait(&*store, &[]);
     store.close().expect("close");
@@ -499,7 +499,10 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
             let len = rng.below(400) as usize;
             let body: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
             let id = store.allocate_ids(1 + rng.below(2));
-            assert!(id > last_id, "seed {seed} step {step}: id {id} after {last_id}");
+            assert!(
+                id > last_id,
+                "seed {seed} step {step}: id {id} after {last_id}"
+            );
             last_id = id;
             let paged = r < 5;
             let op = if paged {
@@ -610,7 +613,10 @@ fn check(
 ) {
     let m = store.recovered_meta().expect("meta");
     assert_eq!(&m.meta, meta, "seed {seed}: meta at step {step}");
-    assert_eq!(m.version, meta_version, "seed {seed}: version at step {step}");
+    assert_eq!(
+        m.version, meta_version,
+        "seed {seed}: version at step {step}"
+    );
     assert_eq!(m.truncated_bytes, 0);
     let mut want: BTreeMap<PartitionId, Vec<(MessageId, Location)>> = BTreeMap::new();
     for ((p, id), k) in model.live.borrow().iter() {

@@ -1,8 +1,8 @@
 //! [`MemStore`]: everything in memory, durability on a manual switch.
 
 use crate::{
-    LiveSet, Location, MessageAttrs, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta,
-    Store, StoreError, StoreStats, StoredMessage, Waiter,
+    LiveSet, Location, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta, Store,
+    StoreError, StoreStats, StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -359,7 +359,7 @@ impl Store for MemStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MessageData;
+    use crate::{MessageAttrs, MessageData};
 
     fn publish(store: &MemStore, waiter: Option<Waiter>) -> Location {
         let id = store.allocate_ids(1);
