@@ -1131,3 +1131,78 @@ fn out_of_space_write_fails_waiters_without_failing_the_store_and_recovers() {
         assert!(got.contains(id), "durable publish {id} lost");
     }
 }
+
+/// A data directory from before versioned segments (format 0: records from
+/// offset 0, no header) is refused, untouched, with an error naming the
+/// directory, both formats and the way forward.
+#[test]
+fn directory_in_format_0_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    std::fs::create_dir_all(&log).unwrap();
+    // A settle record has the same layout in formats 0 and 1.
+    let mut old = Vec::new();
+    record::encode_settle(&mut old, P1, 7);
+    let path = segment::segment_path(&log, 1);
+    std::fs::write(&path, &old).unwrap();
+    let err = LogStore::open(dir.path(), small()).unwrap_err();
+    match &err {
+        StoreError::UnsupportedFormat {
+            found, expected, ..
+        } => assert_eq!((*found, *expected), (0, segment::FORMAT_VERSION)),
+        other => panic!("expected a format refusal, got {other:?}"),
+    }
+    let text = err.to_string();
+    for needle in [
+        dir.path().to_str().unwrap(),
+        "format 0",
+        "log format 1",
+        "00000001.seg",
+        "drained",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from: {text}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), old, "refusal changed the log");
+    assert!(matches!(
+        super::repair(dir.path()),
+        Err(StoreError::UnsupportedFormat { .. })
+    ));
+
+    // A newer format is refused the same way.
+    let mut newer = segment::header().to_vec();
+    newer[8] = 9;
+    std::fs::write(&path, &newer).unwrap();
+    match LogStore::open(dir.path(), small()) {
+        Err(StoreError::UnsupportedFormat { found: 9, .. }) => {}
+        other => panic!("expected a format refusal, got {other:?}"),
+    }
+}
+
+/// Segments start with the header; a head segment whose header write was
+/// torn (created, nothing durable) is rewritten empty, and the store opens.
+#[test]
+fn segments_carry_a_header_and_a_torn_one_is_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, loc);
+    {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        (a, loc) = publish(&store, &[P1], b"one");
+        store.close().unwrap();
+    }
+    assert_eq!(loc.offset() as usize, segment::HEADER_LEN);
+    let log = dir.path().join("log");
+    let bytes = std::fs::read(segment::segment_path(&log, loc.segment())).unwrap();
+    assert_eq!(segment::check_header(&bytes), segment::HeaderCheck::Valid);
+    // A crash right after creating the next segment: 5 header bytes, zeros.
+    let torn = segment::segment_path(&log, loc.segment() + 1);
+    let mut t = segment::header()[..5].to_vec();
+    t.resize(4096, 0);
+    std::fs::write(&torn, &t).unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert_eq!(ids_of(&take_recovered(&store), P1), vec![a]);
+    assert_eq!(std::fs::read(&torn).unwrap(), segment::header());
+    let (b, _) = publish(&store, &[P1], b"two");
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert_eq!(ids_of(&take_recovered(&store), P1), vec![a, b]);
+}
