@@ -1162,7 +1162,11 @@ fn directory_in_format_0_is_refused_untouched() {
     ] {
         assert!(text.contains(needle), "{needle:?} missing from: {text}");
     }
-    assert_eq!(std::fs::read(&path).unwrap(), old, "refusal changed the log");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        old,
+        "refusal changed the log"
+    );
     assert!(matches!(
         super::repair(dir.path()),
         Err(StoreError::UnsupportedFormat { .. })
