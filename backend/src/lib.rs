@@ -7,9 +7,13 @@
 //! opaque, versioned key/value map that the engine encodes.
 //!
 //! * [`log`]: the embedded, segmented, group-committed log store (default).
+//! * `testing` (cargo feature `testing`): an in-memory store for in-process
+//!   engine tests and the contract suite every implementation must pass.
 
 pub mod lock;
 pub mod log;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod types;
 
 pub use types::*;
@@ -31,19 +35,19 @@ pub trait Store: Send + Sync + 'static {
     /// in allocation order.
     fn allocate_ids(&self, n: u64) -> MessageId;
 
-    /// Appends `ops` in order. For every [`Op::Publish`] and [`Op::Relocate`]
-    /// one [`Location`] is pushed onto `locations`, in order. When `waiter` is
+    /// Appends `ops` in order. For every [`Op::Publish`] and [`Op::Page`] one
+    /// [`Location`] is pushed onto `locations`, in order. When `waiter` is
     /// given it is called once all of `ops` (and everything appended before
     /// them) is durable: fsynced on the embedded store.
     ///
     /// Appends from different callers are ordered: if `append` A returns
     /// before `append` B starts, A's records precede B's in the store.
     ///
-    /// While the disk is full, batches holding a publish, relocate or page
-    /// fail with [`StoreError::NoSpace`] (nothing of them is appended);
-    /// settles and metadata are still accepted. A waiter may be called with
-    /// an error without the store failing for good (a write that ran out of
-    /// space): its appends were not made durable yet.
+    /// While the disk is full, batches holding a publish or page fail with
+    /// [`StoreError::NoSpace`] (nothing of them is appended); settles and
+    /// metadata are still accepted. A waiter may be called with an error
+    /// without the store failing for good (a write that ran out of space):
+    /// its appends were not made durable yet.
     fn append(
         &self,
         ops: &[Op<'_>],
@@ -51,18 +55,37 @@ pub trait Store: Send + Sync + 'static {
         waiter: Option<Waiter>,
     ) -> Result<(), StoreError>;
 
-    /// Reads back a published message.
+    /// Reads back a published (or paged) message.
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError>;
 
-    /// The state found when the store was opened: metadata and every live
-    /// message per partition. Called once, before the first append; the
-    /// embedded store computes it during `open`.
-    fn take_recovered(&self) -> Recovered;
+    /// The metadata map and its version: at open, what the last run left.
+    fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError>;
 
-    /// Sealed segments whose live data is sparse enough that the engine should
-    /// relocate their survivors ([`Op::Relocate`]) so the segment can be
-    /// reclaimed. Empty when there is nothing worth compacting.
-    fn compaction_candidates(&self) -> Vec<SegmentId>;
+    /// Every partition that held live (published, unsettled) messages when
+    /// the store was opened, whether or not a queue still owns it. The engine
+    /// recovers the ones its queues own and settles the others.
+    fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError>;
+
+    /// The live messages of `partition` when the store was opened, in id
+    /// order, without their bodies. Paged messages are never recovered.
+    ///
+    /// Call it once per partition, at startup, before appending anything for
+    /// that partition (a gateway calls it only for the partitions it owns).
+    /// The embedded store scanned everything at open and hands each list out
+    /// once: a second call returns an empty list.
+    fn recover_partition(
+        &self,
+        partition: PartitionId,
+    ) -> Result<Vec<RecoveredMessage>, StoreError>;
+
+    /// Moves live records so that space can be reclaimed. The store decides
+    /// which positions are worth moving (it can decode its own), walks
+    /// `live`, appends a copy of each record it moves and writes the new
+    /// position back through the `&mut Location` (under the caller's
+    /// partition lock, so a concurrent settle names the new position).
+    /// Returns how many positions moved; 0 when nothing is worth moving
+    /// (then `live` is not walked at all).
+    fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError>;
 
     /// Counters for metrics and benchmarks.
     fn stats(&self) -> StoreStats;

@@ -1,7 +1,7 @@
 //! Types shared by every store implementation.
 
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Unique, increasing id of a message for the life of a store.
 pub type MessageId = u64;
@@ -14,16 +14,48 @@ pub type SegmentId = u32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PartitionId(pub u64);
 
-/// Where a record lives. For the embedded store: segment, byte offset of the
-/// record's first byte, and the record's total length on disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Where a stored message lives: an opaque position that each store defines
+/// for itself (the embedded log encodes segment, offset and length; a
+/// FoundationDB store would encode a versionstamp). The engine only keeps it
+/// and hands it back to the store that returned it.
+///
+/// Twelve bytes with 4-byte alignment, so `Option<Location>` (16 bytes) in
+/// every queue entry costs no more than before positions were opaque.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Location {
-    /// The segment holding the record.
-    pub segment: SegmentId,
-    /// Byte offset of the record within the segment.
-    pub offset: u32,
-    /// Length of the whole record (framing included).
-    pub len: u32,
+    words: [u32; 3],
+}
+
+const _: () = assert!(std::mem::size_of::<Location>() == 12);
+const _: () = assert!(std::mem::size_of::<Option<Location>>() == 16);
+
+impl Location {
+    /// A position from its three words; only stores build positions.
+    pub(crate) const fn from_words(words: [u32; 3]) -> Self {
+        Location { words }
+    }
+
+    /// The three words a store encoded.
+    pub(crate) const fn words(self) -> [u32; 3] {
+        self.words
+    }
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c] = self.words;
+        write!(f, "Location({a}:{b}:{c})")
+    }
+}
+
+/// Every live position the engine holds, walked by [`crate::Store::compact`].
+pub trait LiveSet {
+    /// Calls `visit` once for every live (partition, message) whose position
+    /// the caller keeps: ready and leased entries alike. The caller holds the
+    /// partition's lock while visiting its entries, so a settle that runs
+    /// concurrently sees the position `visit` wrote back. `visit` may replace
+    /// the position (the store moved the record).
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, &mut Location));
 }
 
 /// Attributes of a message that the engine needs without reading the body.
@@ -42,7 +74,11 @@ pub struct MessageData<'a> {
     pub exchange: &'a str,
     /// The routing key it was published with.
     pub routing_key: &'a str,
-    /// Opaque encoded properties/headers (the engine's format).
+    /// What encoding `header` is in: opaque to the store, defined by the
+    /// engine (e.g. 1 = AMQP 0-9-1 property block, 2 = Weir's neutral
+    /// encoding). Stored with the record and returned by reads.
+    pub header_format: u8,
+    /// Opaque encoded properties/headers, in the `header_format` encoding.
     pub header: &'a [u8],
     /// The body.
     pub body: &'a [u8],
@@ -86,17 +122,6 @@ pub enum Op<'a> {
         /// Its current location.
         location: Location,
     },
-    /// Copies the live message `id` of `partition` forward from `from` into the
-    /// head of the log, so the segment of `from` can be reclaimed. Produces a
-    /// new location; the old copy no longer counts as live for `partition`.
-    Relocate {
-        /// The partition it lives in.
-        partition: PartitionId,
-        /// The message.
-        id: MessageId,
-        /// Its current location.
-        from: Location,
-    },
     /// Sets a metadata key.
     PutMeta {
         /// The key (engine-encoded).
@@ -120,6 +145,8 @@ pub struct StoredMessage {
     pub exchange: String,
     /// The routing key it was published with.
     pub routing_key: String,
+    /// The tag of `header`'s encoding, as appended ([`MessageData::header_format`]).
+    pub header_format: u8,
     /// Opaque encoded properties.
     pub header: Bytes,
     /// The body.
@@ -141,17 +168,16 @@ pub struct RecoveredMessage {
     pub attrs: MessageAttrs,
 }
 
-/// Everything the store found when it was opened.
-#[derive(Debug, Default)]
-pub struct Recovered {
-    /// The metadata map at the last durable change, and its version.
+/// The metadata a store holds, as returned by
+/// [`crate::Store::recovered_meta`].
+#[derive(Debug, Default, Clone)]
+pub struct RecoveredMeta {
+    /// The metadata map at the last durable change.
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The version of `meta`: the number of metadata changes ever made.
-    pub meta_version: u64,
-    /// Live messages per partition, in id order.
-    pub partitions: HashMap<PartitionId, Vec<RecoveredMessage>>,
-    /// Records dropped from a torn or corrupt tail (nothing confirmed is among
-    /// them: they were never fsynced).
+    pub version: u64,
+    /// Bytes of a torn tail dropped when the store was opened (nothing
+    /// confirmed is among them: they were never made durable).
     pub truncated_bytes: u64,
 }
 
@@ -223,6 +249,22 @@ pub enum StoreError {
     /// (settles, metadata) until space is available again.
     #[error("no space left for new messages in the store (disk full)")]
     NoSpace,
+    /// The data directory was written in an on-disk format this build does
+    /// not read (an older Weir without versioned segments, or a newer one).
+    /// Nothing was changed.
+    #[error("data directory {} holds a log in format {found} ({}), but this build of weir reads log format {expected}. Nothing was changed. {advice}", dir.display(), file.display())]
+    UnsupportedFormat {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// The first file in the unsupported format.
+        file: std::path::PathBuf,
+        /// The format found (0 = segments without a header, before versions).
+        found: u32,
+        /// The format this build reads and writes.
+        expected: u32,
+        /// What to do about it.
+        advice: String,
+    },
 }
 
 /// A damaged byte range of a segment file found at recovery.
@@ -273,7 +315,7 @@ impl std::fmt::Display for Damage {
 /// One record (or unreadable stretch) inside a damaged range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LostRecord {
-    /// A message record (publish or relocate).
+    /// A message record (publish, page or relocated copy).
     Message {
         /// Its id.
         id: MessageId,

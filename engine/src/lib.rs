@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::oneshot;
-use weir_backend::{Op, PartitionId, Store, StoreError};
+use weir_backend::{LiveSet, Location, MessageId, Op, PartitionId, Store, StoreError};
 
 /// The default tenant (AMQP vhost `/`).
 pub const DEFAULT_TENANT: &str = "/";
@@ -46,11 +46,13 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the engine from what the store recovered: definitions, then every
-    /// live message, back in its queue in id order, marked redelivered (it
-    /// may have been delivered before the restart).
+    /// Builds the engine from what the store recovered: definitions from
+    /// its metadata, then, partition by partition, every live message back
+    /// in its queue in id order, marked redelivered (it may have been
+    /// delivered before the restart). Messages of partitions no queue owns
+    /// are settled.
     pub fn open(store: Arc<dyn Store>) -> Result<Arc<Self>> {
-        let recovered = store.take_recovered();
+        let recovered = store.recovered_meta()?;
         let engine = Arc::new(Engine {
             store: store.clone(),
             tenants: RwLock::new(HashMap::new()),
@@ -80,7 +82,7 @@ impl Engine {
                 }
             }
         }
-        let mut live = recovered.partitions;
+        let mut owned = std::collections::HashSet::new();
         let mut restored_messages = 0u64;
         for (t, def) in queues {
             for p in &def.partitions {
@@ -88,19 +90,19 @@ impl Engine {
             }
             let q = engine.tenant_or_create(&t).restore_queue(def);
             for p in &q.partitions {
-                if let Some(msgs) = live.remove(&p.id) {
-                    restored_messages += msgs.len() as u64;
-                    p.restore(msgs.into_iter().map(|m| Entry {
-                        seq: 0,
-                        id: m.id,
-                        location: Some(m.location),
-                        size: m.size,
-                        redelivered: true,
-                        attempts: 0,
-                        enqueued_ms: now_ms(),
-                        message: None,
-                    }));
-                }
+                owned.insert(p.id);
+                let msgs = store.recover_partition(p.id)?;
+                restored_messages += msgs.len() as u64;
+                p.restore(msgs.into_iter().map(|m| Entry {
+                    seq: 0,
+                    id: m.id,
+                    location: Some(m.location),
+                    size: m.size,
+                    redelivered: true,
+                    attempts: 0,
+                    enqueued_ms: now_ms(),
+                    message: None,
+                }));
             }
         }
         for (t, b) in bindings {
@@ -111,8 +113,11 @@ impl Engine {
         // Messages of partitions that no queue owns (deleted before the
         // crash, settle records lost): settle them so their space is freed.
         let mut orphans = Vec::new();
-        for (pid, msgs) in live {
-            for m in msgs {
+        for pid in store.recovered_partitions()? {
+            if owned.contains(&pid) {
+                continue;
+            }
+            for m in store.recover_partition(pid)? {
                 orphans.push(Op::Settle {
                     partition: pid,
                     id: m.id,
@@ -136,7 +141,7 @@ impl Engine {
         tracing::info!(
             tenants = engine.tenants.read().len(),
             messages = restored_messages,
-            meta_version = recovered.meta_version,
+            meta_version = recovered.version,
             "engine recovered"
         );
         Ok(engine)
@@ -201,61 +206,40 @@ impl Engine {
         );
     }
 
-    /// Relocates the survivors of sparse old segments so the store can
-    /// reclaim them. Returns how many entries moved.
+    /// Lets the store move live records so it can reclaim space (the
+    /// embedded log relocates the survivors of sparse old segments). The
+    /// store is shown every position the engine holds: the entries of every
+    /// partition (non-durable ones hold paged records too) and of deleted
+    /// queues' partitions whose leases are still out. Returns how many
+    /// entries moved.
     pub fn compact(&self) -> Result<usize> {
-        let candidates = self.store.compaction_candidates();
-        if candidates.is_empty() {
-            return Ok(0);
-        }
-        let mut partitions: Vec<Arc<queue::Partition>> = Vec::new();
-        for t in self.tenants.read().values() {
-            for q in t.queues() {
-                // Every partition: non-durable ones hold paged records too.
-                partitions.extend(q.partitions.iter().cloned());
-            }
-        }
-        {
-            let mut retired = self.retired.lock();
-            retired.retain(|w| w.upgrade().is_some_and(|p| p.has_leases()));
-            partitions.extend(retired.iter().filter_map(|w| w.upgrade()));
-        }
-        let mut moved = 0;
-        let mut locs = Vec::with_capacity(1);
-        for segment in candidates {
-            for p in &partitions {
-                let mut err = None;
-                p.for_each_in_segment(segment, |id, location| {
-                    if err.is_some() {
-                        return;
-                    }
-                    let from = *location;
-                    locs.clear();
-                    let op = Op::Relocate {
-                        partition: p.id,
-                        id,
-                        from,
-                    };
-                    match self.store.append(&[op], &mut locs, None) {
-                        Ok(()) => {
-                            if let Some(l) = locs.first() {
-                                *location = *l;
-                                moved += 1;
-                            }
-                        }
-                        Err(x) => err = Some(x),
-                    }
-                });
-                if let Some(e) = err {
-                    return Err(e.into());
-                }
-            }
-        }
-        Ok(moved)
+        Ok(self.store.compact(&Positions(self))?)
     }
 
     /// Every tenant.
     pub fn tenants(&self) -> Vec<Arc<Tenant>> {
         self.tenants.read().values().cloned().collect()
+    }
+}
+
+/// Every position the engine holds, for [`Store::compact`].
+struct Positions<'a>(&'a Engine);
+
+impl LiveSet for Positions<'_> {
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, &mut Location)) {
+        let mut partitions: Vec<Arc<queue::Partition>> = Vec::new();
+        for t in self.0.tenants.read().values() {
+            for q in t.queues() {
+                partitions.extend(q.partitions.iter().cloned());
+            }
+        }
+        {
+            let mut retired = self.0.retired.lock();
+            retired.retain(|w| w.upgrade().is_some_and(|p| p.has_leases()));
+            partitions.extend(retired.iter().filter_map(|w| w.upgrade()));
+        }
+        for p in &partitions {
+            p.for_each_location(|id, location| visit(p.id, id, location));
+        }
     }
 }

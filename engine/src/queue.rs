@@ -427,20 +427,20 @@ impl Partition {
         }
     }
 
-    /// Calls `f` on every ready entry stored in `segment` (compaction).
-    /// Ready and leased entries alike, so a long-held lease does not pin its
-    /// segment (and, reclamation being oldest-first, every later one).
-    pub fn for_each_in_segment(&self, segment: u32, mut f: impl FnMut(MessageId, &mut Location)) {
+    /// Calls `f` on the store position of every ready and leased entry
+    /// (compaction: the store decides which to move and writes the new
+    /// position back), under the partition's lock. Leased entries too, so a
+    /// long-held lease does not pin its record (and, the embedded log
+    /// reclaiming oldest-first, everything after it).
+    pub fn for_each_location(&self, mut f: impl FnMut(MessageId, &mut Location)) {
         let mut st = self.state.lock();
         for e in st.ready.iter_mut() {
-            if let Some(l) = e.location.as_mut().filter(|l| l.segment == segment) {
+            if let Some(l) = e.location.as_mut() {
                 f(e.id, l);
             }
         }
         for (id, l) in st.leased.iter_mut() {
-            if l.segment == segment {
-                f(*id, l);
-            }
+            f(*id, l);
         }
     }
 }
@@ -631,11 +631,7 @@ mod tests {
     #[test]
     fn compaction_reaches_leased_entries_and_settles_use_the_new_location() {
         let p = Partition::new(PartitionId(1), true);
-        let at = |segment| weir_backend::Location {
-            segment,
-            offset: 0,
-            len: 1,
-        };
+        let at = weir_backend::testing::location;
         for id in 1..=2 {
             let mut e = entry(id);
             e.location = Some(at(1));
@@ -649,9 +645,11 @@ mod tests {
         // Compaction moves both records out of segment 1: the ready one and
         // the leased one (whose entry the channel holds a stale copy of).
         let mut seen = Vec::new();
-        p.for_each_in_segment(1, |id, l| {
-            seen.push(id);
-            *l = at(9);
+        p.for_each_location(|id, l| {
+            if *l == at(1) {
+                seen.push(id);
+                *l = at(9);
+            }
         });
         seen.sort();
         assert_eq!(seen, vec![1, 2]);
@@ -694,17 +692,14 @@ mod tests {
             routing_key: bytes::Bytes::new(),
             properties: bytes::Bytes::new(),
             body: bytes::Bytes::from_static(b"x"),
+            header_format: crate::message::HEADER_AMQP_091,
             persistent: durable,
             priority: 0,
         });
         for id in 0..n {
             let mut e = entry(id);
             if stored(id) {
-                e.location = Some(weir_backend::Location {
-                    segment: 1,
-                    offset: 0,
-                    len: 1,
-                });
+                e.location = Some(weir_backend::testing::location(1));
             }
             e.message = Some(msg.clone());
             assert!(p.enqueue(e).is_none());

@@ -25,11 +25,12 @@ fn segments(data_dir: &Path) -> Vec<PathBuf> {
     segs
 }
 
-/// Record boundaries `(offset, total_len)` of a segment:
-/// `[u32 LE len][u32 LE crc32c][payload]`.
+/// Record boundaries `(offset, total_len)` of a segment: after the 16-byte
+/// segment header (magic, format version), `[u32 LE len][u32 LE crc32c][payload]`.
 fn records(buf: &[u8]) -> Vec<(usize, usize)> {
+    assert_eq!(&buf[..8], b"WEIRSEG\0", "segment header");
     let mut out = Vec::new();
-    let mut off = 0;
+    let mut off = 16;
     while off + 8 <= buf.len() {
         let len = u32::from_le_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
         if len == 0 || off + 8 + len > buf.len() {

@@ -15,8 +15,11 @@
 //! then with `pread` through a cached handle per segment.
 //!
 //! Space is reclaimed by deleting the *oldest* segments once nothing in them is
-//! live; [`Store::compaction_candidates`] names sparse old segments whose
-//! survivors the engine should relocate so that can happen.
+//! live; [`Store::compact`] relocates the survivors of sparse old segments so
+//! that can happen.
+//!
+//! A [`Location`] here is (segment, offset of the record's first byte, length
+//! of the whole record).
 
 mod checkpoint;
 mod record;
@@ -41,10 +44,16 @@ pub mod fuzzing {
     }
 
     /// Walks `data` as a head segment and as a sealed one the way recovery
-    /// does, describing every damaged range.
+    /// does, describing every damaged range. Records start after the
+    /// segment header when `data` has one, else at offset 0 (so mutated
+    /// records are reached either way).
     pub fn recover_tail(data: &[u8]) {
+        let start = match super::segment::check_header(data) {
+            super::segment::HeaderCheck::Valid => super::segment::HEADER_LEN,
+            _ => 0,
+        };
         for head in [true, false] {
-            let mut off = 0usize;
+            let mut off = start;
             while off < data.len() {
                 match super::scan::next_item(data, off, head) {
                     super::scan::Item::Record { len } => {
@@ -67,14 +76,14 @@ pub mod fuzzing {
 mod tests;
 
 use crate::{
-    Location, MessageData, MessageId, Op, Recovered, SegmentId, Store, StoreError, StoreStats,
-    StoredMessage, Waiter,
+    LiveSet, Location, MessageData, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta,
+    SegmentId, Store, StoreError, StoreStats, StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use record::{MessageKind, Record, FRAME_HEADER};
 use segment::{ReadCache, SegmentInfo};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -83,7 +92,7 @@ use std::thread::JoinHandle;
 /// Pending (unwritten) bytes that wake the writer even with no waiter.
 const WAKE_PENDING_BYTES: usize = 1 << 20;
 
-/// How many sealed segments [`Store::compaction_candidates`] names at most.
+/// How many sealed segments one [`Store::compact`] empties at most.
 const MAX_COMPACTION_CANDIDATES: usize = 4;
 /// How many of the oldest sealed segments it looks at.
 const COMPACTION_WINDOW: usize = 16;
@@ -188,6 +197,28 @@ pub(crate) struct Shared {
     fail_next_write: std::sync::atomic::AtomicBool,
 }
 
+impl Location {
+    /// The log's position: `len` bytes at `offset` of `segment`.
+    pub(crate) const fn log(segment: SegmentId, offset: u32, len: u32) -> Location {
+        Location::from_words([segment, offset, len])
+    }
+
+    /// The segment holding the record.
+    pub(crate) const fn segment(self) -> SegmentId {
+        self.words()[0]
+    }
+
+    /// Byte offset of the record within its segment.
+    pub(crate) const fn offset(self) -> u32 {
+        self.words()[1]
+    }
+
+    /// Length of the whole record (framing included).
+    pub(crate) const fn len(self) -> u32 {
+        self.words()[2]
+    }
+}
+
 pub(crate) fn pack_pos(segment: SegmentId, end: u64) -> u64 {
     debug_assert!(end <= u64::from(u32::MAX));
     (u64::from(segment) << 32) | end
@@ -197,7 +228,11 @@ pub(crate) fn pack_pos(segment: SegmentId, end: u64) -> u64 {
 pub struct LogStore {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    recovered: Mutex<Option<Recovered>>,
+    /// Live messages per partition found at open, each list handed out once.
+    recovered: Mutex<HashMap<PartitionId, Vec<RecoveredMessage>>>,
+    /// Every partition with live messages at open.
+    recovered_partitions: Vec<PartitionId>,
+    truncated_bytes: u64,
     /// The data directory lock, released by `close`.
     lock: Mutex<Option<crate::lock::DirLock>>,
 }
@@ -212,8 +247,11 @@ impl std::fmt::Debug for LogStore {
 
 impl LogStore {
     /// Opens (creating if needed) the store in `dir`, recovers its state and
-    /// starts the writer thread. The recovered state is available once through
-    /// [`Store::take_recovered`].
+    /// starts the writer thread. The recovered messages are handed out per
+    /// partition by [`Store::recover_partition`].
+    ///
+    /// Refuses a directory in another on-disk format
+    /// ([`StoreError::UnsupportedFormat`]) without changing it.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<Arc<LogStore>, StoreError> {
         let invalid = |msg: &str| {
             StoreError::io(
@@ -292,7 +330,7 @@ impl LogStore {
                 head_size,
                 segments,
                 meta: rec.meta,
-                meta_version: rec.recovered.meta_version,
+                meta_version: rec.meta_version,
                 ckpt_version: rec.checkpoint.version,
                 ckpt_next_id: rec.checkpoint.next_id,
                 reclaim_hint,
@@ -315,17 +353,22 @@ impl LogStore {
             .name("weir-log-writer".into())
             .spawn(move || writer::run(w))
             .map_err(|e| StoreError::io("spawning the log writer thread", e))?;
+        let mut recovered_partitions: Vec<PartitionId> = rec.partitions.keys().copied().collect();
+        recovered_partitions.sort_unstable();
         Ok(Arc::new(LogStore {
             shared,
             writer: Mutex::new(Some(handle)),
-            recovered: Mutex::new(Some(rec.recovered)),
+            recovered: Mutex::new(rec.partitions),
+            recovered_partitions,
+            truncated_bytes: rec.truncated_bytes,
             lock: Mutex::new(Some(lock)),
         }))
     }
 
-    /// The largest record (framing included) an append accepts.
+    /// The largest record (framing included) an append accepts: a segment
+    /// minus its header.
     fn max_record(&self) -> usize {
-        self.shared.opts.segment_size as usize
+        self.shared.opts.segment_size as usize - segment::HEADER_LEN
     }
 
     /// Makes the next write round fail, to test the failure path.
@@ -337,13 +380,13 @@ impl LogStore {
     fn is_written(&self, loc: Location) -> bool {
         let w = self.shared.written.load(Ordering::Acquire);
         let (seg, end) = ((w >> 32) as SegmentId, w & u64::from(u32::MAX));
-        loc.segment < seg
-            || (loc.segment == seg && u64::from(loc.offset) + u64::from(loc.len) <= end)
+        loc.segment() < seg
+            || (loc.segment() == seg && u64::from(loc.offset()) + u64::from(loc.len()) <= end)
     }
 
     /// The raw bytes (framing included) of the record at `loc`.
     fn read_raw(&self, loc: Location) -> Result<Vec<u8>, StoreError> {
-        if (loc.len as usize) <= FRAME_HEADER || loc.len as usize > self.max_record() {
+        if (loc.len() as usize) <= FRAME_HEADER || loc.len() as usize > self.max_record() {
             return Err(StoreError::NotFound(loc));
         }
         if !self.is_written(loc) {
@@ -353,11 +396,11 @@ impl LogStore {
                 .iter()
                 .chain(st.inflight.iter().flat_map(|c| c.iter()))
                 .find_map(|c| {
-                    if c.segment != loc.segment || loc.offset < c.offset {
+                    if c.segment != loc.segment() || loc.offset() < c.offset {
                         return None;
                     }
-                    let start = (loc.offset - c.offset) as usize;
-                    c.buf.get(start..start + loc.len as usize)
+                    let start = (loc.offset() - c.offset) as usize;
+                    c.buf.get(start..start + loc.len() as usize)
                 });
             if let Some(b) = found {
                 return Ok(b.to_vec());
@@ -373,18 +416,18 @@ impl LogStore {
     fn read_message(&self, loc: Location) -> Result<(Bytes, MessageIndex), StoreError> {
         let raw = Bytes::from(self.read_raw(loc)?);
         let corrupt = |reason: String| StoreError::Corrupt {
-            segment: loc.segment,
-            offset: u64::from(loc.offset),
+            segment: loc.segment(),
+            offset: u64::from(loc.offset()),
             reason,
         };
         let (payload, total) = record::split_frame(&raw).map_err(|e| match e {
             record::FrameError::Truncated => StoreError::NotFound(loc),
             record::FrameError::Corrupt(r) => corrupt(r),
         })?;
-        if total != loc.len as usize {
+        if total != loc.len() as usize {
             return Err(corrupt(format!(
                 "record length {total} does not match location length {}",
-                loc.len
+                loc.len()
             )));
         }
         match record::decode_payload(payload).map_err(corrupt)? {
@@ -395,6 +438,7 @@ impl LogStore {
                     id: m.id,
                     exchange: range_of(&raw, d.exchange.as_bytes()),
                     routing_key: range_of(&raw, d.routing_key.as_bytes()),
+                    header_format: d.header_format,
                     header: range_of(&raw, d.header),
                     body: range_of(&raw, d.body),
                     attrs: d.attrs,
@@ -425,6 +469,7 @@ struct MessageIndex {
     id: MessageId,
     exchange: std::ops::Range<usize>,
     routing_key: std::ops::Range<usize>,
+    header_format: u8,
     header: std::ops::Range<usize>,
     body: std::ops::Range<usize>,
     attrs: crate::MessageAttrs,
@@ -442,6 +487,7 @@ impl MessageIndex {
         MessageData {
             exchange: std::str::from_utf8(&raw[self.exchange.clone()]).unwrap_or_default(),
             routing_key: std::str::from_utf8(&raw[self.routing_key.clone()]).unwrap_or_default(),
+            header_format: self.header_format,
             header: &raw[self.header.clone()],
             body: &raw[self.body.clone()],
             attrs: self.attrs,
@@ -449,8 +495,8 @@ impl MessageIndex {
     }
 }
 
-/// Encoded size (framing included) of one op; relocations use their source.
-fn encoded_len(op: &Op<'_>, source: Option<&MessageData<'_>>) -> usize {
+/// Encoded size (framing included) of one op.
+fn encoded_len(op: &Op<'_>) -> usize {
     FRAME_HEADER
         + match op {
             Op::Publish {
@@ -460,9 +506,6 @@ fn encoded_len(op: &Op<'_>, source: Option<&MessageData<'_>>) -> usize {
                 partitions, data, ..
             } => record::message_payload_len(partitions.len(), data),
             Op::Settle { .. } => record::SETTLE_PAYLOAD_LEN,
-            Op::Relocate { .. } => {
-                record::message_payload_len(1, source.expect("relocate has a source"))
-            }
             Op::PutMeta { key, value } => record::put_meta_payload_len(key, value),
             Op::DeleteMeta { key } => record::del_meta_payload_len(key),
         }
@@ -471,40 +514,53 @@ fn encoded_len(op: &Op<'_>, source: Option<&MessageData<'_>>) -> usize {
 impl State {
     /// Assigns the next `len` bytes of the log, rolling to a new segment when
     /// the head would outgrow `segment_size`, and returns the buffer to encode
-    /// into.
+    /// into. A segment's first bytes are its header.
     fn place(&mut self, len: usize, segment_size: u64) -> (Location, &mut Vec<u8>) {
         let len64 = len as u64;
-        if self.head_size > 0 && self.head_size + len64 > segment_size {
+        let header = segment::HEADER_LEN as u64;
+        if self.head_size > header && self.head_size + len64 > segment_size {
             self.head += 1;
             self.head_size = 0;
             let prev = self.segments.insert(self.head, SegmentInfo::default());
             assert!(prev.is_none(), "segment {} assigned twice", self.head);
         }
+        if self.head_size == 0 {
+            // A fresh segment: its header goes out with its first records.
+            self.chunk_at(self.head, 0)
+                .extend_from_slice(&segment::header());
+            self.head_size = header;
+            if let Some(info) = self.segments.get_mut(&self.head) {
+                info.size += header;
+            }
+        }
         assert!(
             self.head_size + len64 <= u64::from(u32::MAX),
             "segment offset overflows a location"
         );
-        let loc = Location {
-            segment: self.head,
-            offset: self.head_size as u32,
-            len: len as u32,
-        };
+        let loc = Location::log(self.head, self.head_size as u32, len as u32);
         self.head_size += len64;
         if let Some(info) = self.segments.get_mut(&self.head) {
             info.size += len64;
         }
-        let reuse = matches!(self.pending.last(), Some(c) if c.segment == loc.segment);
+        let buf = self.chunk_at(loc.segment(), loc.offset());
+        (loc, buf)
+    }
+
+    /// The pending chunk that continues at `offset` of `segment`, started if
+    /// the last one is for another segment.
+    fn chunk_at(&mut self, segment: SegmentId, offset: u32) -> &mut Vec<u8> {
+        let reuse = matches!(self.pending.last(), Some(c) if c.segment == segment);
         if !reuse {
             let buf = self.spare.pop().unwrap_or_default();
             self.pending.push(Chunk {
-                segment: loc.segment,
-                offset: loc.offset,
+                segment,
+                offset,
                 buf,
             });
         }
         let chunk = self.pending.last_mut().expect("a chunk was just ensured");
-        debug_assert_eq!(chunk.offset as usize + chunk.buf.len(), loc.offset as usize);
-        (loc, &mut chunk.buf)
+        debug_assert_eq!(chunk.offset as usize + chunk.buf.len(), offset as usize);
+        &mut chunk.buf
     }
 
     fn head_info(&mut self) -> &mut SegmentInfo {
@@ -515,14 +571,98 @@ impl State {
 
     /// Accounts that one (partition, id) pair no longer lives at `loc`.
     fn unlive(&mut self, loc: Location) {
-        if let Some(info) = self.segments.get_mut(&loc.segment) {
+        if let Some(info) = self.segments.get_mut(&loc.segment()) {
             debug_assert!(
                 info.live > 0,
                 "live count underflow in segment {}",
-                loc.segment
+                loc.segment()
             );
             info.live = info.live.saturating_sub(1);
         }
+    }
+
+    /// Sealed segments whose survivors are worth relocating so the segment
+    /// can be reclaimed. Empty when there is nothing worth compacting.
+    fn compaction_candidates(&self, threshold: f64) -> Vec<SegmentId> {
+        if self.no_space {
+            // Relocations are refused while the disk is full.
+            return Vec::new();
+        }
+        let sealed = || self.segments.iter().filter(|(&id, _)| id < self.head);
+        let mut out = Vec::new();
+        // Head-of-line rule: only the oldest segments can be deleted, so a
+        // dense old segment holding back a mostly dead log is worth moving
+        // even though its own live fraction is high.
+        let (live, placed) =
+            sealed().fold((0u64, 0u64), |(l, p), (_, s)| (l + s.live, p + s.placed));
+        if let Some((&oldest, info)) = sealed().next() {
+            if info.live > 0 && placed > 0 && (live as f64) < threshold * placed as f64 {
+                out.push(oldest);
+            }
+        }
+        for (&id, info) in sealed().take(COMPACTION_WINDOW) {
+            if out.len() >= MAX_COMPACTION_CANDIDATES {
+                break;
+            }
+            if info.live > 0 && info.live_fraction() < threshold && !out.contains(&id) {
+                out.push(id);
+            }
+        }
+        out
+    }
+}
+
+impl LogStore {
+    /// Copies the live message `id` of `partition` from `from` to the head of
+    /// the log; the old copy no longer counts as live for `partition`. A
+    /// paged record stays paged: relocation must not make transient data
+    /// survive a restart. Returns the new location.
+    pub(crate) fn relocate(
+        &self,
+        partition: PartitionId,
+        id: MessageId,
+        from: Location,
+    ) -> Result<Location, StoreError> {
+        // Read the source before taking the append lock: that may mean disk I/O.
+        let (raw, idx) = self.read_message(from)?;
+        if idx.id != id {
+            return Err(StoreError::Corrupt {
+                segment: from.segment(),
+                offset: u64::from(from.offset()),
+                reason: format!("relocate of {id} found message {}", idx.id),
+            });
+        }
+        let data = idx.data(&raw);
+        let kind = match idx.kind {
+            MessageKind::Page => MessageKind::Page,
+            _ => MessageKind::Relocate,
+        };
+        let len = FRAME_HEADER + record::message_payload_len(1, &data);
+        let mut st = self.shared.state.lock();
+        if st.closing || st.failed {
+            return Err(StoreError::Closed);
+        }
+        if st.no_space {
+            return Err(StoreError::NoSpace);
+        }
+        let (loc, buf) = st.place(len, self.shared.opts.segment_size);
+        let n = record::encode_message(buf, kind, id, &[partition], &data);
+        debug_assert_eq!(n, len);
+        let info = st.head_info();
+        info.live += 1;
+        info.placed += 1;
+        info.max_id = info.max_id.max(id);
+        st.unlive(from);
+        let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
+        drop(st);
+        self.shared
+            .stats
+            .appended_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        if pending_bytes >= WAKE_PENDING_BYTES {
+            self.shared.wake.notify_one();
+        }
+        Ok(loc)
     }
 }
 
@@ -537,36 +677,9 @@ impl Store for LogStore {
         locations: &mut Vec<Location>,
         waiter: Option<Waiter>,
     ) -> Result<(), StoreError> {
-        // Relocations copy an existing record: read the sources before taking
-        // the append lock, since that may mean disk I/O.
-        let mut sources = Vec::new();
-        for op in ops {
-            if let Op::Relocate { id, from, .. } = op {
-                let (raw, idx) = self.read_message(*from)?;
-                if idx.id != *id {
-                    return Err(StoreError::Corrupt {
-                        segment: from.segment,
-                        offset: u64::from(from.offset),
-                        reason: format!("relocate of {id} found message {}", idx.id),
-                    });
-                }
-                sources.push((raw, idx));
-            }
-        }
-        let source_data: Vec<(MessageData<'_>, MessageKind)> = sources
-            .iter()
-            .map(|(raw, idx)| (idx.data(raw), idx.kind))
-            .collect();
-
         // Validate the whole batch first so a rejected op leaves nothing behind.
         let mut total = 0usize;
-        let mut src = source_data.iter();
         for op in ops {
-            let source = if matches!(op, Op::Relocate { .. }) {
-                src.next().map(|(d, _)| d)
-            } else {
-                None
-            };
             if let Op::Publish { partitions, .. } | Op::Page { partitions, .. } = op {
                 if partitions.is_empty() || partitions.len() > u32::MAX as usize {
                     return Err(StoreError::io(
@@ -578,7 +691,7 @@ impl Store for LogStore {
                     ));
                 }
             }
-            let len = encoded_len(op, source);
+            let len = encoded_len(op);
             if len > self.max_record() {
                 return Err(StoreError::TooLarge(len));
             }
@@ -591,17 +704,13 @@ impl Store for LogStore {
             return Err(StoreError::Closed);
         }
         if st.no_space
-            && ops.iter().any(|op| {
-                matches!(
-                    op,
-                    Op::Publish { .. } | Op::Relocate { .. } | Op::Page { .. }
-                )
-            })
+            && ops
+                .iter()
+                .any(|op| matches!(op, Op::Publish { .. } | Op::Page { .. }))
         {
             return Err(StoreError::NoSpace);
         }
         let had_waiters = !st.waiters.is_empty();
-        let mut src = source_data.iter();
         for op in ops {
             match op {
                 Op::Publish {
@@ -619,7 +728,7 @@ impl Store for LogStore {
                     } else {
                         MessageKind::Publish
                     };
-                    let len = encoded_len(op, None);
+                    let len = encoded_len(op);
                     let (loc, buf) = st.place(len, segment_size);
                     let n = record::encode_message(buf, kind, *id, partitions, data);
                     debug_assert_eq!(n, len);
@@ -637,35 +746,13 @@ impl Store for LogStore {
                     id,
                     location,
                 } => {
-                    let (_, buf) = st.place(encoded_len(op, None), segment_size);
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
                     record::encode_settle(buf, *partition, *id);
                     st.unlive(*location);
                 }
-                Op::Relocate {
-                    partition,
-                    id,
-                    from,
-                } => {
-                    let (data, kind) = src.next().expect("one source per relocate");
-                    let len = encoded_len(op, Some(data));
-                    let (loc, buf) = st.place(len, segment_size);
-                    // A paged copy stays paged: relocation must not make
-                    // transient data survive a restart.
-                    let kind = match kind {
-                        MessageKind::Page => MessageKind::Page,
-                        _ => MessageKind::Relocate,
-                    };
-                    record::encode_message(buf, kind, *id, &[*partition], data);
-                    let info = st.head_info();
-                    info.live += 1;
-                    info.placed += 1;
-                    info.max_id = info.max_id.max(*id);
-                    st.unlive(*from);
-                    locations.push(loc);
-                }
                 Op::PutMeta { key, value } => {
                     let version = st.meta_version + 1;
-                    let (_, buf) = st.place(encoded_len(op, None), segment_size);
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
                     record::encode_put_meta(buf, version, key, value);
                     st.meta_version = version;
                     st.meta.insert(key.to_vec(), value.to_vec());
@@ -673,7 +760,7 @@ impl Store for LogStore {
                 }
                 Op::DeleteMeta { key } => {
                     let version = st.meta_version + 1;
-                    let (_, buf) = st.place(encoded_len(op, None), segment_size);
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
                     record::encode_del_meta(buf, version, key);
                     st.meta_version = version;
                     st.meta.remove(*key);
@@ -709,44 +796,60 @@ impl Store for LogStore {
             id: idx.id,
             exchange: text(idx.exchange.clone()),
             routing_key: text(idx.routing_key.clone()),
+            header_format: idx.header_format,
             header: raw.slice(idx.header.clone()),
             body: raw.slice(idx.body.clone()),
             attrs: idx.attrs,
         })
     }
 
-    fn take_recovered(&self) -> Recovered {
-        self.recovered.lock().take().unwrap_or_default()
+    fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
+        let st = self.shared.state.lock();
+        Ok(RecoveredMeta {
+            meta: st.meta.clone(),
+            version: st.meta_version,
+            truncated_bytes: self.truncated_bytes,
+        })
     }
 
-    fn compaction_candidates(&self) -> Vec<SegmentId> {
-        let threshold = self.shared.opts.compact_below;
-        let st = self.shared.state.lock();
-        if st.no_space {
-            // Relocations are refused while the disk is full.
-            return Vec::new();
+    fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError> {
+        Ok(self.recovered_partitions.clone())
+    }
+
+    fn recover_partition(
+        &self,
+        partition: PartitionId,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        Ok(self.recovered.lock().remove(&partition).unwrap_or_default())
+    }
+
+    fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
+        let candidates = self
+            .shared
+            .state
+            .lock()
+            .compaction_candidates(self.shared.opts.compact_below);
+        if candidates.is_empty() {
+            return Ok(0);
         }
-        let sealed = || st.segments.iter().filter(|(&id, _)| id < st.head);
-        let mut out = Vec::new();
-        // Head-of-line rule: only the oldest segments can be deleted, so a
-        // dense old segment holding back a mostly dead log is worth moving
-        // even though its own live fraction is high.
-        let (live, placed) =
-            sealed().fold((0u64, 0u64), |(l, p), (_, s)| (l + s.live, p + s.placed));
-        if let Some((&oldest, info)) = sealed().next() {
-            if info.live > 0 && placed > 0 && (live as f64) < threshold * placed as f64 {
-                out.push(oldest);
+        let mut moved = 0;
+        let mut err = None;
+        live.for_each_live(&mut |partition, id, location| {
+            if err.is_some() || !candidates.contains(&location.segment()) {
+                return;
             }
+            match self.relocate(partition, id, *location) {
+                Ok(new) => {
+                    *location = new;
+                    moved += 1;
+                }
+                Err(e) => err = Some(e),
+            }
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(moved),
         }
-        for (&id, info) in sealed().take(COMPACTION_WINDOW) {
-            if out.len() >= MAX_COMPACTION_CANDIDATES {
-                break;
-            }
-            if info.live > 0 && info.live_fraction() < threshold && !out.contains(&id) {
-                out.push(id);
-            }
-        }
-        out
     }
 
     fn stats(&self) -> StoreStats {

@@ -11,12 +11,17 @@
 //!
 //! | type | payload after the type byte |
 //! |---|---|
-//! | 1 publish  | id u64, priority u8, expires_at_ms u64, n u32, n × partition u64, exchange, routing key, header, body |
+//! | 1 publish  | id u64, priority u8, expires_at_ms u64, header_format u8, n u32, n × partition u64, exchange, routing key, header, body |
 //! | 2 settle   | partition u64, id u64 |
 //! | 3 relocate | same layout as publish, with exactly one partition |
 //! | 4 put-meta | version u64, key, value |
 //! | 5 del-meta | version u64, key |
 //! | 6 page     | same layout as publish; ignored by recovery (paged transient data) |
+//!
+//! `header_format` tags the encoding of `header` (opaque to the store, defined
+//! by the engine). This is log format 1 (see `segment.rs` for the segment
+//! header that carries the format version); format 0 had no `header_format`
+//! and no segment header.
 //!
 //! Decoding is bounds-checked everywhere and never panics on bad input: a
 //! torn or corrupt record must be reported, not crash recovery.
@@ -71,6 +76,7 @@ pub(crate) struct MessageRecord<'a> {
     partitions_raw: &'a [u8],
     pub exchange: &'a [u8],
     pub routing_key: &'a [u8],
+    pub header_format: u8,
     pub header: &'a [u8],
     pub body: &'a [u8],
     pub attrs: MessageAttrs,
@@ -98,6 +104,7 @@ impl<'a> MessageRecord<'a> {
             exchange: std::str::from_utf8(self.exchange).map_err(|_| "exchange is not utf-8")?,
             routing_key: std::str::from_utf8(self.routing_key)
                 .map_err(|_| "routing key is not utf-8")?,
+            header_format: self.header_format,
             header: self.header,
             body: self.body,
             attrs: self.attrs,
@@ -117,6 +124,7 @@ pub(crate) fn message_payload_len(n: usize, data: &MessageData<'_>) -> usize {
     1 + 8
         + 1
         + 8
+        + 1
         + 4
         + 8 * n
         + var_len(data.exchange.as_bytes())
@@ -182,6 +190,7 @@ pub(crate) fn encode_message(
         buf.extend_from_slice(&id.to_le_bytes());
         buf.push(data.attrs.priority);
         buf.extend_from_slice(&data.attrs.expires_at_ms.to_le_bytes());
+        buf.push(data.header_format);
         buf.extend_from_slice(&(partitions.len() as u32).to_le_bytes());
         for p in partitions {
             buf.extend_from_slice(&p.0.to_le_bytes());
@@ -319,6 +328,7 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
             let id = r.u64()?;
             let priority = r.u8()?;
             let expires_at_ms = r.u64()?;
+            let header_format = r.u8()?;
             let n = r.u32()? as usize;
             let partitions_raw = r.take(
                 n.checked_mul(8)
@@ -340,6 +350,7 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
                 partitions_raw,
                 exchange,
                 routing_key,
+                header_format,
                 header,
                 body,
                 attrs: MessageAttrs {
@@ -375,6 +386,7 @@ mod tests {
         MessageData {
             exchange: "ex",
             routing_key: "rk.1",
+            header_format: 2,
             header: b"hdr",
             body,
             attrs: MessageAttrs {
@@ -405,6 +417,7 @@ mod tests {
                 assert_eq!(d.exchange, "ex");
                 assert_eq!(d.routing_key, "rk.1");
                 assert_eq!(d.body, b"hello");
+                assert_eq!((d.header_format, d.header), (2, &b"hdr"[..]));
                 assert_eq!(d.attrs.priority, 3);
                 assert_eq!(d.attrs.expires_at_ms, 99);
             }

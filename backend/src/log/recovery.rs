@@ -5,7 +5,7 @@ use super::checkpoint::{self, Checkpoint};
 use super::record::{self, MessageKind, Record};
 use super::scan;
 use super::segment::{self, SegmentInfo};
-use crate::{Location, MessageId, PartitionId, Recovered, RecoveredMessage, SegmentId, StoreError};
+use crate::{Location, MessageId, PartitionId, RecoveredMessage, SegmentId, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::path::Path;
@@ -35,10 +35,14 @@ pub(crate) fn damage_info(
 
 /// What open needs to continue where the previous run stopped.
 pub(crate) struct RecoveryOutput {
-    /// Handed to the engine through `take_recovered`.
-    pub recovered: Recovered,
-    /// The store's own copy of the metadata map (for future checkpoints).
+    /// Live messages per partition, in id order (handed out per partition).
+    pub partitions: HashMap<PartitionId, Vec<RecoveredMessage>>,
+    /// Bytes of a torn tail dropped.
+    pub truncated_bytes: u64,
+    /// The metadata map (the store's own copy, for checkpoints and the engine).
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The version of `meta`.
+    pub meta_version: u64,
     /// Accounting of every retained segment, all sealed.
     pub segments: BTreeMap<SegmentId, SegmentInfo>,
     /// The next id to allocate.
@@ -87,7 +91,24 @@ pub(crate) fn recover(
         let buf = std::fs::read(&path)
             .map_err(|e| StoreError::io(format!("reading {}", path.display()), e))?;
         let mut info = SegmentInfo::default();
-        let mut off = 0usize;
+        match segment::check_header(&buf) {
+            segment::HeaderCheck::Valid => {}
+            segment::HeaderCheck::Torn if last => {
+                // Created, but its first write never completed: nothing in
+                // it was durable. Give it a header and keep it, empty, so
+                // segment ids stay contiguous.
+                tracing::warn!(
+                    segment = seg,
+                    "rewriting the torn header of the last log segment"
+                );
+                write_empty_segment(&path, sync)?;
+                info.size = segment::HEADER_LEN as u64;
+                segments.insert(seg, info);
+                continue;
+            }
+            check => return Err(format_error(dir, &path, seg, check)),
+        }
+        let mut off = segment::HEADER_LEN;
         let mut zero_tail = false;
         while off < buf.len() {
             // The common case, a valid record, is checked (CRC) and decoded
@@ -115,11 +136,7 @@ pub(crate) fn recover(
                     }
                 },
             };
-            let loc = Location {
-                segment: seg,
-                offset: off as u32,
-                len: len as u32,
-            };
+            let loc = Location::log(seg, off as u32, len as u32);
             match rec {
                 Record::Message(m) if m.kind == MessageKind::Page => {
                     // Paged transient data dies with the process; only its
@@ -236,7 +253,7 @@ pub(crate) fn recover(
             continue;
         }
         for rm in map.values() {
-            if let Some(info) = segments.get_mut(&rm.location.segment) {
+            if let Some(info) = segments.get_mut(&rm.location.segment()) {
                 info.live += 1;
             }
         }
@@ -246,16 +263,73 @@ pub(crate) fn recover(
     let next_id = ckpt.next_id.max(max_id.map_or(0, |m| m + 1)).max(1);
     ckpt.meta = BTreeMap::new();
     Ok(RecoveryOutput {
-        recovered: Recovered {
-            meta: meta.clone(),
-            meta_version,
-            partitions,
-            truncated_bytes,
-        },
+        partitions,
+        truncated_bytes,
         meta,
+        meta_version,
         segments,
         next_id,
         checkpoint: ckpt,
         continued_head,
     })
+}
+
+/// Replaces the file at `path` with a segment holding only its header.
+fn write_empty_segment(path: &Path, sync: bool) -> Result<(), StoreError> {
+    use std::os::unix::fs::FileExt;
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io(format!("opening {}", path.display()), e))?;
+    f.set_len(segment::HEADER_LEN as u64)
+        .and_then(|()| f.write_all_at(&segment::header(), 0))
+        .map_err(|e| StoreError::io(format!("writing {}", path.display()), e))?;
+    if sync {
+        f.sync_all()
+            .map_err(|e| StoreError::io(format!("fsync {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+/// The error for a segment whose header is not this build's format.
+pub(crate) fn format_error(
+    dir: &Path,
+    path: &Path,
+    seg: SegmentId,
+    check: segment::HeaderCheck,
+) -> StoreError {
+    let expected = segment::FORMAT_VERSION;
+    match check {
+        segment::HeaderCheck::Legacy => StoreError::UnsupportedFormat {
+            dir: dir.to_path_buf(),
+            file: path.to_path_buf(),
+            found: 0,
+            expected,
+            advice: "It was written by a Weir version from before versioned log segments, which this version does not migrate. \
+                To upgrade: run the previous version on this directory until every queue is drained, stop it, start and stop it once more \
+                (that start deletes the drained log), then start this version: exchanges, queues and bindings are kept. \
+                Or move the directory aside (keep it as a backup) and start with an empty one."
+                .into(),
+        },
+        segment::HeaderCheck::Version(found) => StoreError::UnsupportedFormat {
+            dir: dir.to_path_buf(),
+            file: path.to_path_buf(),
+            found,
+            expected,
+            advice: "It was written by a newer Weir version: run that version (downgrades are not supported).".into(),
+        },
+        segment::HeaderCheck::Torn => StoreError::Corrupt {
+            segment: seg,
+            offset: 0,
+            reason: format!(
+                "{}: empty segment with a torn header before the last segment",
+                path.display()
+            ),
+        },
+        segment::HeaderCheck::Valid | segment::HeaderCheck::Bad => StoreError::Corrupt {
+            segment: seg,
+            offset: 0,
+            reason: format!("{}: not a Weir log segment (bad header)", path.display()),
+        },
+    }
 }

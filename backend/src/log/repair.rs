@@ -48,9 +48,17 @@ pub fn repair(dir: &Path) -> Result<RepairReport, StoreError> {
         let path = segment::segment_path(&log_dir, seg);
         let buf = std::fs::read(&path)
             .map_err(|e| StoreError::io(format!("reading {}", path.display()), e))?;
-        let mut keep: Vec<u8> = Vec::new();
+        match segment::check_header(&buf) {
+            segment::HeaderCheck::Valid => {}
+            // Left to the next open, which rewrites it (nothing in it was durable).
+            segment::HeaderCheck::Torn if head => continue,
+            // Repair cuts damaged records, never a header: a segment in
+            // another format or without a valid header is not repaired.
+            check => return Err(super::recovery::format_error(dir, &path, seg, check)),
+        }
+        let mut keep: Vec<u8> = buf[..segment::HEADER_LEN].to_vec();
         let mut damaged = false;
-        let mut off = 0usize;
+        let mut off = segment::HEADER_LEN;
         while off < buf.len() {
             match scan::next_item(&buf, off, head) {
                 Item::Record { len } => {

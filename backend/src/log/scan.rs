@@ -144,6 +144,7 @@ mod tests {
                 &MessageData {
                     exchange: "",
                     routing_key: "q",
+                    header_format: 1,
                     header: b"",
                     body: &body,
                     attrs: MessageAttrs::default(),

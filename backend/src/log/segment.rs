@@ -1,5 +1,15 @@
-//! Segment files: naming, listing, per-segment accounting and cached read
-//! handles.
+//! Segment files: naming, listing, the format header, per-segment accounting
+//! and cached read handles.
+//!
+//! Every segment starts with a 16-byte header, then framed records
+//! (`record.rs`):
+//!
+//! ```text
+//! "WEIRSEG\0" | format version u32 LE | reserved u32 (0)
+//! ```
+//!
+//! Format 0 (before versions) had no header: its first record started at
+//! offset 0. Recovery refuses segments in any format but [`FORMAT_VERSION`].
 
 use crate::{Location, SegmentId, StoreError};
 use parking_lot::RwLock;
@@ -10,6 +20,63 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const SUFFIX: &str = ".seg";
+
+/// The log format this build reads and writes.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+const MAGIC: [u8; 8] = *b"WEIRSEG\0";
+/// Length of the header at the start of every segment.
+pub(crate) const HEADER_LEN: usize = 16;
+
+/// The header of a segment in [`FORMAT_VERSION`].
+pub(crate) fn header() -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..8].copy_from_slice(&MAGIC);
+    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h
+}
+
+/// What the first bytes of a segment file say about its format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeaderCheck {
+    /// A header of this build's format.
+    Valid,
+    /// A prefix of the header followed only by zeros (or nothing): the
+    /// segment was created but its first write never completed. Acceptable
+    /// only in the last segment, where nothing was ever made durable.
+    Torn,
+    /// No header, but a valid record at offset 0: log format 0.
+    Legacy,
+    /// Weir's magic with another format version.
+    Version(u32),
+    /// Not a Weir segment header.
+    Bad,
+}
+
+/// Classifies the start of a segment's bytes.
+pub(crate) fn check_header(buf: &[u8]) -> HeaderCheck {
+    let want = header();
+    if buf.len() >= HEADER_LEN && buf[..8] == MAGIC {
+        let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+        if version == FORMAT_VERSION {
+            return HeaderCheck::Valid;
+        }
+        if version != 0 {
+            return HeaderCheck::Version(version);
+        }
+    }
+    let prefix = buf
+        .iter()
+        .zip(want.iter())
+        .take_while(|(a, b)| a == b)
+        .count();
+    if buf[prefix..].iter().all(|b| *b == 0) {
+        return HeaderCheck::Torn;
+    }
+    if super::record::split_frame(buf).is_ok() {
+        return HeaderCheck::Legacy;
+    }
+    HeaderCheck::Bad
+}
 
 /// `<log_dir>/00000001.seg`.
 pub(crate) fn segment_path(log_dir: &Path, id: SegmentId) -> PathBuf {
@@ -92,10 +159,10 @@ impl ReadCache {
     }
 
     fn handle(&self, loc: Location) -> Result<Arc<File>, StoreError> {
-        if let Some(f) = self.files.read().get(&loc.segment) {
+        if let Some(f) = self.files.read().get(&loc.segment()) {
             return Ok(f.clone());
         }
-        let path = segment_path(&self.log_dir, loc.segment);
+        let path = segment_path(&self.log_dir, loc.segment());
         let f = match File::open(&path) {
             Ok(f) => Arc::new(f),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -103,20 +170,20 @@ impl ReadCache {
             }
             Err(e) => return Err(StoreError::io(format!("open {}", path.display()), e)),
         };
-        Ok(self.files.write().entry(loc.segment).or_insert(f).clone())
+        Ok(self.files.write().entry(loc.segment()).or_insert(f).clone())
     }
 
-    /// Reads the `loc.len` bytes at `loc` from disk.
+    /// Reads the `loc.len()` bytes at `loc` from disk.
     pub fn read(&self, loc: Location) -> Result<Vec<u8>, StoreError> {
         let f = self.handle(loc)?;
-        let mut buf = vec![0u8; loc.len as usize];
-        match f.read_exact_at(&mut buf, u64::from(loc.offset)) {
+        let mut buf = vec![0u8; loc.len() as usize];
+        match f.read_exact_at(&mut buf, u64::from(loc.offset())) {
             Ok(()) => Ok(buf),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err(StoreError::NotFound(loc))
             }
             Err(e) => Err(StoreError::io(
-                format!("read segment {} at {}", loc.segment, loc.offset),
+                format!("read segment {} at {}", loc.segment(), loc.offset()),
                 e,
             )),
         }
@@ -142,5 +209,37 @@ mod tests {
         File::create(dir.path().join("00000009.tmp")).unwrap();
         assert_eq!(list_segments(dir.path()).unwrap(), vec![1, 3, 120]);
         assert!(segment_path(dir.path(), 1).ends_with("00000001.seg"));
+    }
+
+    #[test]
+    fn header_classification() {
+        let h = header();
+        let mut seg = h.to_vec();
+        seg.extend_from_slice(&[0u8; 100]);
+        assert_eq!(check_header(&seg), HeaderCheck::Valid);
+        // Torn at creation: any prefix of the header, then zeros.
+        for cut in 0..HEADER_LEN {
+            let mut t = h[..cut].to_vec();
+            assert_eq!(check_header(&t), HeaderCheck::Torn, "cut {cut}");
+            t.resize(4096, 0);
+            // Past the version's first byte the zeros complete the header.
+            let want = if cut > 8 {
+                HeaderCheck::Valid
+            } else {
+                HeaderCheck::Torn
+            };
+            assert_eq!(check_header(&t), want, "cut {cut}");
+        }
+        let mut newer = h.to_vec();
+        newer[8] = 7;
+        assert_eq!(check_header(&newer), HeaderCheck::Version(7));
+        // Format 0: a record right at offset 0.
+        let mut old = Vec::new();
+        super::super::record::encode_settle(&mut old, crate::PartitionId(1), 2);
+        assert_eq!(check_header(&old), HeaderCheck::Legacy);
+        assert_eq!(
+            check_header(b"garbage that is not a segment"),
+            HeaderCheck::Bad
+        );
     }
 }

@@ -3,7 +3,32 @@
 
 use super::*;
 use crate::{MessageAttrs, PartitionId, RecoveredMessage};
-use rand::{Rng, SeedableRng};
+
+/// What a restart found, gathered through the per-partition API.
+#[derive(Debug, Default)]
+struct Recovered {
+    meta: BTreeMap<Vec<u8>, Vec<u8>>,
+    meta_version: u64,
+    partitions: HashMap<PartitionId, Vec<RecoveredMessage>>,
+    truncated_bytes: u64,
+}
+
+fn take_recovered(store: &LogStore) -> Recovered {
+    let m = store.recovered_meta().unwrap();
+    let mut partitions = HashMap::new();
+    for p in store.recovered_partitions().unwrap() {
+        let msgs = store.recover_partition(p).unwrap();
+        if !msgs.is_empty() {
+            partitions.insert(p, msgs);
+        }
+    }
+    Recovered {
+        meta: m.meta,
+        meta_version: m.version,
+        partitions,
+        truncated_bytes: m.truncated_bytes,
+    }
+}
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -23,6 +48,7 @@ fn data(body: &[u8]) -> MessageData<'_> {
     MessageData {
         exchange: "ex",
         routing_key: "rk",
+        header_format: 1,
         header: b"h",
         body,
         attrs: MessageAttrs {
@@ -97,7 +123,7 @@ fn seg_files(dir: &Path) -> Vec<SegmentId> {
 fn append_read_roundtrip_pending_and_on_disk() {
     let dir = tempfile::tempdir().unwrap();
     let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    assert!(store.take_recovered().partitions.is_empty());
+    assert!(take_recovered(&store).partitions.is_empty());
 
     // Park the writer inside a waiter so the next append stays pending.
     let (entered_tx, entered_rx) = mpsc::channel();
@@ -152,16 +178,9 @@ fn append_read_roundtrip_pending_and_on_disk() {
     assert_eq!(&store.read(locs[0]).unwrap().body[..], b"first");
     assert_eq!(&store.read(locs[1]).unwrap().body[..], b"second");
     // A bogus location is an error, not a panic.
-    let bogus = Location {
-        segment: 99,
-        offset: 0,
-        len: 40,
-    };
+    let bogus = Location::log(99, 0, 40);
     assert!(matches!(store.read(bogus), Err(StoreError::NotFound(_))));
-    let misaligned = Location {
-        offset: locs[0].offset + 1,
-        ..locs[0]
-    };
+    let misaligned = Location::log(locs[0].segment(), locs[0].offset() + 1, locs[0].len());
     assert!(store.read(misaligned).is_err());
     store.close().unwrap();
     assert!(matches!(
@@ -199,7 +218,7 @@ fn waiter_fires_only_after_sync() {
     let (ok, syncs, len) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
     assert!(ok);
     assert!(syncs >= 1);
-    assert!(len >= u64::from(locs[0].offset + locs[0].len));
+    assert!(len >= u64::from(locs[0].offset() + locs[0].len()));
 }
 
 #[test]
@@ -268,7 +287,7 @@ fn restart_recovers_meta_and_live_messages() {
         store.close().unwrap();
     }
     let store = LogStore::open(dir.path(), small()).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     assert_eq!(rec.meta_version, 4);
     let meta: Vec<_> = rec.meta.iter().map(|(k, v)| (&k[..], &v[..])).collect();
     assert_eq!(
@@ -294,7 +313,7 @@ fn restart_recovers_meta_and_live_messages() {
     assert_eq!(&store.read(c.1).unwrap().body[..], b"c");
     assert_eq!(rec.truncated_bytes, 0);
     // Handed over once.
-    assert!(store.take_recovered().partitions.is_empty());
+    assert!(take_recovered(&store).partitions.is_empty());
     assert!(store.allocate_ids(1) > c.0);
 }
 
@@ -305,45 +324,22 @@ fn relocation_moves_one_partition() {
     {
         let store = LogStore::open(dir.path(), small()).unwrap();
         (id, old) = publish(&store, &[P1, P2], b"payload");
-        new = append_sync(
-            &store,
-            &[Op::Relocate {
-                partition: P1,
-                id,
-                from: old,
-            }],
-        )[0];
+        new = store.relocate(P1, id, old).unwrap();
         assert_ne!(new, old);
         let m = store.read(new).unwrap();
         assert_eq!((m.id, &m.body[..]), (id, &b"payload"[..]));
         assert_eq!(m.attrs.priority, 1);
         // A relocate of a relocated copy works too (the source is a relocate record).
-        let again = append_sync(
-            &store,
-            &[Op::Relocate {
-                partition: P1,
-                id,
-                from: new,
-            }],
-        )[0];
+        let again = store.relocate(P1, id, new).unwrap();
+        barrier(&store);
         assert_eq!(&store.read(again).unwrap().body[..], b"payload");
         // The engine must name the right message.
-        assert!(store
-            .append(
-                &[Op::Relocate {
-                    partition: P1,
-                    id: id + 1,
-                    from: old,
-                }],
-                &mut Vec::new(),
-                None,
-            )
-            .is_err());
+        assert!(store.relocate(P1, id + 1, old).is_err());
         settle(&store, P2, id, old);
         store.close().unwrap();
         let rec_loc = again;
         let store = LogStore::open(dir.path(), small()).unwrap();
-        let rec = store.take_recovered();
+        let rec = take_recovered(&store);
         assert_eq!(rec.partitions[&P1].len(), 1);
         assert_eq!(rec.partitions[&P1][0].location, rec_loc);
         assert!(!rec.partitions.contains_key(&P2));
@@ -365,9 +361,9 @@ fn three_messages(dir: &Path) -> Vec<Location> {
 fn torn_tail_is_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let locs = three_messages(dir.path());
-    let path = segment::segment_path(&dir.path().join("log"), locs[2].segment);
+    let path = segment::segment_path(&dir.path().join("log"), locs[2].segment());
     let full = std::fs::metadata(&path).unwrap().len();
-    let keep = u64::from(locs[2].offset) + 5;
+    let keep = u64::from(locs[2].offset()) + 5;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
@@ -375,19 +371,19 @@ fn torn_tail_is_truncated() {
         .set_len(keep)
         .unwrap();
     let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     assert_eq!(rec.truncated_bytes, 5);
     assert_eq!(rec.partitions[&P1].len(), 2);
     assert_eq!(
         std::fs::metadata(&path).unwrap().len(),
-        u64::from(locs[2].offset)
+        u64::from(locs[2].offset())
     );
     assert!(full > keep);
     // The store keeps working after the truncation.
     let (id, loc) = publish(&store, &[P1], b"four");
     store.close().unwrap();
     let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     assert_eq!(rec.truncated_bytes, 0);
     assert_eq!(rec.partitions[&P1].last().unwrap().id, id);
     assert_eq!(&store.read(loc).unwrap().body[..], b"four");
@@ -397,14 +393,14 @@ fn torn_tail_is_truncated() {
 fn corrupt_last_record_is_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let locs = three_messages(dir.path());
-    let path = segment::segment_path(&dir.path().join("log"), locs[2].segment);
+    let path = segment::segment_path(&dir.path().join("log"), locs[2].segment());
     let mut bytes = std::fs::read(&path).unwrap();
-    let i = locs[2].offset as usize + locs[2].len as usize - 2;
+    let i = locs[2].offset() as usize + locs[2].len() as usize - 2;
     bytes[i] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    let rec = store.take_recovered();
-    assert_eq!(rec.truncated_bytes, u64::from(locs[2].len));
+    let rec = take_recovered(&store);
+    assert_eq!(rec.truncated_bytes, u64::from(locs[2].len()));
     assert_eq!(rec.partitions[&P1].len(), 2);
     assert_eq!(&store.read(locs[1]).unwrap().body[..], b"two");
 }
@@ -423,14 +419,14 @@ fn corruption_in_an_older_segment_is_an_error() {
     }
     assert!(seg_files(dir.path()).len() >= 3);
     let first = first.unwrap();
-    let path = segment::segment_path(&dir.path().join("log"), first.segment);
+    let path = segment::segment_path(&dir.path().join("log"), first.segment());
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[first.offset as usize + 20] ^= 1;
+    bytes[first.offset() as usize + 20] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
     match LogStore::open(dir.path(), small()) {
         Err(StoreError::Damaged(d)) => {
-            assert_eq!(d.segment, first.segment);
-            assert_eq!(d.offset, u64::from(first.offset));
+            assert_eq!(d.segment, first.segment());
+            assert_eq!(d.offset, u64::from(first.offset()));
         }
         other => panic!("expected corruption, got {other:?}"),
     }
@@ -480,7 +476,11 @@ fn reclamation_deletes_oldest_settled_segments() {
         barrier(&store);
         // Only the prefix before the first survivor's segment can go.
         let after = seg_files(dir.path());
-        assert_eq!(after[0], survivors[0].1.segment, "{before:?} -> {after:?}");
+        assert_eq!(
+            after[0],
+            survivors[0].1.segment(),
+            "{before:?} -> {after:?}"
+        );
         assert!(store.stats().reclaimed_segments >= 1);
         assert!(dir.path().join("meta.checkpoint").exists());
 
@@ -490,11 +490,11 @@ fn reclamation_deletes_oldest_settled_segments() {
             settle(&store, P2, id, loc);
         }
         barrier(&store);
-        assert_eq!(seg_files(dir.path())[0], survivors[0].1.segment);
+        assert_eq!(seg_files(dir.path())[0], survivors[0].1.segment());
         store.close().unwrap();
     }
     let store = LogStore::open(dir.path(), small()).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     assert_eq!(
         ids_of(&rec, P2),
         survivors.iter().map(|s| s.0).collect::<Vec<_>>()
@@ -516,7 +516,7 @@ fn ids_keep_increasing_after_everything_is_reclaimed() {
     let mut last = 0;
     for round in 0..3 {
         let store = LogStore::open(dir.path(), small()).unwrap();
-        let rec = store.take_recovered();
+        let rec = take_recovered(&store);
         assert!(rec.partitions.is_empty());
         assert_eq!(rec.meta.len(), usize::from(round > 0));
         if round == 0 {
@@ -546,17 +546,29 @@ fn ids_keep_increasing_after_everything_is_reclaimed() {
     }
 }
 
+/// One partition's live positions, as the engine would keep them.
+struct Live(std::cell::RefCell<BTreeMap<MessageId, Location>>);
+
+impl crate::LiveSet for Live {
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, &mut Location)) {
+        for (id, loc) in self.0.borrow_mut().iter_mut() {
+            visit(P1, *id, loc);
+        }
+    }
+}
+
 #[test]
-fn compaction_candidates_and_relocation_free_segments() {
+fn compaction_moves_survivors_of_sparse_segments_and_frees_them() {
     let dir = tempfile::tempdir().unwrap();
     let store = LogStore::open(dir.path(), small()).unwrap();
     let mut msgs = Vec::new();
     for i in 0..80u32 {
         msgs.push(publish(&store, &[P1], &[i as u8; 200]));
     }
-    assert!(store.compaction_candidates().is_empty());
+    let all = Live(std::cell::RefCell::new(msgs.iter().copied().collect()));
+    assert_eq!(store.compact(&all).unwrap(), 0, "nothing sparse yet");
     // Settle all but every 8th message.
-    let mut live: BTreeMap<MessageId, Location> = BTreeMap::new();
+    let mut live = BTreeMap::new();
     let mut ops = Vec::new();
     for (i, (id, loc)) in msgs.iter().enumerate() {
         if i % 8 == 0 {
@@ -570,41 +582,36 @@ fn compaction_candidates_and_relocation_free_segments() {
         }
     }
     append_sync(&store, &ops);
+    let live = Live(std::cell::RefCell::new(live));
     let before = seg_files(dir.path()).len();
-    // Compact like the engine would, until nothing is left to do.
-    for _ in 0..20 {
-        let cands = store.compaction_candidates();
-        if cands.is_empty() {
+    // Compact like the engine's tick, until nothing is left to do.
+    let mut rounds = 0;
+    loop {
+        let head = store.shared.state.lock().head;
+        let snapshot = live.0.borrow().clone();
+        let moved = store.compact(&live).unwrap();
+        if moved == 0 {
             break;
         }
-        let moving: Vec<(MessageId, Location)> = live
-            .iter()
-            .filter(|(_, l)| cands.contains(&l.segment))
-            .map(|(i, l)| (*i, *l))
-            .collect();
-        assert!(!moving.is_empty());
-        let ops: Vec<Op<'_>> = moving
-            .iter()
-            .map(|(id, from)| Op::Relocate {
-                partition: P1,
-                id: *id,
-                from: *from,
-            })
-            .collect();
-        let new = append_sync(&store, &ops);
-        for ((id, _), loc) in moving.iter().zip(new) {
-            live.insert(*id, loc);
+        // Only positions in sealed segments move, into the head.
+        for (id, loc) in live.0.borrow().iter() {
+            if *loc != snapshot[id] {
+                assert!(snapshot[id].segment() < head && loc.segment() >= head);
+            }
         }
         barrier(&store);
+        rounds += 1;
+        assert!(rounds < 20, "compaction never settles");
     }
     let after = seg_files(dir.path()).len();
     assert!(after < before, "{before} -> {after}");
+    let live = live.0.into_inner();
     for (id, loc) in &live {
         assert_eq!(store.read(*loc).unwrap().id, *id);
     }
     store.close().unwrap();
     let store = LogStore::open(dir.path(), small()).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     let got: Vec<_> = rec.partitions[&P1]
         .iter()
         .map(|m| (m.id, m.location))
@@ -647,189 +654,51 @@ fn oversized_and_invalid_ops_are_rejected_whole() {
     assert!(locs.is_empty());
     store.close().unwrap();
     let store = LogStore::open(dir.path(), small()).unwrap();
-    assert!(store.take_recovered().meta.is_empty());
+    assert!(take_recovered(&store).meta.is_empty());
 }
 
-/// Random publishes, settles, relocations, metadata changes and reopens,
-/// checked against a plain model of what must be live.
+/// The Store contract suite (randomized model test included), on 4 KiB
+/// segments so that compaction and reclamation take part.
 #[test]
-fn randomized_ops_match_model_across_reopens() {
-    for seed in 0..4u64 {
-        randomized(seed);
+fn log_store_passes_the_store_contract() {
+    struct LogHarness {
+        dirs: Vec<tempfile::TempDir>,
     }
+    impl crate::testing::contract::Harness for LogHarness {
+        fn create(&mut self) -> Arc<dyn Store> {
+            let dir = tempfile::tempdir().unwrap();
+            let store = LogStore::open(dir.path(), contract_opts()).unwrap();
+            self.dirs.push(dir);
+            store
+        }
+        fn persists(&self) -> bool {
+            true
+        }
+        fn reopen(&mut self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+            let _no_spawn = SPAWNING.lock();
+            store.close().unwrap();
+            drop(store);
+            let dir = self.dirs.last().expect("created first").path();
+            LogStore::open(dir, contract_opts()).unwrap()
+        }
+    }
+    let mut h = LogHarness { dirs: Vec::new() };
+    crate::testing::contract::run_all(&mut h);
+    // The randomized runs were long enough that reclamation took part.
+    let reclaimed = h
+        .dirs
+        .iter()
+        .filter(|d| seg_files(d.path()).first().is_some_and(|s| *s > 1))
+        .count();
+    assert!(reclaimed >= 1, "nothing was ever reclaimed");
 }
 
-fn randomized(seed: u64) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let dir = tempfile::tempdir().unwrap();
-    let opts = LogOptions {
+fn contract_opts() -> LogOptions {
+    LogOptions {
         segment_size: 4096,
         sync: false,
         compact_below: 0.5,
         reserve: true,
-    };
-    let parts = [P1, P2, P3, PartitionId(4)];
-    // (partition, id) -> (location, body)
-    let mut live: BTreeMap<(PartitionId, MessageId), (Location, Vec<u8>)> = BTreeMap::new();
-    let mut meta: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-    let mut meta_version = 0u64;
-    let mut last_id = 0;
-    let mut store = LogStore::open(dir.path(), opts.clone()).unwrap();
-    store.take_recovered();
-    for step in 0..1500 {
-        let r = rng.gen_range(0..100);
-        if r < 40 {
-            let n = rng.gen_range(1..=3);
-            let mut ps: Vec<PartitionId> = parts.to_vec();
-            ps.sort_by_key(|_| rng.gen::<u32>());
-            ps.truncate(n);
-            let len = rng.gen_range(0..400);
-            let body: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-            let id = store.allocate_ids(rng.gen_range(1..3));
-            assert!(id > last_id);
-            last_id = id;
-            let mut locs = Vec::new();
-            store
-                .append(
-                    &[Op::Publish {
-                        id,
-                        partitions: &ps,
-                        data: data(&body),
-                    }],
-                    &mut locs,
-                    None,
-                )
-                .unwrap();
-            for p in ps {
-                live.insert((p, id), (locs[0], body.clone()));
-            }
-        } else if r < 70 && !live.is_empty() {
-            let k = *live.keys().nth(rng.gen_range(0..live.len())).unwrap();
-            let (loc, _) = live.remove(&k).unwrap();
-            store
-                .append(
-                    &[Op::Settle {
-                        partition: k.0,
-                        id: k.1,
-                        location: loc,
-                    }],
-                    &mut Vec::new(),
-                    None,
-                )
-                .unwrap();
-        } else if r < 78 && !live.is_empty() {
-            let k = *live.keys().nth(rng.gen_range(0..live.len())).unwrap();
-            let from = live[&k].0;
-            let mut locs = Vec::new();
-            store
-                .append(
-                    &[Op::Relocate {
-                        partition: k.0,
-                        id: k.1,
-                        from,
-                    }],
-                    &mut locs,
-                    None,
-                )
-                .unwrap();
-            live.get_mut(&k).unwrap().0 = locs[0];
-        } else if r < 85 {
-            let key = vec![rng.gen_range(0..8u8)];
-            meta_version += 1;
-            if rng.gen_bool(0.7) {
-                let value = vec![rng.gen(); rng.gen_range(0..20)];
-                store
-                    .append(
-                        &[Op::PutMeta {
-                            key: &key,
-                            value: &value,
-                        }],
-                        &mut Vec::new(),
-                        None,
-                    )
-                    .unwrap();
-                meta.insert(key, value);
-            } else {
-                store
-                    .append(&[Op::DeleteMeta { key: &key }], &mut Vec::new(), None)
-                    .unwrap();
-                meta.remove(&key);
-            }
-        } else if r < 90 {
-            // Compact like the engine.
-            let cands = store.compaction_candidates();
-            let moving: Vec<_> = live
-                .iter()
-                .filter(|(_, (l, _))| cands.contains(&l.segment))
-                .map(|(k, (l, _))| (*k, *l))
-                .collect();
-            let ops: Vec<Op<'_>> = moving
-                .iter()
-                .map(|((p, id), from)| Op::Relocate {
-                    partition: *p,
-                    id: *id,
-                    from: *from,
-                })
-                .collect();
-            let mut locs = Vec::new();
-            store.append(&ops, &mut locs, None).unwrap();
-            for ((k, _), loc) in moving.iter().zip(locs) {
-                live.get_mut(k).unwrap().0 = loc;
-            }
-        } else if r < 93 {
-            store.close().unwrap();
-            drop(store);
-            store = LogStore::open(dir.path(), opts.clone()).unwrap();
-            let rec = store.take_recovered();
-            check(&store, &rec, &live, &meta, meta_version, step);
-        } else {
-            // Spot-check reads (pending or on disk).
-            if let Some(((_, id), (loc, body))) = live.iter().next() {
-                let m = store.read(*loc).unwrap();
-                assert_eq!((m.id, &m.body[..]), (*id, &body[..]));
-            }
-        }
-    }
-    store.close().unwrap();
-    drop(store);
-    let store = LogStore::open(dir.path(), opts).unwrap();
-    let rec = store.take_recovered();
-    check(&store, &rec, &live, &meta, meta_version, usize::MAX);
-    assert!(store.allocate_ids(1) > last_id);
-    // The run is long enough that compaction and reclamation took part.
-    assert!(
-        seg_files(dir.path())[0] > 1,
-        "seed {seed}: nothing was reclaimed"
-    );
-}
-
-fn check(
-    store: &LogStore,
-    rec: &Recovered,
-    live: &BTreeMap<(PartitionId, MessageId), (Location, Vec<u8>)>,
-    meta: &BTreeMap<Vec<u8>, Vec<u8>>,
-    meta_version: u64,
-    step: usize,
-) {
-    assert_eq!(&rec.meta, meta, "meta at step {step}");
-    assert_eq!(
-        rec.meta_version, meta_version,
-        "meta version at step {step}"
-    );
-    assert_eq!(rec.truncated_bytes, 0);
-    let mut expect: HashMap<PartitionId, Vec<(MessageId, Location)>> = HashMap::new();
-    for ((p, id), (loc, _)) in live {
-        expect.entry(*p).or_default().push((*id, *loc));
-    }
-    let got: HashMap<PartitionId, Vec<(MessageId, Location)>> = rec
-        .partitions
-        .iter()
-        .map(|(p, v)| (*p, v.iter().map(|m| (m.id, m.location)).collect()))
-        .collect();
-    assert_eq!(got, expect, "live messages at step {step}");
-    for ((_, id), (loc, body)) in live {
-        let m = store.read(*loc).unwrap();
-        assert_eq!((m.id, &m.body[..]), (*id, &body[..]), "read at step {step}");
     }
 }
 
@@ -947,7 +816,7 @@ fn preallocated_head_after_a_crash_is_a_clean_end() {
     store.close().unwrap();
 
     let reopened = LogStore::open(crashed.path(), opts).unwrap();
-    let rec = reopened.take_recovered();
+    let rec = take_recovered(&reopened);
     assert_eq!(rec.truncated_bytes, 0);
     assert_eq!(ids_of(&rec, P1), vec![a, b]);
     let last = *seg_files(crashed.path()).first().unwrap();
@@ -972,7 +841,7 @@ fn close_cuts_the_preallocated_tail() {
     let len = std::fs::metadata(segment::segment_path(&dir.path().join("log"), seg))
         .unwrap()
         .len();
-    assert_eq!(len, u64::from(loc.offset + loc.len));
+    assert_eq!(len, u64::from(loc.offset() + loc.len()));
 }
 
 /// Appends nobody waits on (acks, unconfirmed publishes) are written without
@@ -1017,19 +886,19 @@ fn flipped_bit_mid_head_segment_refuses_then_repair_keeps_the_rest() {
         store.close().unwrap();
     }
     // All in one (the last) segment; damage the 10th record's body.
-    assert!(locs.iter().all(|l| l.segment == locs[0].segment));
-    let path = segment::segment_path(&dir.path().join("log"), locs[0].segment);
+    assert!(locs.iter().all(|l| l.segment() == locs[0].segment()));
+    let path = segment::segment_path(&dir.path().join("log"), locs[0].segment());
     let mut bytes = std::fs::read(&path).unwrap();
     let victim = locs[9];
-    bytes[victim.offset as usize + victim.len as usize - 3] ^= 0x04;
+    bytes[victim.offset() as usize + victim.len() as usize - 3] ^= 0x04;
     std::fs::write(&path, &bytes).unwrap();
 
     let err = LogStore::open(dir.path(), LogOptions::default()).unwrap_err();
     let text = err.to_string();
     match &err {
         StoreError::Damaged(d) => {
-            assert_eq!(d.offset, u64::from(victim.offset));
-            assert_eq!(d.len, u64::from(victim.len));
+            assert_eq!(d.offset, u64::from(victim.offset()));
+            assert_eq!(d.len, u64::from(victim.len()));
             assert_eq!(
                 d.lost,
                 vec![crate::LostRecord::Message {
@@ -1050,11 +919,11 @@ fn flipped_bit_mid_head_segment_refuses_then_repair_keeps_the_rest() {
     let report = super::repair(dir.path()).unwrap();
     assert_eq!(report.lost_message_ids(), vec![ids[9]]);
     let q = std::fs::read(&report.quarantined[0]).unwrap();
-    let (o, l) = (victim.offset as usize, victim.len as usize);
+    let (o, l) = (victim.offset() as usize, victim.len() as usize);
     assert_eq!(q, bytes[o..o + l]);
 
     let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     let mut want = ids.clone();
     want.remove(9);
     assert_eq!(ids_of(&rec, P1), want);
@@ -1104,15 +973,8 @@ fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
         assert_eq!(&store.read(paged.1).unwrap().body[..], b"transient");
         kept = publish(&store, &[P1], b"durable");
         // Compaction of a paged record keeps it paged.
-        let moved = append_sync(
-            &store,
-            &[Op::Relocate {
-                partition: P2,
-                id,
-                from: paged.1,
-            }],
-        );
-        assert_eq!(&store.read(moved[0]).unwrap().body[..], b"transient");
+        let moved = store.relocate(P2, id, paged.1).unwrap();
+        assert_eq!(&store.read(moved).unwrap().body[..], b"transient");
         let id2 = store.allocate_ids(1);
         store
             .append(
@@ -1129,7 +991,7 @@ fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
         store.close().unwrap();
     }
     let store = LogStore::open(dir.path(), small()).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     assert_eq!(ids_of(&rec, P1), vec![kept.0]);
     assert!(
         !rec.partitions.contains_key(&P2),
@@ -1142,6 +1004,12 @@ fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
     );
 }
 
+/// Held while a test spawns a process, and by tests that close and reopen a
+/// store in a loop: a child briefly inherits (until its exec) the open file
+/// that holds a store's directory lock, and a reopen in that window would be
+/// refused as if another process held the directory.
+static SPAWNING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
 /// A small tmpfs for out-of-space tests; `None` (test skipped) when it
 /// cannot be mounted (not root).
 struct Tmpfs(tempfile::TempDir);
@@ -1149,6 +1017,7 @@ struct Tmpfs(tempfile::TempDir);
 impl Tmpfs {
     fn mount(size: &str) -> Option<Tmpfs> {
         let dir = tempfile::tempdir().unwrap();
+        let _spawning = SPAWNING.lock();
         let ok = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(dir.path())
@@ -1165,6 +1034,7 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
+        let _spawning = SPAWNING.lock();
         let _ = std::process::Command::new("umount")
             .arg("-l")
             .arg(self.0.path())
@@ -1229,11 +1099,7 @@ fn out_of_space_write_fails_waiters_without_failing_the_store_and_recovers() {
             &[Op::Settle {
                 partition: P1,
                 id: first,
-                location: Location {
-                    segment: 1,
-                    offset: 0,
-                    len: 1,
-                },
+                location: Location::log(1, 0, 1),
             }],
             &mut Vec::new(),
             None,
@@ -1257,11 +1123,90 @@ fn out_of_space_write_fails_waiters_without_failing_the_store_and_recovers() {
     store.close().unwrap();
     drop(store);
     let store = LogStore::open(&dir, opts).unwrap();
-    let rec = store.take_recovered();
+    let rec = take_recovered(&store);
     let got: std::collections::BTreeSet<_> = ids_of(&rec, P1).into_iter().collect();
     // The settle written from memory after the space came back is durable.
     assert!(!got.contains(&first));
     for id in &durable[1..] {
         assert!(got.contains(id), "durable publish {id} lost");
     }
+}
+
+/// A data directory from before versioned segments (format 0: records from
+/// offset 0, no header) is refused, untouched, with an error naming the
+/// directory, both formats and the way forward.
+#[test]
+fn directory_in_format_0_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    std::fs::create_dir_all(&log).unwrap();
+    // A settle record has the same layout in formats 0 and 1.
+    let mut old = Vec::new();
+    record::encode_settle(&mut old, P1, 7);
+    let path = segment::segment_path(&log, 1);
+    std::fs::write(&path, &old).unwrap();
+    let err = LogStore::open(dir.path(), small()).unwrap_err();
+    match &err {
+        StoreError::UnsupportedFormat {
+            found, expected, ..
+        } => assert_eq!((*found, *expected), (0, segment::FORMAT_VERSION)),
+        other => panic!("expected a format refusal, got {other:?}"),
+    }
+    let text = err.to_string();
+    for needle in [
+        dir.path().to_str().unwrap(),
+        "format 0",
+        "log format 1",
+        "00000001.seg",
+        "drained",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from: {text}");
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        old,
+        "refusal changed the log"
+    );
+    assert!(matches!(
+        super::repair(dir.path()),
+        Err(StoreError::UnsupportedFormat { .. })
+    ));
+
+    // A newer format is refused the same way.
+    let mut newer = segment::header().to_vec();
+    newer[8] = 9;
+    std::fs::write(&path, &newer).unwrap();
+    match LogStore::open(dir.path(), small()) {
+        Err(StoreError::UnsupportedFormat { found: 9, .. }) => {}
+        other => panic!("expected a format refusal, got {other:?}"),
+    }
+}
+
+/// Segments start with the header; a head segment whose header write was
+/// torn (created, nothing durable) is rewritten empty, and the store opens.
+#[test]
+fn segments_carry_a_header_and_a_torn_one_is_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, loc);
+    {
+        let store = LogStore::open(dir.path(), small()).unwrap();
+        (a, loc) = publish(&store, &[P1], b"one");
+        store.close().unwrap();
+    }
+    assert_eq!(loc.offset() as usize, segment::HEADER_LEN);
+    let log = dir.path().join("log");
+    let bytes = std::fs::read(segment::segment_path(&log, loc.segment())).unwrap();
+    assert_eq!(segment::check_header(&bytes), segment::HeaderCheck::Valid);
+    // A crash right after creating the next segment: 5 header bytes, zeros.
+    let torn = segment::segment_path(&log, loc.segment() + 1);
+    let mut t = segment::header()[..5].to_vec();
+    t.resize(4096, 0);
+    std::fs::write(&torn, &t).unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert_eq!(ids_of(&take_recovered(&store), P1), vec![a]);
+    assert_eq!(std::fs::read(&torn).unwrap(), segment::header());
+    let (b, _) = publish(&store, &[P1], b"two");
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert_eq!(ids_of(&take_recovered(&store), P1), vec![a, b]);
 }

@@ -578,6 +578,7 @@ impl Session {
             routing_key: p.routing_key.clone(),
             properties: p.properties.clone(),
             body: p.body.clone(),
+            header_format: crate::engine::message::HEADER_AMQP_091,
             persistent: p.persistent,
             priority: p.priority.unwrap_or(0),
         });
@@ -617,6 +618,7 @@ impl Session {
         let data = MessageData {
             exchange,
             routing_key,
+            header_format: message.header_format,
             header: &message.properties,
             body: &message.body,
             attrs: weir_backend::MessageAttrs {
@@ -992,6 +994,7 @@ impl Session {
                 routing_key: Bytes::from(m.routing_key.into_bytes()),
                 properties: m.header,
                 body: m.body,
+                header_format: m.header_format,
                 persistent: true,
                 priority: m.attrs.priority,
             })),

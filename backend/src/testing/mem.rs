@@ -1,0 +1,457 @@
+//! [`MemStore`]: everything in memory, durability on a manual switch.
+
+use crate::{
+    LiveSet, Location, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta, Store,
+    StoreError, StoreStats, StoredMessage, Waiter,
+};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Marks MemStore positions (third word), so a position from another store
+/// is never mistaken for one of ours.
+const MEM_TAG: u32 = 0x4d45_4d00;
+
+/// An in-memory [`Store`] for in-process tests.
+///
+/// * Positions are slots in a map; [`Store::compact`] moves *every* live
+///   position it is shown, so callers' handling of moved positions is
+///   exercised on every call.
+/// * Waiters complete as soon as their append returns, unless
+///   [`MemStore::hold_durability`] is on: then they stay pending until
+///   [`MemStore::release`] (or switching the hold off), which lets a test
+///   prove that nothing waits on an fsync it should not wait on.
+/// * [`MemStore::reopen`] gives a new store over the same data, as a clean
+///   restart would (paged messages are dropped, everything else survives).
+pub struct MemStore {
+    state: Mutex<State>,
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    records: HashMap<u64, Record>,
+    next_slot: u64,
+    /// Current slot of every live (partition, id).
+    live: HashMap<PartitionId, BTreeMap<MessageId, u64>>,
+    meta: BTreeMap<Vec<u8>, Vec<u8>>,
+    meta_version: u64,
+    recovered: HashMap<PartitionId, Vec<RecoveredMessage>>,
+    recovered_partitions: Vec<PartitionId>,
+    hold: bool,
+    held: Vec<Waiter>,
+    closed: bool,
+    appended_bytes: u64,
+}
+
+#[derive(Clone)]
+struct Record {
+    msg: StoredMessage,
+    paged: bool,
+    /// Partitions whose current position is this record.
+    live: u32,
+}
+
+fn slot_of(loc: Location) -> Option<u64> {
+    let [hi, lo, tag] = loc.words();
+    (tag == MEM_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+}
+
+fn location_of(slot: u64) -> Location {
+    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_TAG])
+}
+
+impl State {
+    fn insert(&mut self, rec: Record) -> u64 {
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        self.records.insert(slot, rec);
+        slot
+    }
+
+    /// One partition stops living at `slot`; drops the record when none does.
+    fn unlive(&mut self, slot: u64) {
+        if let Some(r) = self.records.get_mut(&slot) {
+            r.live = r.live.saturating_sub(1);
+            if r.live == 0 {
+                self.records.remove(&slot);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for MemStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemStore").finish_non_exhaustive()
+    }
+}
+
+impl Default for MemStore {
+    fn default() -> Self {
+        MemStore {
+            state: Mutex::new(State::default()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+impl MemStore {
+    /// An empty store.
+    pub fn new() -> Arc<MemStore> {
+        Arc::new(MemStore::default())
+    }
+
+    /// While `hold` is on, waiters stay pending; switching it off completes
+    /// every pending waiter (successfully), in append order.
+    pub fn hold_durability(&self, hold: bool) {
+        self.state.lock().hold = hold;
+        if !hold {
+            self.release();
+        }
+    }
+
+    /// Completes every pending waiter (successfully), in append order. The
+    /// hold stays as it is.
+    pub fn release(&self) {
+        let held = std::mem::take(&mut self.state.lock().held);
+        for w in held {
+            w(Ok(()));
+        }
+    }
+
+    /// Waiters pending under the hold.
+    pub fn held_waiters(&self) -> usize {
+        self.state.lock().held.len()
+    }
+
+    /// Live (partition, message) pairs, paged ones included.
+    pub fn live_count(&self) -> usize {
+        self.state.lock().live.values().map(|m| m.len()).sum()
+    }
+
+    /// A new store over this one's data, as a clean restart would see it:
+    /// metadata and ids kept, every live published message recovered per
+    /// partition, paged messages dropped. This store is closed.
+    pub fn reopen(&self) -> Arc<MemStore> {
+        let mut st = self.state.lock();
+        st.closed = true;
+        let mut next = State {
+            meta: st.meta.clone(),
+            meta_version: st.meta_version,
+            ..State::default()
+        };
+        next.next_slot = st.next_slot;
+        for (p, ids) in &st.live {
+            let mut msgs = Vec::new();
+            for (&id, &slot) in ids {
+                let Some(r) = st.records.get(&slot).filter(|r| !r.paged) else {
+                    continue;
+                };
+                let kept = next.records.entry(slot).or_insert_with(|| Record {
+                    live: 0,
+                    ..r.clone()
+                });
+                kept.live += 1;
+                next.live.entry(*p).or_default().insert(id, slot);
+                msgs.push(RecoveredMessage {
+                    id,
+                    location: location_of(slot),
+                    size: (r.msg.header.len() + r.msg.body.len()) as u32,
+                    attrs: r.msg.attrs,
+                });
+            }
+            if !msgs.is_empty() {
+                next.recovered_partitions.push(*p);
+                next.recovered.insert(*p, msgs);
+            }
+        }
+        next.recovered_partitions.sort_unstable();
+        Arc::new(MemStore {
+            state: Mutex::new(next),
+            next_id: AtomicU64::new(self.next_id.load(Ordering::SeqCst)),
+        })
+    }
+}
+
+impl Store for MemStore {
+    fn allocate_ids(&self, n: u64) -> MessageId {
+        self.next_id.fetch_add(n, Ordering::SeqCst)
+    }
+
+    fn append(
+        &self,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+        waiter: Option<Waiter>,
+    ) -> Result<(), StoreError> {
+        for op in ops {
+            if let Op::Publish { partitions, .. } | Op::Page { partitions, .. } = op {
+                if partitions.is_empty() {
+                    return Err(StoreError::io(
+                        "append",
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            "publish needs at least one partition",
+                        ),
+                    ));
+                }
+            }
+        }
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(StoreError::Closed);
+        }
+        for op in ops {
+            match op {
+                Op::Publish {
+                    id,
+                    partitions,
+                    data,
+                }
+                | Op::Page {
+                    id,
+                    partitions,
+                    data,
+                } => {
+                    let msg = StoredMessage {
+                        id: *id,
+                        exchange: data.exchange.to_string(),
+                        routing_key: data.routing_key.to_string(),
+                        header_format: data.header_format,
+                        header: Bytes::copy_from_slice(data.header),
+                        body: Bytes::copy_from_slice(data.body),
+                        attrs: data.attrs,
+                    };
+                    st.appended_bytes += (data.header.len() + data.body.len()) as u64;
+                    let slot = st.insert(Record {
+                        msg,
+                        paged: matches!(op, Op::Page { .. }),
+                        live: 0,
+                    });
+                    for p in partitions.iter() {
+                        let old = st.live.entry(*p).or_default().insert(*id, slot);
+                        if let Some(old) = old {
+                            st.unlive(old);
+                        }
+                        if let Some(r) = st.records.get_mut(&slot) {
+                            r.live += 1;
+                        }
+                    }
+                    self.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    locations.push(location_of(slot));
+                }
+                Op::Settle { partition, id, .. } => {
+                    // The live map knows the current slot; the location the
+                    // caller names is only a hint for stores that need it.
+                    let slot = st.live.get_mut(partition).and_then(|m| m.remove(id));
+                    if st.live.get(partition).is_some_and(|m| m.is_empty()) {
+                        st.live.remove(partition);
+                    }
+                    if let Some(slot) = slot {
+                        st.unlive(slot);
+                    }
+                }
+                Op::PutMeta { key, value } => {
+                    st.meta_version += 1;
+                    st.meta.insert(key.to_vec(), value.to_vec());
+                }
+                Op::DeleteMeta { key } => {
+                    st.meta_version += 1;
+                    st.meta.remove(*key);
+                }
+            }
+        }
+        let Some(w) = waiter else { return Ok(()) };
+        if st.hold || !st.held.is_empty() {
+            // Behind earlier pending waiters: durability completes in order.
+            st.held.push(w);
+            let hold = st.hold;
+            drop(st);
+            if !hold {
+                self.release();
+            }
+        } else {
+            drop(st);
+            w(Ok(()));
+        }
+        Ok(())
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        let st = self.state.lock();
+        slot_of(location)
+            .and_then(|s| st.records.get(&s))
+            .map(|r| r.msg.clone())
+            .ok_or(StoreError::NotFound(location))
+    }
+
+    fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
+        let st = self.state.lock();
+        Ok(RecoveredMeta {
+            meta: st.meta.clone(),
+            version: st.meta_version,
+            truncated_bytes: 0,
+        })
+    }
+
+    fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError> {
+        Ok(self.state.lock().recovered_partitions.clone())
+    }
+
+    fn recover_partition(
+        &self,
+        partition: PartitionId,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        Ok(self
+            .state
+            .lock()
+            .recovered
+            .remove(&partition)
+            .unwrap_or_default())
+    }
+
+    fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
+        let mut moved = 0;
+        let mut closed = false;
+        live.for_each_live(&mut |partition, id, location| {
+            let mut st = self.state.lock();
+            if st.closed {
+                closed = true;
+                return;
+            }
+            let Some(slot) = st.live.get(&partition).and_then(|m| m.get(&id)).copied() else {
+                return;
+            };
+            let Some(rec) = st.records.get(&slot).cloned() else {
+                return;
+            };
+            let new = st.insert(Record { live: 1, ..rec });
+            st.unlive(slot);
+            if let Some(m) = st.live.get_mut(&partition) {
+                m.insert(id, new);
+            }
+            *location = location_of(new);
+            moved += 1;
+        });
+        if closed {
+            return Err(StoreError::Closed);
+        }
+        Ok(moved)
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            appended_bytes: self.state.lock().appended_bytes,
+            ..StoreStats::default()
+        }
+    }
+
+    fn close(&self) -> Result<(), StoreError> {
+        self.state.lock().closed = true;
+        // Closing makes everything durable.
+        self.release();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MessageAttrs, MessageData};
+
+    fn publish(store: &MemStore, waiter: Option<Waiter>) -> Location {
+        let id = store.allocate_ids(1);
+        let mut locs = Vec::new();
+        store
+            .append(
+                &[Op::Publish {
+                    id,
+                    partitions: &[PartitionId(1)],
+                    data: MessageData {
+                        exchange: "",
+                        routing_key: "q",
+                        header_format: 1,
+                        header: b"",
+                        body: b"x",
+                        attrs: MessageAttrs::default(),
+                    },
+                }],
+                &mut locs,
+                waiter,
+            )
+            .unwrap();
+        locs[0]
+    }
+
+    #[test]
+    fn held_waiters_complete_only_on_release_in_order() {
+        let store = MemStore::new();
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let waiter = |n: usize| -> Waiter {
+            let done = done.clone();
+            Box::new(move |r| {
+                r.unwrap();
+                done.lock().push(n);
+            })
+        };
+        publish(&store, Some(waiter(0)));
+        assert_eq!(*done.lock(), vec![0], "not held: completes at once");
+        store.hold_durability(true);
+        publish(&store, Some(waiter(1)));
+        publish(&store, Some(waiter(2)));
+        assert_eq!(store.held_waiters(), 2);
+        assert_eq!(*done.lock(), vec![0], "held");
+        store.release();
+        assert_eq!(*done.lock(), vec![0, 1, 2]);
+        publish(&store, Some(waiter(3)));
+        assert_eq!(store.held_waiters(), 1, "still holding after release");
+        store.hold_durability(false);
+        assert_eq!(*done.lock(), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn positions_of_other_stores_are_not_found() {
+        let store = MemStore::new();
+        let loc = publish(&store, None);
+        assert!(store.read(loc).is_ok());
+        assert!(matches!(
+            store.read(crate::testing::location(0)),
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    struct MemHarness {
+        current: Option<Arc<MemStore>>,
+        persists: bool,
+    }
+
+    impl crate::testing::contract::Harness for MemHarness {
+        fn create(&mut self) -> Arc<dyn Store> {
+            let s = MemStore::new();
+            self.current = Some(s.clone());
+            s
+        }
+        fn persists(&self) -> bool {
+            self.persists
+        }
+        fn reopen(&mut self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+            drop(store);
+            let old = self.current.take().expect("created first");
+            let s = old.reopen();
+            self.current = Some(s.clone());
+            s
+        }
+    }
+
+    #[test]
+    fn mem_store_passes_the_store_contract() {
+        for persists in [false, true] {
+            crate::testing::contract::run_all(&mut MemHarness {
+                current: None,
+                persists,
+            });
+        }
+    }
+}
