@@ -13,7 +13,7 @@ pub struct ServerConfig {
     pub max_message_size: u64,
     /// Most bytes that incomplete messages (publish seen, body not yet
     /// complete) on all channels of one connection may hold together
-    /// ([`Connection::partial_content_bytes`]); `None` means
+    /// ([`Connection::partial_content_bytes`](super::Connection::partial_content_bytes)); `None` means
     /// [`Self::max_message_size`]. One incomplete message is always allowed
     /// up to `max_message_size`, so this bounds how far many channels can
     /// multiply it. A frame that would pass the limit while other channels

@@ -29,7 +29,7 @@ pub struct Publish {
 #[derive(Debug)]
 pub enum Event {
     /// The client chose a mechanism and sent credentials. Answer with
-    /// [`Connection::accept_login`] or [`Connection::refuse_login`].
+    /// [`Connection::accept_login`](super::Connection::accept_login) or [`Connection::refuse_login`](super::Connection::refuse_login).
     Login {
         /// PLAIN or AMQPLAIN.
         mechanism: String,
@@ -39,7 +39,7 @@ pub enum Event {
         /// to `&str`).
         password: Secret,
     },
-    /// connection.open: answer with [`Connection::accept_open`] or close.
+    /// connection.open: answer with [`Connection::accept_open`](super::Connection::accept_open) or close.
     OpenVhost {
         /// The virtual host (tenant) asked for.
         vhost: String,

@@ -25,7 +25,9 @@ pub enum Timeout {
     /// Nothing was read for two heartbeat intervals (time the session did
     /// not read, see [`Connection::pause_reads`], excluded).
     Heartbeat,
-    /// The peer did not complete the close within [`CLOSE_TIMEOUT`].
+    /// The close was not completed within [`CLOSE_TIMEOUT`]: the peer did
+    /// not answer our connection.close, or did not take the last bytes of
+    /// a finished connection.
     Close,
 }
 
@@ -128,6 +130,8 @@ impl Connection {
                     Some(send.min(t.last_read + dead_after))
                 }
             }
+            // Finished and flushed: nothing left to wait for.
+            Phase::Finished if self.out.is_empty() => None,
             Phase::Closing | Phase::Finished => {
                 Some(t.closing_since.map_or(t.now, |since| since + CLOSE_TIMEOUT))
             }
@@ -169,6 +173,7 @@ impl Connection {
                     self.timers.last_write = now;
                 }
             }
+            Phase::Finished if self.out.is_empty() => {}
             Phase::Closing | Phase::Finished => {
                 if self
                     .timers
