@@ -67,6 +67,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 use timers::Timers;
 
+/// Where the connection is in its life, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     AwaitingHeader,
