@@ -5,5 +5,10 @@
 //! holds no engine state, so every protocol is testable without a network.
 //!
 //! * [`amqp`]: AMQP 0-9-1 (RabbitMQ's dialect), framed with `amq-protocol`.
+//! * [`Secret`]: a client's password, redacted when formatted.
+#![forbid(unsafe_code)]
 
 pub mod amqp;
+mod secret;
+
+pub use secret::Secret;

@@ -2,7 +2,8 @@
 //!
 //! * [`codec`]: cutting frames from bytes, writing frames (hot-path frames by hand).
 //! * [`connection`]: the per-connection state machine (handshake, channels,
-//!   content assembly, protocol errors) producing [`connection::Event`]s.
+//!   content assembly, protocol errors, timers on the caller's clock)
+//!   producing [`connection::Event`]s.
 //! * [`depth`]: the nesting bound applied before any table reaches `amq-protocol`.
 //! * [`sasl`]: PLAIN and AMQPLAIN responses.
 //! * [`reply`]: reply codes.
@@ -15,4 +16,4 @@ pub mod sasl;
 
 pub use amq_protocol::protocol::{self as methods, AMQPClass};
 pub use amq_protocol::types;
-pub use connection::{Connection, Event, Publish, ServerConfig};
+pub use connection::{Connection, Event, Publish, ServerConfig, Timeout};

@@ -6,6 +6,7 @@
 //! sees it.
 
 use super::depth::{self, DepthError};
+use crate::Secret;
 use amq_protocol::types::AMQPValue;
 
 /// Longest response accepted (room for an OAuth 2 token used as a password;
@@ -17,8 +18,8 @@ pub const MAX_RESPONSE: usize = 64 * 1024;
 pub struct Credentials {
     /// User name.
     pub username: String,
-    /// Password.
-    pub password: String,
+    /// Password (redacted in `Debug`).
+    pub password: Secret,
 }
 
 /// Why a response was refused.
@@ -69,7 +70,7 @@ fn decode_plain(response: &[u8]) -> Result<Credentials, SaslError> {
     };
     Ok(Credentials {
         username: utf8(user)?,
-        password: utf8(pass)?,
+        password: utf8(pass)?.into(),
     })
 }
 
@@ -91,7 +92,7 @@ fn decode_amqplain(response: &[u8]) -> Result<Credentials, SaslError> {
     };
     Ok(Credentials {
         username: get("LOGIN")?,
-        password: get("PASSWORD")?,
+        password: get("PASSWORD")?.into(),
     })
 }
 
@@ -147,7 +148,7 @@ pub(crate) mod tests {
         };
         assert_eq!(decode("PLAIN", b"\0guest\0pw"), Ok(want));
         let got = decode("AMQPLAIN", &amqplain(b"u", b"p", &[])).expect("decodes");
-        assert_eq!((got.username.as_str(), got.password.as_str()), ("u", "p"));
+        assert_eq!((got.username.as_str(), got.password.expose()), ("u", "p"));
     }
 
     #[test]
