@@ -1028,8 +1028,11 @@ impl HeaderLookup for LazyLookup<'_> {
 /// slots, each one lock; a collision just converts again. Message ids are
 /// never reused by a store, so a hit is always the same message.
 pub struct ConversionCache {
-    slots: Box<[Mutex<Option<(MessageId, HeaderFormat, Bytes)>>]>,
+    slots: Box<[Slot]>,
 }
+
+/// One cached conversion: message id, target format, converted bytes.
+type Slot = Mutex<Option<(MessageId, HeaderFormat, Bytes)>>;
 
 impl ConversionCache {
     /// A cache of `slots` entries (at least 1).
