@@ -14,6 +14,7 @@ pub mod error;
 pub mod exchange;
 pub mod message;
 pub mod meta;
+pub mod properties;
 pub mod queue;
 pub mod tenant;
 
