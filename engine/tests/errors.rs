@@ -289,8 +289,7 @@ fn inequivalent_queue_redeclares_are_precondition_failed() {
             arguments: json!({"x-max-length": 20}),
             ..original.clone()
         })
-        .err()
-        .expect("x-max-length differs");
+        .expect_err("x-max-length differs");
     assert_eq!(
         err.to_string(),
         "PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue 'q' in vhost '/': received '20' but current is '10'"
@@ -325,8 +324,7 @@ fn inequivalent_exchange_redeclares_are_precondition_failed() {
     exchange(&t, "x", ExchangeKind::Direct);
     let err = t
         .declare_exchange(xdef("x", ExchangeKind::Fanout), false)
-        .err()
-        .expect("type differs");
+        .expect_err("type differs");
     assert_eq!(
         err.to_string(),
         "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'x' in vhost '/': received 'fanout' but current is 'direct'"
