@@ -2,9 +2,12 @@
 # The one command that runs every test (README: "Run the tests").
 #
 # Installs what the tests need (Debian packages, a Python venv with pika),
-# builds the `weir` binary once, then runs the Rust tests (unit tests and the
-# black-box tests in tests/ that start the real binary with lapin and raw
-# TCP) and the Python pika tests in tests/python.
+# builds the `weir` binary once, then runs the Rust tests (unit tests, the
+# engine's in-process tests, and the black-box tests in tests/ that start the
+# real binary with lapin and raw TCP) and the pika smoke test in tests/python.
+# Which behaviour is tested where: tests/README.md. Agreement with RabbitMQ
+# (conformance/, pika against both brokers) runs in .ci/run, not here: it
+# needs a RabbitMQ node.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -27,5 +30,5 @@ else
     cargo test --workspace --no-fail-fast
 fi
 
-echo "test: Python (pika) tests" >&2
+echo "test: pika smoke test" >&2
 (cd tests/python && "$PY" -m pytest -q)

@@ -1,9 +1,8 @@
-"""Fixtures: a broker URL (a real weir started here, or WEIR_TEST_URL) and a
-factory for weir processes that tests can stop and restart.
+"""Fixtures: a broker URL (a real weir started here, or WEIR_TEST_URL) and
+connections closed at teardown.
 
 WEIR_TEST_URL=amqp://guest:guest@127.0.0.1:5672/ runs the same tests against
-an already running broker (e.g. RabbitMQ, to check the tests themselves);
-tests that must restart the broker are skipped then.
+an already running broker (e.g. RabbitMQ, to check the tests themselves).
 """
 from __future__ import annotations
 
@@ -16,25 +15,6 @@ from amqp_helpers import open_connection
 from weirproc import Weir
 
 EXTERNAL_URL = os.environ.get("WEIR_TEST_URL")
-
-
-@pytest.fixture
-def weir_factory(tmp_path):
-    """Returns start(data_dir=None) -> Weir; every process is killed at teardown."""
-    if EXTERNAL_URL:
-        pytest.skip("needs to start/stop weir itself (WEIR_TEST_URL is set)")
-    started: list[Weir] = []
-
-    def start(data_dir=None) -> Weir:
-        d = data_dir or tmp_path / "data"
-        d.mkdir(exist_ok=True)
-        w = Weir(d, tmp_path / "weir.log").start()
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.kill()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Start and stop the real `weir` binary for black-box tests."""
+"""Start and stop the real `weir` binary for the pika smoke test."""
 from __future__ import annotations
 
 import os
@@ -33,7 +33,7 @@ def port_accepts(port: int) -> bool:
 
 class Weir:
     """One weir process on a data dir. Can be stopped and started again on
-    the same data dir (durability tests)."""
+    the same data dir."""
 
     def __init__(self, data_dir: Path, log_path: Path, start_timeout: float = 30.0):
         self.data_dir = Path(data_dir)

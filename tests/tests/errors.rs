@@ -1,5 +1,8 @@
-//! Channel- and connection-level errors through lapin, with exact reply
-//! codes; after every channel error the connection keeps working.
+//! Errors as the client sees them: each engine error kind's AMQP reply code
+//! once, the asynchronous closes (publish, ack), and login refusals. Which
+//! operation fails with which error is tested in process
+//! (`engine/tests/errors.rs`); after every channel error here the
+//! connection keeps working.
 
 use lapin::options::*;
 use lapin::types::FieldTable;
@@ -9,13 +12,6 @@ use weir_tests::*;
 
 fn passive_q() -> QueueDeclareOptions {
     QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    }
-}
-
-fn passive_x() -> ExchangeDeclareOptions {
-    ExchangeDeclareOptions {
         passive: true,
         ..Default::default()
     }
@@ -42,11 +38,16 @@ async fn still_works(conn: &Connection) {
     ch.close(200, "done".into()).await.unwrap();
 }
 
+/// Each engine error kind reaches the client as its reply code, closes only
+/// the channel, and leaves the connection working. Which operation fails
+/// with which kind is tested in process (`engine/tests/errors.rs`); this is
+/// the AMQP mapping, once per code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn not_found_404() {
+async fn engine_errors_close_the_channel_with_their_reply_code() {
     let broker = Broker::start();
     let conn = connect(&broker.url()).await;
 
+    // NotFound → 404.
     let ch = conn.create_channel().await.unwrap();
     assert_code(
         ch.queue_declare("missing-q".into(), passive_q(), FieldTable::default())
@@ -55,70 +56,80 @@ async fn not_found_404() {
     );
     still_works(&conn).await;
 
+    // AccessRefused → 403.
     let ch = conn.create_channel().await.unwrap();
     assert_code(
         ch.exchange_declare(
-            "missing-x".into(),
+            "amq.mine".into(),
             ExchangeKind::Direct,
-            passive_x(),
+            ExchangeDeclareOptions::default(),
             FieldTable::default(),
         )
         .await,
-        404,
+        403,
     );
     still_works(&conn).await;
 
+    // PreconditionFailed → 406 (inequivalent redeclare).
     let ch = conn.create_channel().await.unwrap();
-    declare_queue(&ch, "q").await;
+    declare_queue(&ch, "plain").await;
     assert_code(
-        ch.queue_bind(
-            "q".into(),
-            "missing-x".into(),
-            "k".into(),
-            QueueBindOptions::default(),
+        ch.queue_declare(
+            "plain".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
             FieldTable::default(),
         )
         .await,
-        404,
+        406,
     );
     still_works(&conn).await;
 
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.queue_bind(
-            "missing-q".into(),
-            "amq.direct".into(),
-            "k".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-        404,
-    );
-    still_works(&conn).await;
-
+    // ResourceLocked → 405, for another connection's exclusive queue; the
+    // queue goes when its owner does.
+    let owner = connect(&broker.url()).await;
+    let och = owner.create_channel().await.unwrap();
+    och.queue_declare(
+        "excl".into(),
+        QueueDeclareOptions {
+            exclusive: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
     let ch = conn.create_channel().await.unwrap();
     assert_code(
         ch.basic_consume(
-            "missing-q".into(),
+            "excl".into(),
             "".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await,
-        404,
+        405,
     );
     still_works(&conn).await;
-
+    owner.close(200, "bye".into()).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     assert_code(
-        ch.basic_get("missing-q".into(), BasicGetOptions::default())
+        ch.queue_declare("excl".into(), passive_q(), FieldTable::default())
             .await,
         404,
     );
     still_works(&conn).await;
+    conn.close(200, "bye".into()).await.unwrap();
+}
 
-    // publish to a missing exchange: asynchronous channel.close 404.
+/// basic.publish has no reply: a publish to a missing exchange closes the
+/// channel asynchronously, and in confirm mode the confirm fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_to_a_missing_exchange_closes_the_channel_404() {
+    let broker = Broker::start();
+    let conn = connect(&broker.url()).await;
     let ch = conn.create_channel().await.unwrap();
     let mut events = error_events(&conn);
     ch.basic_publish(
@@ -133,7 +144,6 @@ async fn not_found_404() {
     assert_eq!(next_error_code(&mut events).await, 404);
     still_works(&conn).await;
 
-    // ... and in confirm mode the confirm fails.
     let ch = confirm_channel(&conn).await;
     let confirm = ch
         .basic_publish(
@@ -156,210 +166,16 @@ async fn not_found_404() {
     conn.close(200, "bye".into()).await.unwrap();
 }
 
+/// An ack of a tag never delivered, or acked already, closes the channel
+/// with 406 (asynchronously: basic.ack has no reply).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn access_refused_403() {
-    let broker = Broker::start();
-    let conn = connect(&broker.url()).await;
-
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.exchange_declare(
-            "amq.mine".into(),
-            ExchangeKind::Direct,
-            ExchangeDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-        403,
-    );
-    still_works(&conn).await;
-
-    let ch = conn.create_channel().await.unwrap();
-    declare_queue(&ch, "q").await;
-    assert_code(
-        ch.queue_bind(
-            "q".into(),
-            "".into(),
-            "other".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-        403,
-    );
-    still_works(&conn).await;
-
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.exchange_delete("amq.direct".into(), ExchangeDeleteOptions::default())
-            .await,
-        403,
-    );
-    still_works(&conn).await;
-
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.queue_declare(
-            "amq.q".into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-        403,
-    );
-    still_works(&conn).await;
-    conn.close(200, "bye".into()).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resource_locked_405_exclusive_queue() {
-    let broker = Broker::start();
-    let owner = connect(&broker.url()).await;
-    let och = owner.create_channel().await.unwrap();
-    och.queue_declare(
-        "excl".into(),
-        QueueDeclareOptions {
-            exclusive: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-
-    let other = connect(&broker.url()).await;
-    let ch = other.create_channel().await.unwrap();
-    assert_code(
-        ch.basic_consume(
-            "excl".into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-        405,
-    );
-    still_works(&other).await;
-    let ch = other.create_channel().await.unwrap();
-    assert_code(
-        ch.queue_declare(
-            "excl".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await,
-        405,
-    );
-    still_works(&other).await;
-    let ch = other.create_channel().await.unwrap();
-    assert_code(
-        ch.queue_delete("excl".into(), QueueDeleteOptions::default())
-            .await,
-        405,
-    );
-    still_works(&other).await;
-
-    // When the owner goes, the exclusive queue goes with it.
-    owner.close(200, "bye".into()).await.unwrap();
-    let ch = other.create_channel().await.unwrap();
-    assert_code(
-        ch.queue_declare("excl".into(), passive_q(), FieldTable::default())
-            .await,
-        404,
-    );
-    still_works(&other).await;
-    other.close(200, "bye".into()).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn precondition_failed_406() {
+async fn bad_acks_are_406() {
     let broker = Broker::start();
     let conn = connect(&broker.url()).await;
     let ch = confirm_channel(&conn).await;
     declare_queue(&ch, "plain").await;
-    ch.exchange_declare(
-        "fx".into(),
-        ExchangeKind::Fanout,
-        ExchangeDeclareOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        "plain".into(),
-        "fx".into(),
-        "".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
     publish_confirmed(&ch, "", "plain", b"x", BasicProperties::default()).await;
 
-    // Inequivalent queue redeclare (durable flag differs).
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.queue_declare(
-            "plain".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await,
-        406,
-    );
-    still_works(&conn).await;
-
-    // Inequivalent exchange redeclare (type differs).
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.exchange_declare(
-            "fx".into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-        406,
-    );
-    still_works(&conn).await;
-
-    // queue.delete if-empty on a non-empty queue.
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.queue_delete(
-            "plain".into(),
-            QueueDeleteOptions {
-                if_empty: true,
-                ..Default::default()
-            },
-        )
-        .await,
-        406,
-    );
-    still_works(&conn).await;
-
-    // exchange.delete if-unused on a bound exchange.
-    let ch = conn.create_channel().await.unwrap();
-    assert_code(
-        ch.exchange_delete(
-            "fx".into(),
-            ExchangeDeleteOptions {
-                if_unused: true,
-                ..Default::default()
-            },
-        )
-        .await,
-        406,
-    );
-    still_works(&conn).await;
-
-    // ack of a delivery tag never delivered.
     let ch = conn.create_channel().await.unwrap();
     let mut events = error_events(&conn);
     ch.basic_ack(4242, BasicAckOptions::default())
@@ -368,7 +184,6 @@ async fn precondition_failed_406() {
     assert_eq!(next_error_code(&mut events).await, 406);
     still_works(&conn).await;
 
-    // Double ack of a real tag.
     let ch = conn.create_channel().await.unwrap();
     let m = ch
         .basic_get("plain".into(), BasicGetOptions::default())
@@ -382,18 +197,9 @@ async fn precondition_failed_406() {
     assert_eq!(next_error_code(&mut events).await, 406);
     still_works(&conn).await;
 
-    // Everything still there after the failures.
+    // The first ack held; nothing came back with the channel close.
     let ch = conn.create_channel().await.unwrap();
     assert_eq!(queue_len(&ch, "plain").await, 0);
-    ch.queue_delete(
-        "plain".into(),
-        QueueDeleteOptions {
-            if_empty: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("if-empty delete of an empty queue");
     conn.close(200, "bye".into()).await.unwrap();
 }
 

@@ -3,7 +3,7 @@
 
 use lapin::options::*;
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ExchangeKind};
+use lapin::{BasicProperties, Connection};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use weir_tests::raw::{self, longstr, method, shortstr, Frame, RawClient, PROTOCOL_HEADER};
@@ -417,102 +417,9 @@ async fn confirms_of_a_closed_channel_do_not_reach_its_reopening() {
 }
 
 // ---------------------------------------------------------------------------
-// 4. Auto-delete exchanges
-
-/// An auto-delete exchange that never had a binding used to vanish when an
-/// unrelated queue was deleted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unbound_auto_delete_exchange_survives_unrelated_queue_delete() {
-    let broker = Broker::start();
-    let conn = connect(&broker.url()).await;
-    let ch = conn.create_channel().await.unwrap();
-    ch.exchange_declare(
-        "ad_x".into(),
-        ExchangeKind::Fanout,
-        ExchangeDeclareOptions {
-            auto_delete: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .expect("exchange.declare");
-    declare_queue(&ch, "unrelated_q").await;
-    ch.queue_delete("unrelated_q".into(), QueueDeleteOptions::default())
-        .await
-        .expect("queue.delete");
-    ch.exchange_declare(
-        "ad_x".into(),
-        ExchangeKind::Fanout,
-        ExchangeDeclareOptions {
-            passive: true,
-            auto_delete: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .expect("passive declare of the auto-delete exchange (it vanished?)");
-}
-
-/// Deleting the last exchange of a long chain of auto-delete exchanges
-/// (each bound to the next) deletes the whole chain, one after another. That
-/// cascade was recursive, a stack frame per exchange: 20,000 of them
-/// overflowed a runtime thread's stack and aborted the broker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_auto_delete_exchange_chain_is_deleted_without_recursion() {
-    const CHAIN: usize = 20_000;
-    let broker = Broker::start();
-    let conn = connect(&broker.url()).await;
-    let ch = conn.create_channel().await.unwrap();
-    let name = |i: usize| format!("chain.{i}");
-    for i in 0..CHAIN {
-        ch.exchange_declare(
-            name(i).as_str().into(),
-            ExchangeKind::Fanout,
-            ExchangeDeclareOptions {
-                auto_delete: true,
-                nowait: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("exchange.declare");
-    }
-    for i in 0..CHAIN - 1 {
-        ch.exchange_bind(
-            name(i + 1).as_str().into(),
-            name(i).as_str().into(),
-            "".into(),
-            ExchangeBindOptions { nowait: true },
-            FieldTable::default(),
-        )
-        .await
-        .expect("exchange.bind");
-    }
-    ch.exchange_delete(
-        name(CHAIN - 1).as_str().into(),
-        ExchangeDeleteOptions::default(),
-    )
-    .await
-    .expect("exchange.delete of the chain's end");
-    // The broker is alive and the whole chain is gone (the head's last
-    // binding went with its successor).
-    let err = ch
-        .exchange_declare(
-            name(0).as_str().into(),
-            ExchangeKind::Fanout,
-            ExchangeDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect_err("the chain's head was auto-deleted");
-    assert!(err.to_string().contains("NOT_FOUND"), "{err}");
-}
+// 4. Auto-delete exchanges: tested in process since, in
+// engine/tests/routing.rs (`auto_delete_exchange_goes_with_its_last_binding_only`,
+// `a_long_auto_delete_exchange_chain_cascades_without_recursion`).
 
 // ---------------------------------------------------------------------------
 // 5. Server-generated consumer tags

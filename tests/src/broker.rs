@@ -1,0 +1,425 @@
+//! Running the real `weir` binary: start (on a temporary or given data
+//! directory, with flags or a custom environment), wait for readiness, read
+//! its log, SIGTERM / SIGKILL, restart on the same directory, and run it to
+//! exit (for settings that must refuse to start).
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream as StdTcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::START_TIMEOUT;
+
+/// Path of the `weir` binary under test.
+pub fn weir_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("WEIR_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => {
+            let t = PathBuf::from(t);
+            if t.is_absolute() {
+                t
+            } else {
+                workspace_root().join(t)
+            }
+        }
+        None => workspace_root().join("target"),
+    };
+    let bin = target.join("debug").join("weir");
+    assert!(
+        bin.exists(),
+        "weir binary not found at {}: run `cargo build -p weir-gateway` first (or set WEIR_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// A free loopback port (bound then released; the broker binds it next).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral port")
+        .port()
+}
+
+/// Everything the broker wrote to stdout and stderr, across restarts.
+#[derive(Default)]
+struct LogBuf {
+    text: Mutex<String>,
+    changed: Condvar,
+}
+
+impl LogBuf {
+    fn push_line(&self, line: &str) {
+        let mut t = self.text.lock().unwrap();
+        t.push_str(line);
+        t.push('\n');
+        self.changed.notify_all();
+    }
+}
+
+/// One running (or stopped) `weir` process on a data directory.
+pub struct Broker {
+    child: Option<Child>,
+    port: u16,
+    data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    logs: Arc<LogBuf>,
+    /// Offset into `logs` where the current process's output starts.
+    run_start: usize,
+    extra_args: Vec<String>,
+}
+
+impl Broker {
+    /// Starts a broker on a fresh temporary data directory.
+    pub fn start() -> Broker {
+        Self::start_with(&[])
+    }
+
+    /// Like [`Broker::start`], with extra command-line flags.
+    pub fn start_with(args: &[&str]) -> Broker {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        let mut b = Self::new(dir, Some(tmp), args);
+        b.spawn_ready(None);
+        b
+    }
+
+    /// Starts a broker on an existing data directory (the caller keeps it).
+    pub fn start_in(dir: &Path) -> Broker {
+        Self::start_in_with(dir, &[])
+    }
+
+    /// Like [`Broker::start_in`], with extra command-line flags (kept for
+    /// restarts).
+    pub fn start_in_with(dir: &Path, args: &[&str]) -> Broker {
+        let mut b = Self::new(dir.to_path_buf(), None, args);
+        b.spawn_ready(None);
+        b
+    }
+
+    fn new(data_dir: PathBuf, tmp: Option<tempfile::TempDir>, args: &[&str]) -> Broker {
+        Broker {
+            child: None,
+            port: 0,
+            data_dir,
+            _tmp: tmp,
+            logs: Arc::new(LogBuf::default()),
+            run_start: 0,
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Starts the broker again on the same data directory, on the same port
+    /// when it is free (so reconnecting clients find it), else a new one.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart: the broker is still running");
+        let port = self.port;
+        self.spawn_ready(Some(port));
+    }
+
+    fn spawn_ready(&mut self, mut port: Option<u16>) {
+        let mut last_err = String::new();
+        for _attempt in 0..4 {
+            let p = port.take().unwrap_or_else(free_port);
+            match self.spawn_once(p) {
+                Ok(()) => return,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!(
+            "weir did not start: {last_err}\n--- log ---\n{}",
+            self.logs()
+        );
+    }
+
+    fn spawn_once(&mut self, port: u16) -> Result<(), String> {
+        let mut cmd = weir_command();
+        cmd.arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--amqp-listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(&self.extra_args);
+        self.spawn_command(cmd, port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:PORT/%2f`
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    pub fn url_with(&self, user: &str, pass: &str, vhost: &str) -> String {
+        format!("amqp://{user}:{pass}@127.0.0.1:{}/{vhost}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().unwrap().is_none(),
+            None => false,
+        }
+    }
+
+    /// All output of every run so far.
+    pub fn logs(&self) -> String {
+        self.logs.text.lock().unwrap().clone()
+    }
+
+    /// Output of the current (or last) run only.
+    pub fn run_logs(&self) -> String {
+        self.logs.text.lock().unwrap()[self.run_start..].to_string()
+    }
+
+    /// Waits until the current run logged a line containing `needle`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut t = self.logs.text.lock().unwrap();
+        loop {
+            if t[self.run_start..].contains(needle) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            t = self.logs.changed.wait_timeout(t, deadline - now).unwrap().0;
+        }
+    }
+
+    /// SIGTERM, wait (bounded) and return the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("terminate: broker not running");
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        wait_bounded(&mut child, START_TIMEOUT)
+            .unwrap_or_else(|| panic!("weir did not exit within {START_TIMEOUT:?} of SIGTERM"))
+    }
+
+    /// SIGTERM and assert a clean exit (status 0).
+    pub fn stop(&mut self) {
+        let status = self.terminate();
+        assert!(
+            status.success(),
+            "weir exited with {status} after SIGTERM\n--- log ---\n{}",
+            self.run_logs()
+        );
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!("--- weir log ---\n{}", self.logs());
+        }
+    }
+}
+
+fn pump(stream: impl Read + Send + 'static, logs: Arc<LogBuf>) {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match r.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => logs.push_line(line.trim_end_matches('\n')),
+            }
+        }
+    });
+}
+
+/// Waits for `child` without blocking forever; `None` on timeout.
+fn wait_bounded(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Duration::from_millis(2);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        // No child-exit notification in std; a short capped back-off.
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Environment variables `weir` reads its settings from; the harness clears
+/// them so a test's own setup is the only source.
+pub const WEIR_SETTING_VARS: &[&str] = &[
+    "WEIR_CONFIG",
+    "WEIR_DATA_DIR",
+    "WEIR_AMQP_LISTEN",
+    "WEIR_FSYNC",
+    "WEIR_SEGMENT_MB",
+    "WEIR_HEARTBEAT",
+    "WEIR_FRAME_MAX",
+    "WEIR_DEFAULT_PASS",
+    "WEIR_GUEST_REMOTE",
+    "WEIR_CONSUMER_TIMEOUT",
+];
+
+/// A `weir` command with no arguments, inherited settings cleared (see
+/// [`WEIR_SETTING_VARS`]), `WEIR_LOG=info` unless the environment sets it,
+/// no colours, stdin closed and stdout/stderr piped.
+pub fn weir_command() -> Command {
+    let mut cmd = Command::new(weir_bin());
+    for var in WEIR_SETTING_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if std::env::var_os("WEIR_LOG").is_none() {
+        cmd.env("WEIR_LOG", "info");
+    }
+    cmd
+}
+
+/// Runs `weir` to completion with the settings `setup` adds to
+/// [`weir_command`]; returns its exit status and everything it printed.
+/// Panics if it is still running after [`START_TIMEOUT`].
+pub fn run_weir_to_exit(setup: impl FnOnce(&mut Command)) -> (ExitStatus, String) {
+    let mut cmd = weir_command();
+    setup(&mut cmd);
+    let mut child = cmd.spawn().expect("spawning weir");
+    let logs = Arc::new(LogBuf::default());
+    let out = pump_joinable(child.stdout.take().unwrap(), logs.clone());
+    let err = pump_joinable(child.stderr.take().unwrap(), logs.clone());
+    let status = wait_bounded(&mut child, START_TIMEOUT).unwrap_or_else(|| {
+        panic!(
+            "weir was expected to exit but still ran after {START_TIMEOUT:?}\n--- log ---\n{}",
+            logs.text.lock().unwrap()
+        )
+    });
+    // The pipes close with the process: read them to the end.
+    let _ = out.join();
+    let _ = err.join();
+    let text = logs.text.lock().unwrap().clone();
+    (status, text)
+}
+
+fn pump_joinable(
+    stream: impl Read + Send + 'static,
+    logs: Arc<LogBuf>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match r.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => logs.push_line(line.trim_end_matches('\n')),
+            }
+        }
+    })
+}
+
+impl Broker {
+    /// Starts `weir` without the harness's `--data-dir`/`--amqp-listen`
+    /// flags: `setup` gets a free loopback port and a [`weir_command`] and
+    /// tells the broker to listen on `127.0.0.1:<port>` and to keep its store
+    /// in `data_dir` its own way (environment variables, `--config`). Tried
+    /// on up to four ports. The caller keeps `data_dir`. A later
+    /// [`Broker::restart`] passes the usual flags (same port and directory),
+    /// not `setup`'s environment.
+    pub fn start_custom(data_dir: &Path, setup: impl Fn(u16, &mut Command)) -> Broker {
+        let mut b = Self::new(data_dir.to_path_buf(), None, &[]);
+        let mut last_err = String::new();
+        for _attempt in 0..4 {
+            let port = free_port();
+            let mut cmd = weir_command();
+            setup(port, &mut cmd);
+            match b.spawn_command(cmd, port) {
+                Ok(()) => return b,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("weir did not start: {last_err}\n--- log ---\n{}", b.logs());
+    }
+
+    fn spawn_command(&mut self, mut cmd: Command, port: u16) -> Result<(), String> {
+        {
+            let mut t = self.logs.text.lock().unwrap();
+            t.push_str(&format!("=== starting weir on 127.0.0.1:{port} ===\n"));
+            self.run_start = t.len();
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("spawning weir: {e}"))?;
+        pump(child.stdout.take().unwrap(), self.logs.clone());
+        pump(child.stderr.take().unwrap(), self.logs.clone());
+        self.port = port;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut t = self.logs.text.lock().unwrap();
+        loop {
+            if t[self.run_start..].contains("AMQP listener ready") {
+                break;
+            }
+            drop(t);
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Err(format!("weir exited during startup with {status}"));
+            }
+            t = self.logs.text.lock().unwrap();
+            let now = Instant::now();
+            if now >= deadline {
+                drop(t);
+                self.kill9();
+                return Err("timed out waiting for `AMQP listener ready`".into());
+            }
+            // Woken by every new log line; the timeout only bounds how late we
+            // notice a silent exit.
+            t = self
+                .logs
+                .changed
+                .wait_timeout(t, Duration::from_millis(100).min(deadline - now))
+                .unwrap()
+                .0;
+        }
+        drop(t);
+        StdTcpStream::connect_timeout(&self.addr(), Duration::from_secs(5))
+            .map_err(|e| format!("ready logged but port {port} refuses: {e}"))?;
+        Ok(())
+    }
+}
