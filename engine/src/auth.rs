@@ -186,7 +186,9 @@ impl Authenticator {
             }
             let hash = match &spec.credential {
                 Credential::Hash(phc) => parse_hash(&spec.name, phc)?,
-                Credential::Plain(pass) => parse_hash(&spec.name, &hash_password(pass.as_bytes())?)?,
+                Credential::Plain(pass) => {
+                    parse_hash(&spec.name, &hash_password(pass.as_bytes())?)?
+                }
             };
             let user = User {
                 hash,
@@ -337,15 +339,26 @@ mod tests {
             user("bob", Credential::Plain("hunter2".into())),
         ])
         .expect("valid users");
-        let p = auth.authenticate("alice", b"s3cret", REMOTE).expect("alice");
+        let p = auth
+            .authenticate("alice", b"s3cret", REMOTE)
+            .expect("alice");
         assert_eq!(p.name, "alice");
         assert_eq!(p.tags, vec!["administrator".to_string()]);
         assert!(auth.authenticate("bob", b"hunter2", REMOTE).is_ok());
-        assert_eq!(auth.authenticate("alice", b"s3creT", REMOTE), Err(AuthFailure));
+        assert_eq!(
+            auth.authenticate("alice", b"s3creT", REMOTE),
+            Err(AuthFailure)
+        );
         assert_eq!(auth.authenticate("alice", b"", REMOTE), Err(AuthFailure));
-        assert_eq!(auth.authenticate("bob", b"s3cret", REMOTE), Err(AuthFailure));
+        assert_eq!(
+            auth.authenticate("bob", b"s3cret", REMOTE),
+            Err(AuthFailure)
+        );
         // An unknown user fails exactly like a wrong password.
-        assert_eq!(auth.authenticate("carol", b"s3cret", REMOTE), Err(AuthFailure));
+        assert_eq!(
+            auth.authenticate("carol", b"s3cret", REMOTE),
+            Err(AuthFailure)
+        );
     }
 
     #[test]
@@ -353,10 +366,20 @@ mod tests {
         let auth = Authenticator::new([user("alice", Credential::Plain("pw".into()))])
             .expect("valid users");
         assert_eq!(auth.check_cached("alice", b"pw", REMOTE), None);
-        assert_eq!(auth.authenticate("alice", b"nope", REMOTE), Err(AuthFailure));
-        assert_eq!(auth.check_cached("alice", b"nope", REMOTE), None, "failures are not cached");
+        assert_eq!(
+            auth.authenticate("alice", b"nope", REMOTE),
+            Err(AuthFailure)
+        );
+        assert_eq!(
+            auth.check_cached("alice", b"nope", REMOTE),
+            None,
+            "failures are not cached"
+        );
         assert!(auth.authenticate("alice", b"pw", REMOTE).is_ok());
-        assert!(matches!(auth.check_cached("alice", b"pw", REMOTE), Some(Ok(_))));
+        assert!(matches!(
+            auth.check_cached("alice", b"pw", REMOTE),
+            Some(Ok(_))
+        ));
         assert_eq!(auth.check_cached("alice", b"pw2", REMOTE), None);
         assert_eq!(auth.check_cached("alicf", b"pw", REMOTE), None);
     }
@@ -377,11 +400,19 @@ mod tests {
         guest.loopback_only = true;
         let auth = Authenticator::new([guest]).expect("users");
         assert!(auth.authenticate("guest", b"guest", LOCAL).is_ok());
-        assert_eq!(auth.authenticate("guest", b"guest", REMOTE), Err(AuthFailure));
-        assert_eq!(auth.check_cached("guest", b"guest", REMOTE), Some(Err(AuthFailure)));
+        assert_eq!(
+            auth.authenticate("guest", b"guest", REMOTE),
+            Err(AuthFailure)
+        );
+        assert_eq!(
+            auth.check_cached("guest", b"guest", REMOTE),
+            Some(Err(AuthFailure))
+        );
         let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
         assert!(auth.authenticate("guest", b"guest", mapped).is_ok());
-        assert!(auth.authenticate("guest", b"guest", "::1".parse().expect("ip")).is_ok());
+        assert!(auth
+            .authenticate("guest", b"guest", "::1".parse().expect("ip"))
+            .is_ok());
     }
 
     #[test]
@@ -392,7 +423,10 @@ mod tests {
             "$argon2id$v=19$m=4194304,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA",
         ] {
             let err = Authenticator::new([user("x", Credential::Hash(bad.into()))]).unwrap_err();
-            assert!(matches!(err, AuthError::BadHash { ref user, .. } if user == "x"), "{err}");
+            assert!(
+                matches!(err, AuthError::BadHash { ref user, .. } if user == "x"),
+                "{err}"
+            );
         }
         let err = Authenticator::new([
             user("x", Credential::Plain("a".into())),
