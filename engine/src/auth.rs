@@ -18,7 +18,7 @@
 //! Plain passwords given in a configuration ([`Credential::Plain`]) are
 //! hashed when the authenticator is built; nothing keeps them.
 
-use argon2::password_hash::phc::PasswordHash;
+use argon2::password_hash::phc::{Output, ParamsString, PasswordHash, Salt};
 use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use argon2::{Algorithm, Argon2, Params};
 use blake2::digest::{KeyInit, Mac};
@@ -38,6 +38,13 @@ const CACHE_MAX: usize = 1024;
 const MAX_M_COST_KIB: u32 = 1 << 20;
 /// Largest argon2 time cost accepted from a configured hash.
 const MAX_T_COST: u32 = 64;
+
+/// The argon2id hash (default parameters) of RabbitMQ's well-known default
+/// password `guest`. Its salt is fixed, which is harmless for a password
+/// everyone knows, and it spares every start of a default configuration one
+/// slow hash. [`Credential::Plain`]`("guest")` resolves to it.
+pub const GUEST_PASSWORD_HASH: &str =
+    "$argon2id$v=19$m=19456,t=2,p=1$tXbVMLDDj7B014zZzUc6rA$/IEKGG/7LAbkbzXCQTYC/ZebiCNej+jk7w6EIjUKemE";
 
 /// How a configured user proves who they are.
 #[derive(Clone)]
@@ -175,6 +182,26 @@ fn parse_hash(user: &str, phc: &str) -> Result<PasswordHash, AuthError> {
     Ok(hash)
 }
 
+/// A hash with the default parameters, a random salt and a random output:
+/// verifying against it costs what a real verification costs, and no
+/// password matches it (that would take finding an argon2 preimage). Built
+/// without hashing, so it costs nothing at startup.
+fn dummy_hash() -> Result<PasswordHash, AuthError> {
+    let err = |e: &dyn fmt::Display| AuthError::Hash(e.to_string());
+    let mut salt = [0u8; 16];
+    let mut output = [0u8; Params::DEFAULT_OUTPUT_LEN];
+    getrandom::fill(&mut salt).map_err(|e| err(&e))?;
+    getrandom::fill(&mut output).map_err(|e| err(&e))?;
+    let params = Params::default();
+    Ok(PasswordHash {
+        algorithm: Algorithm::Argon2id.ident(),
+        version: Some(argon2::Version::default().into()),
+        params: ParamsString::try_from(&params).map_err(|e| err(&e))?,
+        salt: Some(Salt::new(&salt).map_err(|e| err(&e))?),
+        hash: Some(Output::new(&output).map_err(|e| err(&e))?),
+    })
+}
+
 impl Authenticator {
     /// Builds the user table. Plain passwords are hashed here (slow: one
     /// argon2 hash each).
@@ -186,6 +213,9 @@ impl Authenticator {
             }
             let hash = match &spec.credential {
                 Credential::Hash(phc) => parse_hash(&spec.name, phc)?,
+                Credential::Plain(pass) if pass == "guest" => {
+                    parse_hash(&spec.name, GUEST_PASSWORD_HASH)?
+                }
                 Credential::Plain(pass) => {
                     parse_hash(&spec.name, &hash_password(pass.as_bytes())?)?
                 }
@@ -199,10 +229,7 @@ impl Authenticator {
                 return Err(AuthError::Duplicate(spec.name));
             }
         }
-        let mut secret = [0u8; 32];
-        getrandom::fill(&mut secret).map_err(|e| AuthError::Hash(e.to_string()))?;
-        // The dummy's password is random and thrown away: nothing matches it.
-        let dummy = parse_hash("(dummy)", &hash_password(&secret)?)?;
+        let dummy = dummy_hash()?;
         let mut cache_key = [0u8; 32];
         getrandom::fill(&mut cache_key).map_err(|e| AuthError::Hash(e.to_string()))?;
         Ok(Authenticator {
@@ -434,6 +461,23 @@ mod tests {
         ])
         .unwrap_err();
         assert!(matches!(err, AuthError::Duplicate(ref n) if n == "x"));
+    }
+
+    #[test]
+    fn the_builtin_guest_hash_is_guest_and_the_dummy_matches_nothing() {
+        let argon = Argon2::default();
+        let guest = PasswordHash::new(GUEST_PASSWORD_HASH).expect("valid PHC");
+        assert!(argon.verify_password(b"guest", &guest).is_ok());
+        assert!(argon.verify_password(b"guesT", &guest).is_err());
+        let dummy = dummy_hash().expect("dummy");
+        // Same shape (algorithm, parameters) as a real default hash.
+        let real = PasswordHash::new(&hash_password(b"x").expect("hash")).expect("PHC");
+        assert_eq!(dummy.algorithm, real.algorithm);
+        assert_eq!(dummy.params, real.params);
+        assert_eq!(dummy.version, real.version);
+        assert!(parse_hash("d", &dummy.to_string()).is_ok());
+        assert!(argon.verify_password(b"", &dummy).is_err());
+        assert!(argon.verify_password(b"x", &dummy).is_err());
     }
 
     #[test]
