@@ -501,8 +501,8 @@ pub enum ConfigError {
     Parse {
         /// Path.
         path: PathBuf,
-        /// Error.
-        source: toml::de::Error,
+        /// Error (boxed: it is large, and errors are rare).
+        source: Box<toml::de::Error>,
     },
     /// A key the file may not hold.
     #[error("config file {path}: {message}")]
@@ -519,8 +519,8 @@ pub enum ConfigError {
         section: &'static str,
         /// Where its values came from (the file, flags, variables).
         from: String,
-        /// Error.
-        source: toml::de::Error,
+        /// Error (boxed: it is large, and errors are rare).
+        source: Box<toml::de::Error>,
     },
     /// A flag or environment value could not be read.
     #[error("{source_name}: {message}")]
@@ -563,7 +563,7 @@ impl Config {
                 })?;
                 let mut t = text.parse::<Table>().map_err(|source| ConfigError::Parse {
                     path: path.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
                 migrate_legacy(&mut t, &mut warnings).map_err(|message| ConfigError::Key {
                     path: path.clone(),
@@ -691,7 +691,7 @@ fn typed<T: DeserializeOwned>(
     T::deserialize(value).map_err(|source| ConfigError::Section {
         section: name,
         from: describe(name),
-        source,
+        source: Box::new(source),
     })
 }
 

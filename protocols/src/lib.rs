@@ -6,4 +6,6 @@
 //!
 //! * [`amqp`]: AMQP 0-9-1 (RabbitMQ's dialect), framed with `amq-protocol`.
 
+#![forbid(unsafe_code)]
+
 pub mod amqp;
