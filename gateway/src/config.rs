@@ -1183,6 +1183,20 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_loads_without_warnings() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/weir.toml");
+        let cfg = load(&["--config", path], &[]).expect("deploy/weir.toml is valid");
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+        assert_eq!(cfg.store.log.data_dir, PathBuf::from("/var/lib/weir"));
+        assert_eq!(cfg.auth.users.len(), 1);
+        let auth = weir_engine::auth::Authenticator::new(cfg.auth.user_specs())
+            .expect("the example's users are valid");
+        let local = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert!(auth.authenticate("app", b"change-me", local).is_ok());
+        assert!(auth.authenticate("guest", b"guest", local).is_ok());
+    }
+
+    #[test]
     fn secrets_do_not_print() {
         let cfg = load(&["--default-pass", "hunter2"], &[]).expect("valid");
         assert!(!format!("{cfg:?}").contains("hunter2"));
