@@ -583,7 +583,8 @@ impl Config {
             None => Table::new(),
         };
 
-        // Environment first, then flags over it.
+        // Each setting: its flag if given, else its variable; either
+        // replaces what the file says.
         let mut origins = Vec::new();
         for s in SETTINGS {
             let from_flag = cli
