@@ -10,6 +10,8 @@
 //! easy to read. The client reports its own CPU time per message; if it ever approaches a core, raise
 //! `--threads` (multi-threaded runtime) — at that point the machine, not the broker, is the limit.
 
+#![forbid(unsafe_code)]
+
 mod conn;
 mod consumer;
 mod publisher;

@@ -9,6 +9,9 @@
 //! * [`message`]: messages and queue entries.
 //! * [`meta`]: how definitions are stored in the store's metadata map.
 
+#![forbid(unsafe_code)]
+
+pub mod auth;
 pub mod consumer;
 pub mod error;
 pub mod exchange;

@@ -1,81 +1,167 @@
-//! Configuration: every setting can come from a flag, an environment variable
-//! (`WEIR_…`) or a TOML file (`--config`, `WEIR_CONFIG`), in that order of
-//! precedence, falling back to a default.
+//! Configuration in sections, loaded in layers: flags > environment
+//! (`WEIR_…`) > TOML file (`--config`, `WEIR_CONFIG`) > defaults.
+//!
+//! The file is split by owner: `[amqp]`, `[mqtt]`, `[http]`, `[native]`,
+//! `[store]` (with `[store.log]`), `[quota]`, `[auth]` (with
+//! `[[auth.users]]`), plus the top-level `log`. Each section is its own type
+//! ([`AmqpConfig`], [`StoreConfig`], …) with its defaults in its `Default`
+//! impl; a new protocol adds its section type and one field of [`Config`].
+//!
+//! Flags and environment variables are declared once, in [`SETTINGS`]: each
+//! row names a flag, a variable and the dotted path in the file it sets. The
+//! loader writes flag and environment values into the parsed file at those
+//! paths and then deserializes each section, so a setting has one type and
+//! one default, wherever its value came from.
+//!
+//! Old flat keys (`amqp_listen`, `data_dir`, `heartbeat`, top-level
+//! `[[users]]`, …) are still accepted: each is moved to its new place with a
+//! deprecation warning naming the new key. Setting both the old and the new
+//! key is an error.
 
-use clap::Parser;
+use clap::{Arg, ArgAction, CommandFactory, FromArgMatches};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use toml::{Table, Value};
+use weir_engine::auth::{Credential, UserSpec};
 
-/// Command line (each flag also reads its environment variable).
-#[derive(Parser, Debug, Default)]
+// ---------------------------------------------------------------------------
+// settings reachable from flags and the environment
+
+/// How a flag or environment string becomes a TOML value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Kept as a string (addresses, paths, sizes with units, passwords).
+    Str,
+    /// A non-negative integer.
+    Uint,
+    /// `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
+    Bool,
+}
+
+/// One setting reachable from the command line and the environment.
+#[derive(Debug)]
+pub struct Setting {
+    /// Dotted path in the TOML file, e.g. `amqp.listen`.
+    pub path: &'static str,
+    /// Long flag without the dashes, e.g. `amqp-listen`.
+    pub flag: &'static str,
+    /// Environment variable.
+    pub env: &'static str,
+    /// How the flag or variable's text is read.
+    pub kind: Kind,
+    /// The flat key this setting had before sections (accepted, deprecated).
+    pub legacy: Option<&'static str>,
+    /// `--help` text.
+    pub help: &'static str,
+}
+
+macro_rules! settings {
+    ($($path:literal, $flag:literal, $env:literal, $kind:ident, $legacy:expr, $help:literal;)*) => {
+        /// Every setting reachable from a flag or an environment variable.
+        pub const SETTINGS: &[Setting] = &[$(Setting {
+            path: $path,
+            flag: $flag,
+            env: $env,
+            kind: Kind::$kind,
+            legacy: $legacy,
+            help: $help,
+        }),*];
+    };
+}
+
+settings! {
+    "log", "log", "WEIR_LOG", Str, None,
+        "Log filter, tracing's EnvFilter syntax [default: info]";
+    "amqp.listen", "amqp-listen", "WEIR_AMQP_LISTEN", Str, Some("amqp_listen"),
+        "AMQP 0-9-1 listen address [default: 0.0.0.0:5672]";
+    "amqp.frame_max", "frame-max", "WEIR_FRAME_MAX", Uint, Some("frame_max"),
+        "Largest AMQP frame accepted, bytes [default: 131072]";
+    "amqp.channel_max", "channel-max", "WEIR_CHANNEL_MAX", Uint, None,
+        "Highest AMQP channel number offered [default: 2047]";
+    "amqp.heartbeat", "heartbeat", "WEIR_HEARTBEAT", Uint, Some("heartbeat"),
+        "Heartbeat interval offered to AMQP clients, seconds [default: 60]";
+    "amqp.consumer_timeout", "consumer-timeout", "WEIR_CONSUMER_TIMEOUT", Uint, Some("consumer_timeout"),
+        "Seconds a delivery may stay unacknowledged before its channel is closed (406) and its \
+         messages return to the queue; 0 = never [default: 1800, as RabbitMQ]";
+    "amqp.partial_content_timeout", "partial-content-timeout", "WEIR_PARTIAL_CONTENT_TIMEOUT", Uint, Some("partial_content_timeout"),
+        "Seconds a connection may hold a partly received message without progress before it is \
+         closed (0 = never) [default: 30]";
+    "mqtt.listen", "mqtt-listen", "WEIR_MQTT_LISTEN", Str, None,
+        "MQTT listen address (reserved: not served yet)";
+    "http.listen", "http-listen", "WEIR_HTTP_LISTEN", Str, None,
+        "HTTP listen address (reserved: not served yet)";
+    "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
+        "Native protocol listen address (reserved: not served yet)";
+    "store.kind", "store", "WEIR_STORE", Str, None,
+        "Store: log (embedded) or fdb (not built yet) [default: log]";
+    "store.log.data_dir", "data-dir", "WEIR_DATA_DIR", Str, Some("data_dir"),
+        "Directory of the embedded store [default: ./weir-data]";
+    "store.log.segment_mb", "segment-mb", "WEIR_SEGMENT_MB", Uint, Some("segment_mb"),
+        "Segment size of the embedded log in MiB [default: 64]";
+    "store.log.fsync", "fsync", "WEIR_FSYNC", Bool, Some("fsync"),
+        "Fsync the store before confirming [default: true]. Turning it off loses confirmed \
+         messages on power failure; only for experiments";
+    "quota.memory_limit", "memory-limit", "WEIR_MEMORY_LIMIT", Str, Some("memory_limit"),
+        "Memory watermark: publishers are blocked while the broker's resident memory is above \
+         it. Bytes with an optional suffix (512MB, 1GiB), or a fraction of physical RAM (0.4) \
+         [default: 0.4, as RabbitMQ]";
+    "quota.disk_free_limit", "disk-free-limit", "WEIR_DISK_FREE_LIMIT", Str, Some("disk_free_limit"),
+        "Free-disk watermark on the data directory's filesystem: publishers are blocked while \
+         less is free. Bytes with an optional suffix [default: 1GB or two segments, whichever \
+         is larger]";
+    "auth.default_pass", "default-pass", "WEIR_DEFAULT_PASS", Str, Some("default_pass"),
+        "Password of the default user `guest` [default: guest]";
+    "auth.guest_remote", "guest-remote", "WEIR_GUEST_REMOTE", Bool, Some("guest_remote"),
+        "Allow the default user from non-loopback addresses [default: false]";
+}
+
+/// Flat keys that were tables, moved the same way as [`Setting::legacy`].
+const LEGACY_TABLES: &[(&str, &str)] = &[("users", "auth.users")];
+
+/// The top-level keys of the file: the sections and `log`.
+const SECTIONS: &[&str] = &[
+    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth",
+];
+
+// ---------------------------------------------------------------------------
+// the command line
+
+/// What clap parses itself; the settings of [`SETTINGS`] are added to it.
+#[derive(clap::Parser, Debug)]
 #[command(
     name = "weir",
     version,
     about = "Weir: a multi-protocol message broker (AMQP 0-9-1 today)"
 )]
-pub struct Cli {
+struct Args {
     /// TOML configuration file.
     #[arg(long, env = "WEIR_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Directory of the embedded store [default: ./weir-data].
-    #[arg(long, env = "WEIR_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// AMQP 0-9-1 listen address [default: 0.0.0.0:5672].
-    #[arg(long, env = "WEIR_AMQP_LISTEN")]
-    pub amqp_listen: Option<SocketAddr>,
-    /// Log filter, tracing's EnvFilter syntax [default: info].
-    #[arg(long, env = "WEIR_LOG")]
-    pub log: Option<String>,
-    /// Fsync the store before confirming [default: true]. Turning it off
-    /// loses confirmed messages on power failure; only for experiments.
-    #[arg(long, env = "WEIR_FSYNC")]
-    pub fsync: Option<bool>,
-    /// Segment size of the embedded log in MiB [default: 64].
-    #[arg(long, env = "WEIR_SEGMENT_MB")]
-    pub segment_mb: Option<u64>,
-    /// Heartbeat interval offered to AMQP clients, seconds [default: 60].
-    #[arg(long, env = "WEIR_HEARTBEAT")]
-    pub heartbeat: Option<u16>,
-    /// Largest AMQP frame accepted, bytes [default: 131072].
-    #[arg(long, env = "WEIR_FRAME_MAX")]
-    pub frame_max: Option<u32>,
-    /// Password of the default user `guest` [default: guest].
-    #[arg(long, env = "WEIR_DEFAULT_PASS")]
-    pub default_pass: Option<String>,
-    /// Allow the default user from non-loopback addresses [default: false].
-    #[arg(long, env = "WEIR_GUEST_REMOTE")]
-    pub guest_remote: Option<bool>,
-    /// Seconds a delivery may stay unacknowledged before its channel is
-    /// closed (406) and its messages return to the queue; 0 = never
-    /// [default: 1800, as RabbitMQ's consumer_timeout].
-    #[arg(long, env = "WEIR_CONSUMER_TIMEOUT")]
-    pub consumer_timeout: Option<u64>,
-    // --- flow control and resource limits (memory, disk, partial content, logins) ---
-    /// Memory watermark: publishers are blocked while the broker's resident
-    /// memory is above it. Bytes with an optional suffix (`512MB`, `1GiB`),
-    /// or a fraction of physical RAM (`0.4`) [default: 0.4, as RabbitMQ].
-    #[arg(long, env = "WEIR_MEMORY_LIMIT")]
-    pub memory_limit: Option<String>,
-    /// Free-disk watermark on the data directory's filesystem: publishers are
-    /// blocked while less is free. Bytes with an optional suffix
-    /// [default: 1GB or two segments, whichever is larger].
-    #[arg(long, env = "WEIR_DISK_FREE_LIMIT")]
-    pub disk_free_limit: Option<String>,
-    /// Seconds a connection may hold a partly received message without
-    /// progress before it is closed (0 = never) [default: 30].
-    #[arg(long, env = "WEIR_PARTIAL_CONTENT_TIMEOUT")]
-    pub partial_content_timeout: Option<u64>,
-    // --- data safety ---
+    config: Option<PathBuf>,
     /// Before opening the store, move damaged log ranges into
     /// `<data-dir>/quarantine/` and keep every valid record (as `weir
     /// repair`), reporting exactly what was lost. Without it, damage that is
     /// not a torn tail refuses to start.
     #[arg(long)]
-    pub repair: bool,
+    repair: bool,
     /// A subcommand instead of running the broker.
     #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// The parsed command line.
+#[derive(Debug, Default)]
+pub struct Cli {
+    /// TOML configuration file (`--config`, `WEIR_CONFIG`).
+    pub config: Option<PathBuf>,
+    /// `--repair`: quarantine damaged log ranges before opening the store.
+    pub repair: bool,
+    /// A subcommand instead of running the broker.
     pub command: Option<Command>,
+    /// Settings given as flags, with their text.
+    flags: Vec<(&'static Setting, String)>,
 }
 
 /// Subcommands of `weir`.
@@ -89,74 +175,314 @@ pub enum Command {
         #[arg(long, env = "WEIR_DATA_DIR")]
         data_dir: Option<PathBuf>,
     },
+    /// Read a password from stdin and print its argon2id hash (a PHC
+    /// string) for `password_hash` in `[[auth.users]]`.
+    HashPassword,
 }
 
-/// The TOML file: the same settings, all optional.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    data_dir: Option<PathBuf>,
-    amqp_listen: Option<SocketAddr>,
-    log: Option<String>,
-    fsync: Option<bool>,
-    segment_mb: Option<u64>,
-    heartbeat: Option<u16>,
-    frame_max: Option<u32>,
-    default_pass: Option<String>,
-    guest_remote: Option<bool>,
-    consumer_timeout: Option<u64>,
-    // --- flow control and resource limits ---
-    memory_limit: Option<String>,
-    disk_free_limit: Option<String>,
-    partial_content_timeout: Option<u64>,
-    #[serde(default)]
-    users: Vec<UserConfig>,
+impl Cli {
+    /// The clap command: [`Args`] plus one flag per row of [`SETTINGS`].
+    fn command() -> clap::Command {
+        let mut cmd = Args::command();
+        for s in SETTINGS {
+            cmd = cmd.arg(
+                Arg::new(s.path)
+                    .long(s.flag)
+                    .value_name(value_name(s))
+                    .action(ArgAction::Set)
+                    .help(format!("{} [env: {}] [file: {}]", s.help, s.env, s.path)),
+            );
+        }
+        cmd
+    }
+
+    /// Parses the process's arguments; prints help or an error and exits
+    /// as clap does.
+    pub fn parse() -> Self {
+        match Self::try_parse_from(std::env::args_os()) {
+            Ok(cli) => cli,
+            Err(e) => e.exit(),
+        }
+    }
+
+    /// Parses `args` (the first is the program name).
+    pub fn try_parse_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let m = Self::command().try_get_matches_from(args)?;
+        let args = Args::from_arg_matches(&m)?;
+        let flags = SETTINGS
+            .iter()
+            .filter_map(|s| m.get_one::<String>(s.path).map(|v| (s, v.clone())))
+            .collect();
+        Ok(Cli {
+            config: args.config,
+            repair: args.repair,
+            command: args.command,
+            flags,
+        })
+    }
 }
 
-/// An additional user from the configuration file.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct UserConfig {
-    /// Name.
-    pub name: String,
-    /// Password.
-    pub password: String,
+/// The placeholder `--help` shows for a flag's value.
+fn value_name(s: &Setting) -> &'static str {
+    let last = s.path.rsplit('.').next().unwrap_or(s.path);
+    match (s.kind, last) {
+        (Kind::Uint, _) => "N",
+        (Kind::Bool, _) => "BOOL",
+        (_, "listen") => "ADDR",
+        (_, "data_dir") => "DIR",
+        (_, "memory_limit" | "disk_free_limit") => "SIZE",
+        (_, "kind") => "KIND",
+        (_, "default_pass") => "PASSWORD",
+        (_, "log") => "FILTER",
+        _ => "VALUE",
+    }
 }
 
-/// The effective configuration.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Store directory.
-    pub data_dir: PathBuf,
-    /// AMQP listen address.
-    pub amqp_listen: SocketAddr,
-    /// Log filter.
-    pub log: String,
-    /// Fsync before confirm.
-    pub fsync: bool,
-    /// Segment size in bytes.
-    pub segment_bytes: u64,
-    /// Heartbeat offered.
-    pub heartbeat: u16,
-    /// frame_max offered.
+// ---------------------------------------------------------------------------
+// the sections
+
+/// `[amqp]`: the AMQP 0-9-1 listener and its limits.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Largest frame accepted and offered, bytes (at least 4096).
     pub frame_max: u32,
-    /// Password of `guest`.
-    pub default_pass: String,
-    /// `guest` allowed from anywhere.
-    pub guest_remote: bool,
-    /// Lease (visibility) timeout in seconds; 0 disables it.
-    pub consumer_timeout_secs: u64,
-    // --- flow control and resource limits ---
+    /// Highest channel number offered (at least 1).
+    pub channel_max: u16,
+    /// Heartbeat offered, seconds (0 disables).
+    pub heartbeat: u16,
+    /// Seconds a delivery may stay unacknowledged; 0 = never.
+    pub consumer_timeout: u64,
+    /// Seconds a partly received message may make no progress; 0 = never.
+    pub partial_content_timeout: u64,
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        AmqpConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 5672)),
+            frame_max: 131_072,
+            channel_max: 2047,
+            heartbeat: 60,
+            consumer_timeout: 1800,
+            partial_content_timeout: 30,
+        }
+    }
+}
+
+/// `[mqtt]`, `[http]`, `[native]`: listeners reserved for the adapters to
+/// come. Parsed and kept, **not served yet** (no socket is opened).
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReservedListener {
+    /// Listen address, if set.
+    pub listen: Option<SocketAddr>,
+}
+
+/// Which store implementation holds the data.
+#[derive(Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// The embedded, group-committed log (`[store.log]`).
+    #[default]
+    Log,
+    /// FoundationDB: not built yet; refused at load.
+    Fdb,
+}
+
+/// `[store]`: which store, and each store's own subsection.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `kind = "log" | "fdb"`.
+    pub kind: StoreKind,
+    /// `[store.log]`.
+    pub log: LogStoreConfig,
+}
+
+/// `[store.log]`: the embedded log.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogStoreConfig {
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Segment size in MiB (1 to 4095).
+    pub segment_mb: u64,
+    /// Fsync before confirming.
+    pub fsync: bool,
+}
+
+impl Default for LogStoreConfig {
+    fn default() -> Self {
+        LogStoreConfig {
+            data_dir: PathBuf::from("./weir-data"),
+            segment_mb: 64,
+            fsync: true,
+        }
+    }
+}
+
+impl LogStoreConfig {
+    /// Segment size in bytes.
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_mb << 20
+    }
+}
+
+/// A size in the file: an integer (bytes), a float (a fraction, for the
+/// memory limit) or a string with a unit (`"512MB"`).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(untagged)]
+pub enum SizeSetting {
+    /// Bytes.
+    Bytes(u64),
+    /// A fraction of physical RAM.
+    Fraction(f64),
+    /// Text: bytes with a unit, or a fraction.
+    Text(String),
+}
+
+/// `[quota]`: resource watermarks, as written.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Memory watermark [default: 0.4 of RAM].
+    pub memory_limit: Option<SizeSetting>,
+    /// Free-disk watermark [default: 1 GiB or two segments].
+    pub disk_free_limit: Option<SizeSetting>,
+}
+
+/// The watermarks in bytes, after defaults and units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
     /// Memory watermark in bytes of resident memory.
     pub memory_limit: u64,
     /// Free-disk watermark in bytes.
     pub disk_free_limit: u64,
-    /// Partial-content stall timeout in seconds; 0 disables it.
-    pub partial_content_timeout_secs: u64,
-    /// Other users.
+}
+
+/// A secret string: deserialized as a plain string, never printed.
+#[derive(Deserialize, Clone, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"…\"")
+    }
+}
+
+/// `[auth]`: the default user and the configured users.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Password of the default user `guest`, plain (hashed at startup).
+    /// Ignored when `[[auth.users]]` defines `guest` itself.
+    pub default_pass: Secret,
+    /// Accept `guest` from non-loopback addresses.
+    pub guest_remote: bool,
+    /// `[[auth.users]]`.
     pub users: Vec<UserConfig>,
-    /// Quarantine damaged log ranges before opening the store.
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            default_pass: Secret("guest".into()),
+            guest_remote: false,
+            users: Vec::new(),
+        }
+    }
+}
+
+/// One `[[auth.users]]` entry: `password_hash` (from `weir hash-password`)
+/// or, discouraged, a plain `password` hashed at startup.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// Login name.
+    pub name: String,
+    /// argon2id PHC string.
+    #[serde(default)]
+    pub password_hash: Option<String>,
+    /// Plain password (hashed at startup, with a warning).
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// RabbitMQ-style tags, kept for later use.
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// The name of the default user.
+pub const DEFAULT_USER: &str = "guest";
+
+impl AuthConfig {
+    /// The users for [`weir_engine::auth::Authenticator`]: the configured
+    /// ones, plus `guest` with [`Self::default_pass`] unless configured.
+    /// `guest` is loopback-only unless [`Self::guest_remote`].
+    pub fn user_specs(&self) -> Vec<UserSpec> {
+        let mut specs: Vec<UserSpec> = self
+            .users
+            .iter()
+            .map(|u| UserSpec {
+                name: u.name.clone(),
+                credential: match (&u.password_hash, &u.password) {
+                    (Some(h), _) => Credential::Hash(h.clone()),
+                    (None, Some(p)) => Credential::Plain(p.0.clone()),
+                    // Refused by Config::load; an empty hash fails to parse.
+                    (None, None) => Credential::Hash(String::new()),
+                },
+                tags: u.tags.clone(),
+                loopback_only: false,
+            })
+            .collect();
+        if !specs.iter().any(|s| s.name == DEFAULT_USER) {
+            specs.push(UserSpec {
+                name: DEFAULT_USER.into(),
+                credential: Credential::Plain(self.default_pass.0.clone()),
+                tags: vec!["administrator".into()],
+                loopback_only: false,
+            });
+        }
+        for s in &mut specs {
+            s.loopback_only = s.name == DEFAULT_USER && !self.guest_remote;
+        }
+        specs
+    }
+}
+
+// ---------------------------------------------------------------------------
+// the effective configuration
+
+/// The effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Log filter.
+    pub log: String,
+    /// `[amqp]`.
+    pub amqp: AmqpConfig,
+    /// `[mqtt]` (not served yet).
+    pub mqtt: ReservedListener,
+    /// `[http]` (not served yet).
+    pub http: ReservedListener,
+    /// `[native]` (not served yet).
+    pub native: ReservedListener,
+    /// `[store]`.
+    pub store: StoreConfig,
+    /// `[quota]`, resolved to bytes.
+    pub quota: Quota,
+    /// `[auth]`.
+    pub auth: AuthConfig,
+    /// Quarantine damaged log ranges before opening the store (`--repair`).
     pub repair: bool,
+    /// Deprecations and other remarks, logged once logging is set up.
+    pub warnings: Vec<String>,
 }
 
 /// Configuration errors, reported at startup.
@@ -170,91 +496,323 @@ pub enum ConfigError {
         /// Error.
         source: std::io::Error,
     },
-    /// The file is not valid TOML for these settings.
+    /// The file is not valid TOML.
     #[error("parsing config file {path}: {source}")]
     Parse {
         /// Path.
         path: PathBuf,
-        /// Error.
-        source: toml::de::Error,
+        /// Error (boxed: it is large, and errors are rare).
+        source: Box<toml::de::Error>,
     },
-    /// A value is out of range.
+    /// A key the file may not hold.
+    #[error("config file {path}: {message}")]
+    Key {
+        /// Path.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A section does not fit its type.
+    #[error("invalid [{section}] settings{from}: {source}")]
+    Section {
+        /// Section name.
+        section: &'static str,
+        /// Where its values came from (the file, flags, variables).
+        from: String,
+        /// Error (boxed: it is large, and errors are rare).
+        source: Box<toml::de::Error>,
+    },
+    /// A flag or environment value could not be read.
+    #[error("{source_name}: {message}")]
+    Value {
+        /// `--flag` or `WEIR_…`.
+        source_name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is out of range or not supported.
     #[error("invalid setting: {0}")]
     Invalid(String),
 }
 
+/// Where a value came from, for error messages.
+struct Origin {
+    path: &'static str,
+    name: String,
+}
+
 impl Config {
-    /// Merges flags/env over the file over defaults.
+    /// Loads the configuration: flags over the process environment over the
+    /// file over defaults.
     pub fn load(cli: Cli) -> Result<Self, ConfigError> {
-        let file = match &cli.config {
+        Self::load_with_env(cli, |k| std::env::var(k).ok())
+    }
+
+    /// [`Self::load`] with `env` standing for the environment.
+    pub fn load_with_env(
+        cli: Cli,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut warnings = Vec::new();
+        let file_path = cli.config.clone().unwrap_or_default();
+        let mut table = match &cli.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.clone(),
                     source,
                 })?;
-                toml::from_str::<FileConfig>(&text).map_err(|source| ConfigError::Parse {
+                let mut t = text.parse::<Table>().map_err(|source| ConfigError::Parse {
                     path: path.clone(),
-                    source,
-                })?
+                    source: Box::new(source),
+                })?;
+                migrate_legacy(&mut t, &mut warnings).map_err(|message| ConfigError::Key {
+                    path: path.clone(),
+                    message,
+                })?;
+                if let Some(k) = t.keys().find(|k| !SECTIONS.contains(&k.as_str())) {
+                    return Err(ConfigError::Key {
+                        path: path.clone(),
+                        message: format!(
+                            "unknown key `{k}` (expected a section: {})",
+                            SECTIONS.join(", ")
+                        ),
+                    });
+                }
+                t
             }
-            None => FileConfig::default(),
+            None => Table::new(),
         };
-        let segment_bytes = cli.segment_mb.or(file.segment_mb).unwrap_or(64) << 20;
-        let memory_limit = match cli.memory_limit.or(file.memory_limit) {
-            Some(v) => parse_memory_limit(&v, physical_memory())?,
-            None => (physical_memory() as f64 * DEFAULT_MEMORY_FRACTION) as u64,
-        };
-        let disk_free_limit = match cli.disk_free_limit.or(file.disk_free_limit) {
-            Some(v) => parse_bytes(&v).ok_or_else(|| {
-                ConfigError::Invalid(format!("disk_free_limit: cannot parse '{v}' as bytes"))
-            })?,
-            // Room for the segments a writer is about to fill, at least 1 GB.
-            None => (1u64 << 30).max(2 * segment_bytes),
-        };
-        let cfg = Config {
-            data_dir: cli
-                .data_dir
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from("./weir-data")),
-            amqp_listen: cli
-                .amqp_listen
-                .or(file.amqp_listen)
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 5672))),
-            log: cli.log.or(file.log).unwrap_or_else(|| "info".into()),
-            fsync: cli.fsync.or(file.fsync).unwrap_or(true),
-            segment_bytes,
-            heartbeat: cli.heartbeat.or(file.heartbeat).unwrap_or(60),
-            frame_max: cli.frame_max.or(file.frame_max).unwrap_or(131_072),
-            default_pass: cli
-                .default_pass
-                .or(file.default_pass)
-                .unwrap_or_else(|| "guest".into()),
-            guest_remote: cli.guest_remote.or(file.guest_remote).unwrap_or(false),
-            consumer_timeout_secs: cli
-                .consumer_timeout
-                .or(file.consumer_timeout)
-                .unwrap_or(1800),
-            memory_limit,
-            disk_free_limit,
-            partial_content_timeout_secs: cli
-                .partial_content_timeout
-                .or(file.partial_content_timeout)
-                .unwrap_or(30),
-            users: file.users,
-            repair: cli.repair,
-        };
-        if cfg.frame_max < 4096 {
-            return Err(ConfigError::Invalid(format!(
-                "frame_max {} is below the AMQP minimum 4096",
-                cfg.frame_max
-            )));
+
+        // Each setting: its flag if given, else its variable; either
+        // replaces what the file says.
+        let mut origins = Vec::new();
+        for s in SETTINGS {
+            let from_flag = cli
+                .flags
+                .iter()
+                .find(|(f, _)| std::ptr::eq(*f, s))
+                .map(|(_, v)| (format!("--{}", s.flag), v.clone()));
+            let from_env = || {
+                env(s.env)
+                    .filter(|v| !v.is_empty())
+                    .map(|v| (s.env.to_string(), v))
+            };
+            let Some((name, text)) = from_flag.or_else(from_env) else {
+                continue;
+            };
+            let value = to_value(s.kind, &text).map_err(|message| ConfigError::Value {
+                source_name: name.clone(),
+                message,
+            })?;
+            set_path(&mut table, s.path, value).map_err(|message| ConfigError::Key {
+                path: file_path.clone(),
+                message,
+            })?;
+            origins.push(Origin { path: s.path, name });
         }
-        if cfg.segment_bytes == 0 || cfg.segment_bytes > u32::MAX as u64 {
-            return Err(ConfigError::Invalid(
-                "segment_mb must be between 1 and 4095".into(),
+
+        let log = match table.remove("log") {
+            None => "info".to_string(),
+            Some(Value::String(s)) => s,
+            Some(other) => {
+                return Err(ConfigError::Invalid(format!(
+                    "log must be a string, not {}",
+                    other.type_str()
+                )))
+            }
+        };
+        let describe = |section: &'static str| {
+            let mut from: Vec<String> = origins
+                .iter()
+                .filter(|o| o.path.split('.').next() == Some(section))
+                .map(|o| o.name.clone())
+                .collect();
+            if cli.config.is_some() {
+                from.push(file_path.display().to_string());
+            }
+            if from.is_empty() {
+                String::new()
+            } else {
+                format!(" (from {})", from.join(", "))
+            }
+        };
+        let mut section = |name: &'static str| {
+            table
+                .remove(name)
+                .unwrap_or_else(|| Value::Table(Table::new()))
+        };
+        let amqp: AmqpConfig = typed("amqp", section("amqp"), &describe)?;
+        let mqtt: ReservedListener = typed("mqtt", section("mqtt"), &describe)?;
+        let http: ReservedListener = typed("http", section("http"), &describe)?;
+        let native: ReservedListener = typed("native", section("native"), &describe)?;
+        let store: StoreConfig = typed("store", section("store"), &describe)?;
+        let quota: QuotaConfig = typed("quota", section("quota"), &describe)?;
+        let auth: AuthConfig = typed("auth", section("auth"), &describe)?;
+        debug_assert!(table.is_empty(), "unhandled sections: {table:?}");
+
+        validate(&amqp, &store, &auth)?;
+        for (name, l) in [("mqtt", &mqtt), ("http", &http), ("native", &native)] {
+            if let Some(addr) = l.listen {
+                warnings.push(format!(
+                    "{name}.listen = {addr} is reserved: the {name} adapter is not served yet, nothing listens there"
+                ));
+            }
+        }
+        for u in &auth.users {
+            if u.password.is_some() {
+                warnings.push(format!(
+                    "user {}: plain password in the configuration, hashed at startup; \
+                     store `password_hash` from `weir hash-password` instead",
+                    u.name
+                ));
+            }
+        }
+        let quota = resolve_quota(&quota, store.log.segment_bytes())?;
+        Ok(Config {
+            log,
+            amqp,
+            mqtt,
+            http,
+            native,
+            store,
+            quota,
+            auth,
+            repair: cli.repair,
+            warnings,
+        })
+    }
+}
+
+/// Deserializes one section, naming it (and where its values came from) on error.
+fn typed<T: DeserializeOwned>(
+    name: &'static str,
+    value: Value,
+    describe: &impl Fn(&'static str) -> String,
+) -> Result<T, ConfigError> {
+    T::deserialize(value).map_err(|source| ConfigError::Section {
+        section: name,
+        from: describe(name),
+        source: Box::new(source),
+    })
+}
+
+/// Range checks that types cannot express.
+fn validate(amqp: &AmqpConfig, store: &StoreConfig, auth: &AuthConfig) -> Result<(), ConfigError> {
+    if amqp.frame_max < 4096 {
+        return Err(ConfigError::Invalid(format!(
+            "amqp.frame_max {} is below the AMQP minimum 4096",
+            amqp.frame_max
+        )));
+    }
+    if amqp.channel_max == 0 {
+        return Err(ConfigError::Invalid(
+            "amqp.channel_max must be at least 1".into(),
+        ));
+    }
+    if store.kind == StoreKind::Fdb {
+        return Err(ConfigError::Invalid(
+            "store.kind = \"fdb\": this weir was not built with the fdb feature (FoundationDB is not available yet)".into(),
+        ));
+    }
+    if store.log.segment_mb == 0 || store.log.segment_bytes() > u32::MAX as u64 {
+        return Err(ConfigError::Invalid(
+            "store.log.segment_mb must be between 1 and 4095".into(),
+        ));
+    }
+    for u in &auth.users {
+        match (&u.password_hash, &u.password) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid(format!(
+                    "user {}: give password_hash or password, not both",
+                    u.name
+                )))
+            }
+            (None, None) => {
+                return Err(ConfigError::Invalid(format!(
+                    "user {}: password_hash (from `weir hash-password`) is missing",
+                    u.name
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Moves the flat keys of older files to their sections, with a warning each.
+fn migrate_legacy(t: &mut Table, warnings: &mut Vec<String>) -> Result<(), String> {
+    let moves = SETTINGS
+        .iter()
+        .filter_map(|s| s.legacy.map(|old| (old, s.path)))
+        .chain(LEGACY_TABLES.iter().copied());
+    for (old, new) in moves {
+        debug_assert_ne!(old, new, "a legacy key must differ from its new path");
+        let Some(v) = t.remove(old) else { continue };
+        if get_path(t, new).is_some() {
+            return Err(format!(
+                "both `{old}` (deprecated) and `{new}` are set; keep `{new}`"
             ));
         }
-        Ok(cfg)
+        set_path(t, new, v)?;
+        let (section, key) = new.rsplit_once('.').unwrap_or(("", new));
+        warnings.push(format!(
+            "config key `{old}` is deprecated: write `{key}` in [{section}] instead"
+        ));
+    }
+    Ok(())
+}
+
+/// The value at a dotted path, if any.
+fn get_path<'a>(t: &'a Table, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let mut v = t.get(parts.next()?)?;
+    for p in parts {
+        v = v.as_table()?.get(p)?;
+    }
+    Some(v)
+}
+
+/// Sets a dotted path, creating the tables on the way.
+fn set_path(t: &mut Table, path: &str, value: Value) -> Result<(), String> {
+    let (parents, key) = match path.rsplit_once('.') {
+        Some((p, k)) => (Some(p), k),
+        None => (None, path),
+    };
+    let mut cur = t;
+    for p in parents.into_iter().flat_map(|p| p.split('.')) {
+        let entry = cur
+            .entry(p.to_string())
+            .or_insert_with(|| Value::Table(Table::new()));
+        cur = match entry {
+            Value::Table(inner) => inner,
+            other => {
+                return Err(format!(
+                    "`{p}` must be a section (a table), not a {}",
+                    other.type_str()
+                ))
+            }
+        };
+    }
+    cur.insert(key.to_string(), value);
+    Ok(())
+}
+
+/// A flag or environment value as a TOML value of its kind.
+fn to_value(kind: Kind, text: &str) -> Result<Value, String> {
+    let t = text.trim();
+    match kind {
+        Kind::Str => Ok(Value::String(text.to_string())),
+        Kind::Uint => t
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| i64::try_from(n).ok())
+            .map(Value::Integer)
+            .ok_or_else(|| format!("expected a non-negative integer, got '{text}'")),
+        Kind::Bool => match t.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(Value::Boolean(true)),
+            "false" | "0" | "no" | "off" => Ok(Value::Boolean(false)),
+            _ => Err(format!("expected true or false, got '{text}'")),
+        },
     }
 }
 
@@ -263,6 +821,36 @@ impl Config {
 /// Share of physical RAM used as the memory watermark by default (RabbitMQ's
 /// `vm_memory_high_watermark`).
 const DEFAULT_MEMORY_FRACTION: f64 = 0.4;
+
+/// The watermarks in bytes.
+fn resolve_quota(q: &QuotaConfig, segment_bytes: u64) -> Result<Quota, ConfigError> {
+    let ram = physical_memory();
+    let memory_limit = match &q.memory_limit {
+        None => (ram as f64 * DEFAULT_MEMORY_FRACTION) as u64,
+        Some(SizeSetting::Bytes(n)) => parse_memory_limit(&n.to_string(), ram)?,
+        Some(SizeSetting::Fraction(f)) => parse_memory_limit(&format!("{f:?}"), ram)?,
+        Some(SizeSetting::Text(s)) => parse_memory_limit(s, ram)?,
+    };
+    let disk_free_limit = match &q.disk_free_limit {
+        // Room for the segments a writer is about to fill, at least 1 GB.
+        None => (1u64 << 30).max(2 * segment_bytes),
+        Some(SizeSetting::Bytes(n)) => *n,
+        Some(SizeSetting::Fraction(f)) => {
+            return Err(ConfigError::Invalid(format!(
+                "quota.disk_free_limit: {f} is not a size in bytes"
+            )))
+        }
+        Some(SizeSetting::Text(v)) => parse_bytes(v).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "quota.disk_free_limit: cannot parse '{v}' as bytes"
+            ))
+        })?,
+    };
+    Ok(Quota {
+        memory_limit,
+        disk_free_limit,
+    })
+}
 
 /// Physical RAM in bytes (`sysconf`), or 4 GiB if it cannot be read.
 fn physical_memory() -> u64 {
@@ -287,7 +875,7 @@ fn parse_memory_limit(v: &str, ram: u64) -> Result<u64, ConfigError> {
         if v.contains('.') {
             if !(f > 0.0 && f < 1.0) {
                 return Err(ConfigError::Invalid(format!(
-                    "memory_limit fraction {v} must be between 0 and 1"
+                    "quota.memory_limit fraction {v} must be between 0 and 1"
                 )));
             }
             return Ok((ram as f64 * f) as u64);
@@ -295,7 +883,7 @@ fn parse_memory_limit(v: &str, ram: u64) -> Result<u64, ConfigError> {
     }
     match parse_bytes(v) {
         Some(0) | None => Err(ConfigError::Invalid(format!(
-            "memory_limit: cannot parse '{v}' as bytes or a fraction of RAM"
+            "quota.memory_limit: cannot parse '{v}' as bytes or a fraction of RAM"
         ))),
         Some(n) => Ok(n),
     }
@@ -323,6 +911,9 @@ pub fn parse_bytes(v: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
     #[test]
     fn byte_sizes_and_fractions() {
         assert_eq!(parse_bytes("512MB"), Some(512 << 20));
@@ -336,41 +927,294 @@ mod tests {
         assert!(parse_memory_limit("0", 1000).is_err());
     }
 
-    use super::*;
-
-    #[test]
-    fn flags_override_file_which_overrides_defaults() {
-        let dir = std::env::temp_dir().join(format!("weir-config-test-{}", std::process::id()));
+    /// A config file in a fresh temporary directory.
+    fn file(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "weir-config-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("weir.toml");
-        std::fs::write(
-            &path,
-            "data_dir = \"/from/file\"\nheartbeat = 5\n[[users]]\nname = \"a\"\npassword = \"b\"\n",
-        )
-        .expect("write config");
-        let cli = Cli {
-            config: Some(path),
-            heartbeat: Some(7),
-            ..Cli::default()
-        };
-        let cfg = Config::load(cli).expect("valid config");
-        assert_eq!(cfg.data_dir, PathBuf::from("/from/file"));
-        assert_eq!(cfg.heartbeat, 7);
-        assert_eq!(cfg.amqp_listen.port(), 5672);
-        assert_eq!(cfg.users.len(), 1);
+        std::fs::write(&path, text).expect("write config");
+        path
+    }
+
+    fn load(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let cli = Cli::try_parse_from(std::iter::once("weir").chain(args.iter().copied()))
+            .expect("valid command line");
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load_with_env(cli, |k| env.get(k).cloned())
     }
 
     #[test]
-    fn unknown_keys_are_rejected() {
-        let dir = std::env::temp_dir().join(format!("weir-config-test2-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("weir.toml");
-        std::fs::write(&path, "data_dirr = \"x\"\n").expect("write config");
-        let err = Config::load(Cli {
-            config: Some(path),
-            ..Cli::default()
-        })
-        .unwrap_err();
-        assert!(matches!(err, ConfigError::Parse { .. }));
+    fn defaults_without_anything() {
+        let cfg = load(&[], &[]).expect("defaults are valid");
+        assert_eq!(cfg.amqp, AmqpConfig::default());
+        assert_eq!(cfg.amqp.listen.port(), 5672);
+        assert_eq!(cfg.store.kind, StoreKind::Log);
+        assert_eq!(cfg.store.log.data_dir, PathBuf::from("./weir-data"));
+        assert!(cfg.store.log.fsync);
+        assert_eq!(cfg.log, "info");
+        assert_eq!(cfg.quota.disk_free_limit, 1 << 30);
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+        let specs = cfg.auth.user_specs();
+        assert_eq!(specs.len(), 1);
+        assert_eq!(specs[0].name, "guest");
+        assert!(specs[0].loopback_only);
+    }
+
+    #[test]
+    fn flags_over_env_over_file_over_defaults() {
+        let path = file(
+            "layers",
+            "log = \"debug\"\n\
+             [amqp]\nheartbeat = 5\nframe_max = 8192\nconsumer_timeout = 9\n\
+             [store.log]\ndata_dir = \"/from/file\"\nsegment_mb = 2\n\
+             [quota]\nmemory_limit = \"512MB\"\ndisk_free_limit = 1024\n",
+        );
+        let p = path.to_str().expect("utf-8 path");
+        let cfg = load(
+            &["--config", p, "--heartbeat", "7"],
+            &[
+                ("WEIR_HEARTBEAT", "6"),
+                ("WEIR_FRAME_MAX", "16384"),
+                ("WEIR_FSYNC", "false"),
+            ],
+        )
+        .expect("valid config");
+        assert_eq!(cfg.amqp.heartbeat, 7, "flag over env and file");
+        assert_eq!(cfg.amqp.frame_max, 16384, "env over file");
+        assert_eq!(cfg.amqp.consumer_timeout, 9, "file over default");
+        assert_eq!(cfg.amqp.partial_content_timeout, 30, "default");
+        assert!(!cfg.store.log.fsync, "env over default");
+        assert_eq!(cfg.store.log.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(cfg.store.log.segment_bytes(), 2 << 20);
+        assert_eq!(cfg.quota.memory_limit, 512 << 20);
+        assert_eq!(cfg.quota.disk_free_limit, 1024);
+        assert_eq!(cfg.log, "debug");
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+    }
+
+    #[test]
+    fn every_setting_has_a_flag_and_variable_that_reach_its_path() {
+        let mut seen_flags = std::collections::HashSet::new();
+        for s in SETTINGS {
+            assert!(seen_flags.insert(s.flag), "flag --{} twice", s.flag);
+            assert!(s.env.starts_with("WEIR_"), "{}", s.env);
+            assert!(SECTIONS.contains(&s.path.split('.').next().unwrap_or("")));
+        }
+        // The names scripts and tests use keep working.
+        for (flag, env, path) in [
+            ("data-dir", "WEIR_DATA_DIR", "store.log.data_dir"),
+            ("amqp-listen", "WEIR_AMQP_LISTEN", "amqp.listen"),
+            ("segment-mb", "WEIR_SEGMENT_MB", "store.log.segment_mb"),
+            ("default-pass", "WEIR_DEFAULT_PASS", "auth.default_pass"),
+            ("guest-remote", "WEIR_GUEST_REMOTE", "auth.guest_remote"),
+            ("memory-limit", "WEIR_MEMORY_LIMIT", "quota.memory_limit"),
+            (
+                "disk-free-limit",
+                "WEIR_DISK_FREE_LIMIT",
+                "quota.disk_free_limit",
+            ),
+            (
+                "consumer-timeout",
+                "WEIR_CONSUMER_TIMEOUT",
+                "amqp.consumer_timeout",
+            ),
+        ] {
+            let s = SETTINGS
+                .iter()
+                .find(|s| s.flag == flag)
+                .unwrap_or_else(|| panic!("--{flag} is gone"));
+            assert_eq!((s.env, s.path), (env, path));
+        }
+        let cfg = load(
+            &["--amqp-listen", "127.0.0.1:1", "--guest-remote", "true"],
+            &[
+                ("WEIR_DATA_DIR", "/d"),
+                ("WEIR_DEFAULT_PASS", "pw"),
+                ("WEIR_MQTT_LISTEN", "127.0.0.1:1883"),
+                ("WEIR_PARTIAL_CONTENT_TIMEOUT", "0"),
+                ("WEIR_DISK_FREE_LIMIT", "50MB"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(cfg.amqp.listen, "127.0.0.1:1".parse().expect("addr"));
+        assert!(cfg.auth.guest_remote);
+        assert_eq!(cfg.auth.default_pass.0, "pw");
+        assert_eq!(cfg.store.log.data_dir, PathBuf::from("/d"));
+        assert_eq!(cfg.amqp.partial_content_timeout, 0);
+        assert_eq!(cfg.quota.disk_free_limit, 50 << 20);
+        assert_eq!(
+            cfg.mqtt.listen,
+            Some("127.0.0.1:1883".parse().expect("addr"))
+        );
+        assert!(cfg.warnings.iter().any(|w| w.contains("not served yet")));
+        assert!(!cfg.auth.user_specs()[0].loopback_only);
+    }
+
+    #[test]
+    fn flat_keys_of_older_files_move_with_a_warning() {
+        let path = file(
+            "legacy",
+            "data_dir = \"/old\"\nheartbeat = 5\namqp_listen = \"127.0.0.1:5673\"\n\
+             default_pass = \"s3cret\"\nmemory_limit = 0.5\n\
+             [[users]]\nname = \"a\"\npassword = \"b\"\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("accepted");
+        assert_eq!(cfg.store.log.data_dir, PathBuf::from("/old"));
+        assert_eq!(cfg.amqp.heartbeat, 5);
+        assert_eq!(cfg.amqp.listen.port(), 5673);
+        assert_eq!(cfg.auth.default_pass.0, "s3cret");
+        assert_eq!(cfg.auth.users.len(), 1);
+        for key in [
+            "data_dir",
+            "heartbeat",
+            "amqp_listen",
+            "default_pass",
+            "users",
+        ] {
+            assert!(
+                cfg.warnings
+                    .iter()
+                    .any(|w| w.contains(&format!("`{key}` is deprecated"))),
+                "no deprecation warning for {key}: {:?}",
+                cfg.warnings
+            );
+        }
+        assert!(cfg.warnings.iter().any(|w| w.contains("plain password")));
+        // A flag still wins over a legacy key.
+        let cfg = load(
+            &[
+                "--config",
+                path.to_str().expect("utf-8"),
+                "--heartbeat",
+                "9",
+            ],
+            &[],
+        )
+        .expect("accepted");
+        assert_eq!(cfg.amqp.heartbeat, 9);
+    }
+
+    #[test]
+    fn old_and_new_key_together_are_refused() {
+        let path = file("both", "heartbeat = 5\n[amqp]\nheartbeat = 6\n");
+        let err = load(&["--config", path.to_str().expect("utf-8")], &[]).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("`heartbeat`") && msg.contains("amqp.heartbeat"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_and_named() {
+        let path = file("unknown-top", "data_dirr = \"x\"\n");
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("data_dirr") && msg.contains("weir.toml"),
+            "{msg}"
+        );
+        let path = file("unknown-section", "[amqp]\nheartbeat_secs = 5\n");
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("heartbeat_secs") && msg.contains("[amqp]"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_source() {
+        let msg = load(&[], &[("WEIR_HEARTBEAT", "soon")])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("WEIR_HEARTBEAT"), "{msg}");
+        let msg = load(&["--fsync", "maybe"], &[]).unwrap_err().to_string();
+        assert!(msg.contains("--fsync"), "{msg}");
+        let msg = load(&["--heartbeat", "70000"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("[amqp]") && msg.contains("--heartbeat"),
+            "{msg}"
+        );
+        let msg = load(&[], &[("WEIR_AMQP_LISTEN", "nowhere")])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("WEIR_AMQP_LISTEN"), "{msg}");
+        assert!(load(&["--frame-max", "100"], &[]).is_err());
+        assert!(load(&["--segment-mb", "0"], &[]).is_err());
+    }
+
+    #[test]
+    fn fdb_store_is_refused_clearly() {
+        let msg = load(&["--store", "fdb"], &[]).unwrap_err().to_string();
+        assert!(msg.contains("fdb feature"), "{msg}");
+        let path = file("store-kind", "[store]\nkind = \"tape\"\n");
+        assert!(load(&["--config", path.to_str().expect("utf-8")], &[]).is_err());
+    }
+
+    #[test]
+    fn users_need_exactly_one_credential_and_guest_can_be_redefined() {
+        let path = file("users-none", "[[auth.users]]\nname = \"a\"\n");
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("password_hash"), "{msg}");
+        let path = file(
+            "users-guest",
+            "[auth]\nguest_remote = false\n\
+             [[auth.users]]\nname = \"guest\"\npassword_hash = \"$argon2id$x\"\ntags = [\"monitoring\"]\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
+        let specs = cfg.auth.user_specs();
+        assert_eq!(specs.len(), 1, "the configured guest replaces the default");
+        assert_eq!(specs[0].tags, vec!["monitoring".to_string()]);
+        assert!(specs[0].loopback_only);
+        assert!(matches!(specs[0].credential, Credential::Hash(_)));
+    }
+
+    #[test]
+    fn the_example_file_loads_without_warnings() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/weir.toml");
+        let cfg = load(&["--config", path], &[]).expect("deploy/weir.toml is valid");
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+        assert_eq!(cfg.store.log.data_dir, PathBuf::from("/var/lib/weir"));
+        assert_eq!(cfg.auth.users.len(), 1);
+        let auth = weir_engine::auth::Authenticator::new(cfg.auth.user_specs())
+            .expect("the example's users are valid");
+        let local = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert!(auth.authenticate("app", b"change-me", local).is_ok());
+        assert!(auth.authenticate("guest", b"guest", local).is_ok());
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let cfg = load(&["--default-pass", "hunter2"], &[]).expect("valid");
+        assert!(!format!("{cfg:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn help_lists_the_flags_with_their_variables() {
+        let help = Cli::command().render_long_help().to_string();
+        for s in SETTINGS {
+            assert!(
+                help.contains(&format!("--{}", s.flag)),
+                "--{} missing",
+                s.flag
+            );
+            assert!(help.contains(s.env), "{} missing", s.env);
+        }
+        assert!(Cli::try_parse_from(["weir", "hash-password"]).is_ok());
+        assert!(Cli::try_parse_from(["weir", "repair", "--data-dir", "/x"]).is_ok());
     }
 }

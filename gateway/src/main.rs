@@ -1,6 +1,5 @@
 //! The `weir` binary.
 
-use clap::Parser;
 use std::process::ExitCode;
 use weir_gateway::config::{Cli, Command, Config};
 use weir_gateway::server::{shutdown_signal, Broker};
@@ -8,6 +7,10 @@ use weir_gateway::server::{shutdown_signal, Broker};
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
     let command = cli.command.take();
+    if let Some(Command::HashPassword) = command {
+        // Needs no configuration: a fresh machine can prepare its file.
+        return hash_password();
+    }
     let cfg = match Config::load(cli) {
         Ok(c) => c,
         Err(e) => {
@@ -21,8 +24,11 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_target(false)
         .init();
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
     if let Some(Command::Repair { data_dir }) = command {
-        return repair(&data_dir.unwrap_or(cfg.data_dir));
+        return repair(&data_dir.unwrap_or(cfg.store.log.data_dir));
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -78,6 +84,35 @@ fn repair(dir: &std::path::Path) -> ExitCode {
         }
         Err(e) => {
             eprintln!("weir repair: {}: {e}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `weir hash-password`: reads one password from stdin (a trailing newline
+/// is not part of it) and prints its argon2id PHC string.
+fn hash_password() -> ExitCode {
+    use std::io::Read;
+    let mut input = Vec::new();
+    if let Err(e) = std::io::stdin().take(64 * 1024).read_to_end(&mut input) {
+        eprintln!("weir hash-password: reading stdin: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut pass = input.as_slice();
+    if let Some(p) = pass.strip_suffix(b"\n") {
+        pass = p.strip_suffix(b"\r").unwrap_or(p);
+    }
+    if pass.is_empty() {
+        eprintln!("weir hash-password: empty password (give it on stdin)");
+        return ExitCode::from(2);
+    }
+    match weir_engine::auth::hash_password(pass) {
+        Ok(phc) => {
+            println!("{phc}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weir hash-password: {e}");
             ExitCode::FAILURE
         }
     }

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use weir_backend::log::{LogOptions, LogStore};
 use weir_backend::Store;
+use weir_engine::auth::{AuthFailure, Authenticator, Principal};
 use weir_protocols::amqp::ServerConfig;
 
 /// What every connection task shares.
@@ -23,8 +24,11 @@ pub struct Shared {
     pub engine: Arc<Engine>,
     /// AMQP limits and identity.
     pub amqp: ServerConfig,
-    users: HashMap<String, String>,
-    guest_remote: bool,
+    /// Users and their password hashes (every protocol logs in here).
+    pub auth: Arc<Authenticator>,
+    /// Slow password verifications running at once: each holds ~19 MiB for
+    /// tens of milliseconds, so a flood of logins queues here instead.
+    verify_slots: Arc<Semaphore>,
     /// How long a delivery may stay unacknowledged (None = forever).
     pub consumer_timeout: Option<Duration>,
     /// Resource alarms (memory, disk), set and cleared by the monitors in
@@ -40,23 +44,45 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Checks credentials. The default user `guest` is accepted from loopback
-    /// only unless configured otherwise, as in RabbitMQ.
-    pub fn authenticate(&self, user: &str, pass: &str, peer: SocketAddr) -> bool {
-        let Some(expected) = self.users.get(user) else {
-            return false;
-        };
-        if user == "guest" && !self.guest_remote && !peer.ip().is_loopback() {
-            return false;
+    /// Checks credentials (see [`weir_engine::auth`]). Logins that already
+    /// succeeded are answered from the authenticator's cache; others run the
+    /// slow hash on the blocking pool, never on a runtime worker. The default
+    /// user `guest` is accepted from loopback only unless configured
+    /// otherwise, as in RabbitMQ.
+    pub async fn login(
+        &self,
+        user: &str,
+        pass: &str,
+        peer: SocketAddr,
+    ) -> Result<Principal, AuthFailure> {
+        let ip = peer.ip();
+        if let Some(r) = self.auth.check_cached(user, pass.as_bytes(), ip) {
+            return r;
         }
-        // Constant-time comparison is not needed for equal-length secrets held
-        // in memory here, but avoid early exit on length anyway.
-        expected.len() == pass.len()
-            && expected
-                .bytes()
-                .zip(pass.bytes())
-                .fold(0u8, |a, (x, y)| a | (x ^ y))
-                == 0
+        let permit = self
+            .verify_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| AuthFailure)?;
+        // Many connections of one client arrive together: all but the first
+        // find the cache filled while they waited for a slot.
+        if let Some(r) = self.auth.check_cached(user, pass.as_bytes(), ip) {
+            return r;
+        }
+        let (auth, user, pass) = (self.auth.clone(), user.to_owned(), pass.to_owned());
+        tokio::task::spawn_blocking(move || {
+            // Held until the hash is done, even if the connection went away.
+            let _permit = permit;
+            auth.authenticate(&user, pass.as_bytes(), ip)
+        })
+        .await
+        .unwrap_or(Err(AuthFailure))
+    }
+
+    /// [`Self::login`], as a yes or no.
+    pub async fn authenticate(&self, user: &str, pass: &str, peer: SocketAddr) -> bool {
+        self.login(user, pass, peer).await.is_ok()
     }
 
     /// Asks the memory monitor to return freed heap memory to the system soon
@@ -168,6 +194,9 @@ pub enum ServerError {
         /// Error.
         source: weir_backend::StoreError,
     },
+    /// The configured users are invalid (a bad password hash, a duplicate).
+    #[error("users: {0}")]
+    Auth(#[from] weir_engine::auth::AuthError),
     /// The engine could not recover.
     #[error("recovering engine: {0}")]
     Engine(#[from] crate::engine::EngineError),
@@ -200,22 +229,31 @@ struct Limits {
 impl Broker {
     /// Opens the store, recovers the engine and binds the listeners.
     pub async fn start(cfg: &Config) -> Result<Self, ServerError> {
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ServerError::Store {
-            dir: cfg.data_dir.display().to_string(),
+        // First, so a bad user table fails before the store is touched.
+        // Plain passwords are hashed here: slow, off the runtime's workers.
+        let specs = cfg.auth.user_specs();
+        let auth = tokio::task::spawn_blocking(move || Authenticator::new(specs))
+            .await
+            .map_err(|e| weir_engine::auth::AuthError::Hash(e.to_string()))??;
+        tracing::info!(users = auth.len(), "authentication ready");
+        let log_cfg = &cfg.store.log;
+        std::fs::create_dir_all(&log_cfg.data_dir).map_err(|e| ServerError::Store {
+            dir: log_cfg.data_dir.display().to_string(),
             source: weir_backend::StoreError::io("creating data directory", e),
         })?;
         let opts = LogOptions {
-            segment_size: cfg.segment_bytes,
-            sync: cfg.fsync,
+            segment_size: log_cfg.segment_bytes(),
+            sync: log_cfg.fsync,
             ..LogOptions::default()
         };
         let started = std::time::Instant::now();
         if cfg.repair {
-            let report =
-                weir_backend::log::repair(&cfg.data_dir).map_err(|source| ServerError::Store {
-                    dir: cfg.data_dir.display().to_string(),
+            let report = weir_backend::log::repair(&log_cfg.data_dir).map_err(|source| {
+                ServerError::Store {
+                    dir: log_cfg.data_dir.display().to_string(),
                     source,
-                })?;
+                }
+            })?;
             for (d, q) in report.damages.iter().zip(&report.quarantined) {
                 tracing::warn!(damage = %d, quarantine = %q.display(), "repaired the store");
             }
@@ -223,59 +261,59 @@ impl Broker {
                 tracing::warn!(lost_message_ids = ?report.lost_message_ids(), "messages lost to damage");
             }
         }
-        let store = LogStore::open(&cfg.data_dir, opts).map_err(|source| ServerError::Store {
-            dir: cfg.data_dir.display().to_string(),
-            source,
-        })?;
+        let store =
+            LogStore::open(&log_cfg.data_dir, opts).map_err(|source| ServerError::Store {
+                dir: log_cfg.data_dir.display().to_string(),
+                source,
+            })?;
         let dyn_store: Arc<dyn Store> = store.clone();
         let engine = Engine::open(dyn_store)?;
         release_recovery_memory();
-        tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %cfg.data_dir.display(), "store opened");
-        let mut users = HashMap::new();
-        users.insert("guest".to_string(), cfg.default_pass.clone());
-        for u in &cfg.users {
-            users.insert(u.name.clone(), u.password.clone());
-        }
+        tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %log_cfg.data_dir.display(), "store opened");
         let defaults = ServerConfig::default();
         let amqp = ServerConfig {
-            frame_max: cfg.frame_max,
-            heartbeat: cfg.heartbeat,
+            frame_max: cfg.amqp.frame_max,
+            channel_max: cfg.amqp.channel_max,
+            heartbeat: cfg.amqp.heartbeat,
             // A persistent message is one store record, which must fit in a
             // segment: refuse larger ones up front with 406, not with a
             // store error after the body arrived.
             max_message_size: defaults.max_message_size.min(
-                cfg.segment_bytes
-                    .saturating_sub(u64::from(cfg.frame_max) + 1024),
+                log_cfg
+                    .segment_bytes()
+                    .saturating_sub(u64::from(cfg.amqp.frame_max) + 1024),
             ),
             ..defaults
         };
         let listener =
-            TcpListener::bind(cfg.amqp_listen)
+            TcpListener::bind(cfg.amqp.listen)
                 .await
                 .map_err(|source| ServerError::Bind {
-                    addr: cfg.amqp_listen,
+                    addr: cfg.amqp.listen,
                     source,
                 })?;
         Ok(Broker {
             shared: Arc::new(Shared {
                 engine,
                 amqp,
-                users,
-                guest_remote: cfg.guest_remote,
-                consumer_timeout: (cfg.consumer_timeout_secs > 0)
-                    .then(|| Duration::from_secs(cfg.consumer_timeout_secs)),
+                auth: Arc::new(auth),
+                verify_slots: Arc::new(Semaphore::new(
+                    std::thread::available_parallelism().map_or(2, |n| n.get()),
+                )),
+                consumer_timeout: (cfg.amqp.consumer_timeout > 0)
+                    .then(|| Duration::from_secs(cfg.amqp.consumer_timeout)),
                 alarms: watch::Sender::new(Alarms::default()),
-                partial_content_timeout: (cfg.partial_content_timeout_secs > 0)
-                    .then(|| Duration::from_secs(cfg.partial_content_timeout_secs)),
+                partial_content_timeout: (cfg.amqp.partial_content_timeout > 0)
+                    .then(|| Duration::from_secs(cfg.amqp.partial_content_timeout)),
                 logins: LoginThrottle::default(),
                 trim_wanted: AtomicBool::new(false),
             }),
             store,
             listener,
             limits: Limits {
-                memory: cfg.memory_limit,
-                disk_free: cfg.disk_free_limit,
-                data_dir: cfg.data_dir.clone(),
+                memory: cfg.quota.memory_limit,
+                disk_free: cfg.quota.disk_free_limit,
+                data_dir: log_cfg.data_dir.clone(),
             },
         })
     }

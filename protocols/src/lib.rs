@@ -8,6 +8,8 @@
 //! * [`Secret`]: a client's password, redacted when formatted.
 #![forbid(unsafe_code)]
 
+#![forbid(unsafe_code)]
+
 pub mod amqp;
 mod secret;
 

@@ -6,6 +6,8 @@
 //!
 //! Per-tenant rate limits and queue/memory bounds land here with quotas.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -7,6 +7,8 @@
 //! RSS (`rss_peak_mb`, VmHWM included) and runs a probe client that keeps connecting, opening a
 //! channel and passive-declaring a queue (`probe_wait_ms`: the longest round, capped).
 
+#![forbid(unsafe_code)]
+
 #[allow(dead_code)] // shared with weir-bench; not every helper is used here
 #[path = "../conn.rs"]
 mod conn;

@@ -384,7 +384,11 @@ impl Session {
                 username,
                 password,
             } => {
-                if self.shared.authenticate(&username, &password, self.peer) {
+                if self
+                    .shared
+                    .authenticate(&username, &password, self.peer)
+                    .await
+                {
                     self.conn.accept_login();
                 } else {
                     // Slow down guessing from this address; only this
