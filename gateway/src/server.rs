@@ -213,7 +213,7 @@ pub enum ServerError {
 /// A running broker.
 pub struct Broker {
     shared: Arc<Shared>,
-    store: Arc<LogStore>,
+    store: Arc<dyn Store>,
     listener: TcpListener,
     limits: Limits,
 }
@@ -229,45 +229,31 @@ struct Limits {
 impl Broker {
     /// Opens the store, recovers the engine and binds the listeners.
     pub async fn start(cfg: &Config) -> Result<Self, ServerError> {
-        // First, so a bad user table fails before the store is touched.
-        // Plain passwords are hashed here: slow, off the runtime's workers.
-        let specs = cfg.auth.user_specs();
-        let auth = tokio::task::spawn_blocking(move || Authenticator::new(specs))
-            .await
-            .map_err(|e| weir_engine::auth::AuthError::Hash(e.to_string()))??;
-        tracing::info!(users = auth.len(), "authentication ready");
+        let auth = authenticator(cfg).await?;
+        let store = open_log_store(cfg)?;
+        Self::start_on(cfg, auth, store).await
+    }
+
+    /// [`Self::start`] over a store the caller opened: in-process tests run
+    /// the real listeners and sessions over `weir_backend::testing::MemStore`
+    /// (whose durability they can hold). The data directory of `cfg` is still
+    /// the one the disk monitor watches.
+    pub async fn start_with_store(
+        cfg: &Config,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, ServerError> {
+        let auth = authenticator(cfg).await?;
+        Self::start_on(cfg, auth, store).await
+    }
+
+    async fn start_on(
+        cfg: &Config,
+        auth: Authenticator,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, ServerError> {
         let log_cfg = &cfg.store.log;
-        std::fs::create_dir_all(&log_cfg.data_dir).map_err(|e| ServerError::Store {
-            dir: log_cfg.data_dir.display().to_string(),
-            source: weir_backend::StoreError::io("creating data directory", e),
-        })?;
-        let opts = LogOptions {
-            segment_size: log_cfg.segment_bytes(),
-            sync: log_cfg.fsync,
-            ..LogOptions::default()
-        };
         let started = std::time::Instant::now();
-        if cfg.repair {
-            let report = weir_backend::log::repair(&log_cfg.data_dir).map_err(|source| {
-                ServerError::Store {
-                    dir: log_cfg.data_dir.display().to_string(),
-                    source,
-                }
-            })?;
-            for (d, q) in report.damages.iter().zip(&report.quarantined) {
-                tracing::warn!(damage = %d, quarantine = %q.display(), "repaired the store");
-            }
-            if !report.damages.is_empty() {
-                tracing::warn!(lost_message_ids = ?report.lost_message_ids(), "messages lost to damage");
-            }
-        }
-        let store =
-            LogStore::open(&log_cfg.data_dir, opts).map_err(|source| ServerError::Store {
-                dir: log_cfg.data_dir.display().to_string(),
-                source,
-            })?;
-        let dyn_store: Arc<dyn Store> = store.clone();
-        let engine = Engine::open(dyn_store)?;
+        let engine = Engine::open(store.clone())?;
         release_recovery_memory();
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %log_cfg.data_dir.display(), "store opened");
         let defaults = ServerConfig::default();
@@ -564,6 +550,50 @@ fn trim_heap() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// The authenticator of `cfg`'s users. First, so a bad user table fails
+/// before the store is touched; plain passwords are hashed here: slow, off
+/// the runtime's workers.
+async fn authenticator(cfg: &Config) -> Result<Authenticator, ServerError> {
+    let specs = cfg.auth.user_specs();
+    let auth = tokio::task::spawn_blocking(move || Authenticator::new(specs))
+        .await
+        .map_err(|e| weir_engine::auth::AuthError::Hash(e.to_string()))??;
+    tracing::info!(users = auth.len(), "authentication ready");
+    Ok(auth)
+}
+
+/// Opens (and with `--repair` first repairs) the embedded log store.
+fn open_log_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
+    let log_cfg = &cfg.store.log;
+    std::fs::create_dir_all(&log_cfg.data_dir).map_err(|e| ServerError::Store {
+        dir: log_cfg.data_dir.display().to_string(),
+        source: weir_backend::StoreError::io("creating data directory", e),
+    })?;
+    let opts = LogOptions {
+        segment_size: log_cfg.segment_bytes(),
+        sync: log_cfg.fsync,
+        ..LogOptions::default()
+    };
+    if cfg.repair {
+        let report =
+            weir_backend::log::repair(&log_cfg.data_dir).map_err(|source| ServerError::Store {
+                dir: log_cfg.data_dir.display().to_string(),
+                source,
+            })?;
+        for (d, q) in report.damages.iter().zip(&report.quarantined) {
+            tracing::warn!(damage = %d, quarantine = %q.display(), "repaired the store");
+        }
+        if !report.damages.is_empty() {
+            tracing::warn!(lost_message_ids = ?report.lost_message_ids(), "messages lost to damage");
+        }
+    }
+    let store = LogStore::open(&log_cfg.data_dir, opts).map_err(|source| ServerError::Store {
+        dir: log_cfg.data_dir.display().to_string(),
+        source,
+    })?;
+    Ok(store)
 }
 
 /// Resolves on SIGTERM or SIGINT.
