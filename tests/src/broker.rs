@@ -296,6 +296,13 @@ pub const WEIR_SETTING_VARS: &[&str] = &[
     "WEIR_DEFAULT_PASS",
     "WEIR_GUEST_REMOTE",
     "WEIR_CONSUMER_TIMEOUT",
+    "WEIR_CHANNEL_MAX",
+    "WEIR_PARTIAL_CONTENT_TIMEOUT",
+    "WEIR_MEMORY_LIMIT",
+    "WEIR_STORE",
+    "WEIR_MQTT_LISTEN",
+    "WEIR_HTTP_LISTEN",
+    "WEIR_NATIVE_LISTEN",
 ];
 
 /// A `weir` command with no arguments, inherited settings cleared (see
