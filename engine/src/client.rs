@@ -171,7 +171,6 @@ pub struct Client {
     /// Handed out by [`Self::next_delivery`] since the last
     /// [`Self::finish_deliveries`].
     taken: u32,
-    drained: Vec<Delivery>,
     raw_notices: Vec<Notice>,
     /// Deliveries the caller could not write, put back at the batch's end.
     unsend: Vec<(Arc<Partition>, Entry)>,
@@ -202,7 +201,6 @@ impl Client {
             scopes: ScopeMap::default(),
             pending: VecDeque::new(),
             taken: 0,
-            drained: Vec::new(),
             raw_notices: Vec::new(),
             unsend: Vec::new(),
             settles: Vec::new(),
@@ -588,8 +586,8 @@ impl Client {
     /// subscriptions the client has since replaced or cancelled are
     /// dropped; the rest are appended to `notices`.
     pub fn drain(&mut self, notices: &mut Vec<Notice>) {
-        self.handle.drain(&mut self.drained, &mut self.raw_notices);
-        self.pending.extend(self.drained.drain(..));
+        self.handle
+            .drain_into(&mut self.pending, &mut self.raw_notices);
         for n in self.raw_notices.drain(..) {
             match n {
                 Notice::ConsumerCancelled { consumer } => {
@@ -900,9 +898,9 @@ impl Client {
         for s in scopes {
             self.release_scope(s);
         }
-        self.handle.drain(&mut self.drained, &mut self.raw_notices);
+        self.handle
+            .drain_into(&mut self.pending, &mut self.raw_notices);
         self.raw_notices.clear();
-        self.pending.extend(self.drained.drain(..));
         while let Some(d) = self.pending.pop_front() {
             self.handle.unsent_done(1);
             d.consumer.release(d.entry.size);

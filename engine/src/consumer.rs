@@ -149,7 +149,19 @@ impl ConnHandle {
         self.notify.notified().await
     }
 
+    /// Takes everything queued, deliveries onto the back of `deliveries`.
+    pub(crate) fn drain_into(
+        &self,
+        deliveries: &mut std::collections::VecDeque<Delivery>,
+        notices: &mut Vec<Notice>,
+    ) {
+        let mut o = self.outbox.lock();
+        deliveries.extend(o.deliveries.drain(..));
+        notices.append(&mut o.notices);
+    }
+
     /// Takes everything queued.
+    #[cfg(test)]
     pub(crate) fn drain(&self, deliveries: &mut Vec<Delivery>, notices: &mut Vec<Notice>) {
         let mut o = self.outbox.lock();
         deliveries.append(&mut o.deliveries);

@@ -53,13 +53,15 @@ impl Session {
                 break;
             };
             let ch = channel_of(d.consumer.scope());
-            let usable = self.conn.channel_is_usable(ch)
-                && !d.consumer.is_cancelled()
-                && self.channels.get(&ch).is_some_and(|c| !c.failed);
-            if !usable {
+            let chan = if self.conn.channel_is_usable(ch) && !d.consumer.is_cancelled() {
+                self.channels.get_mut(&ch).filter(|c| !c.failed)
+            } else {
+                None
+            };
+            let Some(c) = chan else {
                 client.unsend(d);
                 continue;
-            }
+            };
             if self.replies.holds(&d.consumer) {
                 // Its consume-ok waits behind a durable reply: so do its
                 // deliveries (in order), not the others'.
@@ -69,11 +71,6 @@ impl Session {
             let Some(message) = client.message_of(&d) else {
                 // Unreadable (the store reported why): dropped.
                 client.discard(d);
-                continue;
-            };
-            let Some(c) = self.channels.get_mut(&ch) else {
-                // Checked above; never drop a delivery silently.
-                client.unsend(d);
                 continue;
             };
             c.delivery_tag += 1;
@@ -110,7 +107,7 @@ impl Session {
         }
         ch.store_confirms_pending = ch.store_confirms_pending.saturating_sub(1);
         if self.conn.channel_is_usable(c.channel) {
-            codec::write_confirm(self.conn.out(), c.channel, c.tag, true, !c.ok);
+            self.write_confirm(c.channel, c.tag, true, !c.ok);
         }
     }
 
@@ -118,6 +115,10 @@ impl Session {
     /// ack: at once when nothing in it was stored, else through a store
     /// barrier that fires once everything appended so far is durable.
     pub(super) fn send_confirms(&mut self) {
+        // Confirms that must queue behind a reply (rare: only while one
+        // waits), written after the walk over the channels.
+        let mut queued: Vec<(u16, u64, bool)> = Vec::new();
+        let direct = self.replies.is_empty();
         for (&id, c) in self.channels.iter_mut() {
             if c.batch_publishes == 0 {
                 continue;
@@ -143,13 +144,22 @@ impl Session {
                 if let Err(e) = barrier {
                     tracing::error!(error = %e, "store refused a confirm barrier");
                     c.store_confirms_pending -= 1;
-                    codec::write_confirm(self.conn.out(), id, tag, true, true);
+                    if direct {
+                        codec::write_confirm(self.conn.out(), id, tag, true, true);
+                    } else {
+                        queued.push((id, tag, true));
+                    }
                 }
-            } else {
+            } else if direct {
                 codec::write_confirm(self.conn.out(), id, tag, true, false);
+            } else {
+                queued.push((id, tag, false));
             }
             c.batch_publishes = 0;
             c.batch_needs_store = false;
+        }
+        for (ch, tag, nack) in queued {
+            self.write_confirm(ch, tag, true, nack);
         }
     }
 }

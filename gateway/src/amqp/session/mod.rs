@@ -30,7 +30,7 @@ use self::channel::Channel;
 use self::deliver::StoreConfirm;
 use self::failure::{hard, Failure};
 use self::replies::Replies;
-use crate::engine::consumer::{ConnHandle, Scope};
+use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
 use crate::server::{Alarms, Shared};
 use bytes::BytesMut;
@@ -144,10 +144,19 @@ fn channel_of(scope: Scope) -> u16 {
     u16::try_from(scope).unwrap_or(0)
 }
 
-/// Resolves when `handle` is notified; never without a handle.
-async fn notified(handle: Option<Arc<ConnHandle>>) {
-    match handle {
-        Some(h) => h.notified().await,
+/// Resolves when `client`'s outbox is notified; never without a client.
+async fn notified(client: Option<&Client>) {
+    match client {
+        Some(c) => c.handle().notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves at `at`; never without a time. (A disabled `select!` branch
+/// still builds its future: this builds no timer unless one is wanted.)
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
     }
 }
@@ -242,7 +251,6 @@ impl Session {
                 last_read = Instant::now();
             }
             let want_write = !self.conn.out().is_empty();
-            let handle = self.client.as_ref().map(|c| c.handle().clone());
             let refusal_at = self.login_refusal.as_ref().map(|r| r.at);
             tokio::select! {
                 r = stream.readable(), if want_read => {
@@ -261,11 +269,11 @@ impl Session {
                     }
                 }
                 r = stream.writable(), if want_write => { r?; }
-                _ = notified(handle) => {}
+                _ = notified(self.client.as_ref()) => {}
                 () = self.replies.durable(), if self.replies.is_waiting() => {
                     self.send_ready_replies();
                 }
-                _ = tokio::time::sleep_until(refusal_at.unwrap_or_else(tokio::time::Instant::now)), if refusal_at.is_some() => {
+                _ = sleep_until(refusal_at), if refusal_at.is_some() => {
                     if let Some(r) = self.login_refusal.take() {
                         self.conn.refuse_login(&r.text);
                     }

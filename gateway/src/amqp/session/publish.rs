@@ -18,9 +18,6 @@ impl Session {
             .map_err(|_| hard(reply::SYNTAX_ERROR, "exchange name is not UTF-8".into()))?;
         let routing_key = std::str::from_utf8(&p.routing_key)
             .map_err(|_| hard(reply::SYNTAX_ERROR, "routing key is not UTF-8".into()))?;
-        if !self.channels.contains_key(&ch) {
-            return Ok(());
-        }
         let headers = LazyHeaders::new(&p.properties);
         let route = RouteInput {
             exchange,
@@ -72,7 +69,7 @@ impl Session {
                     let tag = c.publish_tag;
                     c.batch_publishes = c.batch_publishes.saturating_sub(1);
                     if self.conn.channel_is_usable(ch) {
-                        codec::write_confirm(self.conn.out(), ch, tag, false, true);
+                        self.write_confirm(ch, tag, false, true);
                     }
                 }
                 tracing::debug!(channel = ch, "disk full: publish refused");

@@ -19,7 +19,7 @@ use bytes::BytesMut;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use weir_protocols::amqp::methods::AMQPClass;
-use weir_protocols::amqp::reply;
+use weir_protocols::amqp::{codec, reply};
 
 /// What is sent when a queued reply's turn comes.
 enum Deferred {
@@ -87,6 +87,11 @@ impl Replies {
             Ok(r) => store_outcome(r),
             Err(_) => Some(store_stopped()),
         };
+    }
+
+    /// Whether a reply of channel `ch` is queued.
+    pub(super) fn has_channel(&self, ch: u16) -> bool {
+        self.queue.iter().any(|p| p.channel == ch)
     }
 
     /// Whether `c`'s consume-ok is still queued.
@@ -205,6 +210,18 @@ impl Session {
         }
         let mut buf = BytesMut::new();
         encode(&mut buf);
+        self.defer(ch, None, Deferred::Frames(buf));
+    }
+
+    /// Writes a publisher confirm (basic.ack or basic.nack). Behind a
+    /// queued reply of its channel (a confirm.select-ok, say) it queues too.
+    pub(super) fn write_confirm(&mut self, ch: u16, tag: u64, multiple: bool, nack: bool) {
+        if !self.replies.has_channel(ch) {
+            codec::write_confirm(self.conn.out(), ch, tag, multiple, nack);
+            return;
+        }
+        let mut buf = BytesMut::new();
+        codec::write_confirm(&mut buf, ch, tag, multiple, nack);
         self.defer(ch, None, Deferred::Frames(buf));
     }
 
