@@ -97,7 +97,7 @@ impl ConnHandle {
 
     /// `n` deliveries handed to this connection were encoded for the socket
     /// (or given back): their room is free again.
-    pub fn unsent_done(&self, n: u32) {
+    pub(crate) fn unsent_done(&self, n: u32) {
         if n > 0 {
             let prev = self.unsent.fetch_sub(n, Ordering::AcqRel);
             debug_assert!(prev >= n, "unsent room released more than taken");
@@ -108,7 +108,7 @@ impl ConnHandle {
     /// the connection then redispatches its consumers' partitions. Call after
     /// [`Self::unsent_done`], so a refusal is either seen here or happens
     /// after the room was freed.
-    pub fn take_starved(&self) -> bool {
+    pub(crate) fn take_starved(&self) -> bool {
         self.starved.swap(false, Ordering::SeqCst)
     }
 
@@ -118,7 +118,7 @@ impl ConnHandle {
     }
 
     /// Marks the connection gone.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
     }
 
@@ -129,7 +129,7 @@ impl ConnHandle {
 
     /// Queues a delivery; the caller wakes the connection with [`Self::wake`]
     /// once it has pushed everything (one wake-up per batch).
-    pub fn push(&self, d: Delivery) {
+    pub(crate) fn push(&self, d: Delivery) {
         self.outbox.lock().deliveries.push(d);
     }
 
@@ -149,8 +149,20 @@ impl ConnHandle {
         self.notify.notified().await
     }
 
+    /// Takes everything queued, deliveries onto the back of `deliveries`.
+    pub(crate) fn drain_into(
+        &self,
+        deliveries: &mut std::collections::VecDeque<Delivery>,
+        notices: &mut Vec<Notice>,
+    ) {
+        let mut o = self.outbox.lock();
+        deliveries.extend(o.deliveries.drain(..));
+        notices.append(&mut o.notices);
+    }
+
     /// Takes everything queued.
-    pub fn drain(&self, deliveries: &mut Vec<Delivery>, notices: &mut Vec<Notice>) {
+    #[cfg(test)]
+    pub(crate) fn drain(&self, deliveries: &mut Vec<Delivery>, notices: &mut Vec<Notice>) {
         let mut o = self.outbox.lock();
         deliveries.append(&mut o.deliveries);
         notices.append(&mut o.notices);
@@ -161,29 +173,94 @@ impl ConnHandle {
 /// fast queue cannot fill a slow connection's memory.
 pub const NO_ACK_WINDOW: u32 = 2000;
 
-/// A subscription of one channel to one queue.
+/// A subscription of one client scope (an AMQP channel) to one queue.
+///
+/// Created by [`crate::client::Client::subscribe`]; its fields are set once
+/// and read by any partition's dispatch. The only state that changes is the
+/// cancelled flag, set through [`Consumer::cancel`].
 pub struct Consumer {
     /// The tag the client knows it by.
-    pub tag: Bytes,
-    /// The channel it lives on.
-    pub channel: u16,
+    tag: Bytes,
+    /// The client scope it lives in (an AMQP channel number).
+    scope: Scope,
     /// Auto-ack: deliveries are settled when written.
-    pub no_ack: bool,
+    no_ack: bool,
     /// Exclusive consumer.
-    pub exclusive: bool,
+    exclusive: bool,
     /// The owning connection.
-    pub conn: Arc<ConnHandle>,
+    pub(crate) conn: Arc<ConnHandle>,
     /// Per-consumer window (for no-ack consumers: the write window).
-    pub credit: Arc<Credit>,
-    /// Channel-wide window (global qos), if any.
-    pub channel_credit: Option<Arc<Credit>>,
-    /// channel.flow(active=false) pauses deliveries.
-    pub flow_active: Arc<AtomicBool>,
+    credit: Arc<Credit>,
+    /// Scope-wide window (AMQP's global qos), if any.
+    scope_credit: Option<Arc<Credit>>,
+    /// The scope's flow flag: false pauses deliveries (channel.flow).
+    flow_active: Arc<AtomicBool>,
     /// Set once cancelled: deliveries still in the outbox go back to the queue.
-    pub cancelled: AtomicBool,
+    cancelled: AtomicBool,
 }
 
+/// Which client scope a consumer or lease belongs to: an AMQP channel number
+/// today; one per session for MQTT.
+pub type Scope = u32;
+
 impl Consumer {
+    /// A live consumer. `scope_credit` and `flow_active` are shared by the
+    /// consumers of one scope.
+    #[allow(clippy::too_many_arguments)] // one constructor, called from one place
+    pub(crate) fn new(
+        tag: Bytes,
+        scope: Scope,
+        no_ack: bool,
+        exclusive: bool,
+        conn: Arc<ConnHandle>,
+        credit: Arc<Credit>,
+        scope_credit: Option<Arc<Credit>>,
+        flow_active: Arc<AtomicBool>,
+    ) -> Arc<Self> {
+        Arc::new(Consumer {
+            tag,
+            scope,
+            no_ack,
+            exclusive,
+            conn,
+            credit,
+            scope_credit,
+            flow_active,
+            cancelled: AtomicBool::new(false),
+        })
+    }
+
+    /// The tag the client knows it by.
+    pub fn tag(&self) -> &Bytes {
+        &self.tag
+    }
+
+    /// The client scope it lives in.
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// Auto-ack: its deliveries are settled when written.
+    pub fn no_ack(&self) -> bool {
+        self.no_ack
+    }
+
+    /// Exclusive consumer.
+    pub fn exclusive(&self) -> bool {
+        self.exclusive
+    }
+
+    /// Marks it cancelled; partitions drop it at their next dispatch and its
+    /// undelivered deliveries go back. Returns whether it was live before.
+    pub(crate) fn cancel(&self) -> bool {
+        !self.cancelled.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether it was cancelled (by its client or by its queue's deletion).
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
     /// Takes credit for a message of `size` bytes from every window that
     /// applies, and room on the way to the connection. The connection's room
     /// is given back with [`ConnHandle::unsent_done`] when the delivery is
@@ -195,7 +272,7 @@ impl Consumer {
         if !self.credit.try_acquire(size) {
             return false;
         }
-        if let Some(cc) = &self.channel_credit {
+        if let Some(cc) = &self.scope_credit {
             if !cc.try_acquire(size) {
                 self.credit.release(size);
                 return false;
@@ -216,7 +293,7 @@ impl Consumer {
     /// Gives back the credit of one settled (or returned) delivery.
     pub fn release(&self, size: u32) {
         self.credit.release(size);
-        if let Some(cc) = &self.channel_credit {
+        if let Some(cc) = &self.scope_credit {
             cc.release(size);
         }
     }

@@ -31,3 +31,21 @@ pub enum EngineError {
 
 /// Shorthand.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Why a [`crate::client::Client`] operation failed, beyond the engine's
+/// own errors: what a protocol maps to its codes.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// An engine error (queue not found, exclusive use, store failure…).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A settle named a delivery tag that is not outstanding in its scope.
+    #[error("unknown delivery tag {0}")]
+    UnknownTag(u64),
+    /// A subscription tag already in use in its scope.
+    #[error("attempt to reuse consumer tag '{0}'")]
+    TagInUse(String),
+    /// A message could not be read back from the store (it was dropped).
+    #[error("message unreadable from the store")]
+    Unreadable,
+}

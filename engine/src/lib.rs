@@ -2,6 +2,9 @@
 //! consumers and leases. It never sees a wire format; adapters call it with
 //! plain values and map its [`EngineError`]s to their own codes.
 //!
+//! * [`client`]: the per-client interface every protocol session uses:
+//!   publish, subscribe, get, leases, settles, the batch's commit.
+//! * [`lease`]: delivered, unsettled messages and how they are settled.
 //! * [`tenant`]: declare/delete/bind/route within one tenant (AMQP vhost).
 //! * [`exchange`]: exchanges, bindings, routing algorithms.
 //! * [`queue`]: queues and partitions, ready lists, dispatch, counters.
@@ -12,16 +15,19 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod client;
 pub mod consumer;
 pub mod error;
 pub mod exchange;
+pub mod lease;
 pub mod message;
 pub mod meta;
 pub mod properties;
 pub mod queue;
 pub mod tenant;
 
-pub use error::{EngineError, Result};
+pub use client::Client;
+pub use error::{ClientError, EngineError, Result};
 pub use tenant::Tenant;
 
 use message::{now_ms, Entry};

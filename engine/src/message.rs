@@ -1,15 +1,10 @@
 //! Messages and queue entries.
 
+use crate::properties::HeaderFormat;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use weir_backend::{Location, MessageId};
-
-/// Header format tag (`weir_backend::MessageData::header_format`): the
-/// header is AMQP 0-9-1's raw content-header property block.
-pub const HEADER_AMQP_091: u8 = 1;
-/// Header format tag: Weir's protocol-neutral header encoding.
-pub const HEADER_NEUTRAL: u8 = 2;
 
 /// A published message. Shared (`Arc`) by every queue it was routed to; its
 /// byte fields are slices of the buffer it arrived in, never copied per queue.
@@ -21,13 +16,14 @@ pub struct Message {
     pub exchange: Bytes,
     /// Routing key it was published with.
     pub routing_key: Bytes,
-    /// Encoded properties, opaque to the engine (AMQP's raw property block).
+    /// Encoded properties in `header_format`: for an AMQP publisher, the
+    /// raw AMQP property block, passed through untouched to AMQP consumers.
     pub properties: Bytes,
     /// The body.
     pub body: Bytes,
-    /// The encoding of `properties` ([`HEADER_AMQP_091`] or
-    /// [`HEADER_NEUTRAL`]), stored with the message as its header tag.
-    pub header_format: u8,
+    /// The encoding of `properties`, stored with the message as its header
+    /// tag (one byte: it sits in `Message`'s padding).
+    pub header_format: HeaderFormat,
     /// Persistent (delivery-mode 2): stored when routed to a durable queue.
     pub persistent: bool,
     /// Priority.

@@ -6,16 +6,17 @@
 //! least one. A partition's state sits behind its own mutex, so publishing to
 //! or consuming from one queue never contends with another queue.
 //!
-//! Leases (delivered, unacknowledged entries) are held by the channel that
-//! received them, not here: the channel settles or returns them, and releasing
-//! a closed channel's leases is one walk over that channel's map.
+//! Leases (delivered, unacknowledged entries) are held by the engine client
+//! that received them ([`crate::client::Client`]), not here: the client
+//! settles or returns them, and releasing a closed scope's leases is one walk
+//! over that scope's map.
 
 use super::consumer::{Consumer, Delivery};
 use super::message::{now_ms, Entry};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::{Location, MessageId, PartitionId};
 
@@ -381,9 +382,11 @@ impl Partition {
     }
 
     /// Attaches a consumer and starts delivering to it.
-    /// Returns false if the queue was deleted meanwhile.
+    /// Returns false if the queue was deleted meanwhile. Only
+    /// [`Queue::attach_consumer`] calls it, so a queue's exclusivity is
+    /// checked and its consumers attached in one step.
     #[must_use]
-    pub fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) -> bool {
+    pub(crate) fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) -> bool {
         let mut woken = Vec::new();
         {
             let mut st = self.state.lock();
@@ -400,15 +403,10 @@ impl Partition {
     }
 
     /// Detaches a consumer; returns how many remain.
-    pub fn remove_consumer(&self, c: &Arc<Consumer>) -> usize {
+    pub(crate) fn remove_consumer(&self, c: &Arc<Consumer>) -> usize {
         let mut st = self.state.lock();
         st.consumers.retain(|x| !Arc::ptr_eq(x, c));
         st.consumers.len()
-    }
-
-    /// Whether any consumer is attached.
-    pub fn has_exclusive_consumer(&self) -> bool {
-        self.state.lock().consumers.iter().any(|c| c.exclusive)
     }
 
     /// Depth snapshot.
@@ -476,6 +474,25 @@ pub struct QueueDef {
     pub partitions: Vec<u64>,
 }
 
+/// Why a consumer could not attach to a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachError {
+    /// The queue was deleted.
+    NotFound,
+    /// The queue has an exclusive consumer, or the new consumer asked for
+    /// exclusivity and the queue has consumers.
+    Exclusive,
+}
+
+/// The consumers of a queue, as its lock sees them.
+#[derive(Default)]
+struct Attached {
+    /// Live consumers over all partitions.
+    count: u32,
+    /// One of them is exclusive (then it is the only one).
+    exclusive: bool,
+}
+
 /// A queue.
 pub struct Queue {
     /// Definition.
@@ -487,11 +504,10 @@ pub struct Queue {
     /// Partitions (≥ 1).
     pub partitions: Vec<Arc<Partition>>,
     /// Set once deleted: late operations fail with NOT_FOUND.
-    pub deleted: AtomicBool,
-    /// Consumers attached over all partitions.
-    pub consumers: AtomicU32,
-    /// Ever had a consumer (auto-delete only fires after the first).
-    pub had_consumer: AtomicBool,
+    deleted: AtomicBool,
+    /// Its consumers, counted under one lock so that an exclusivity check
+    /// and the attach it allows are one step.
+    attached: Mutex<Attached>,
     /// Publishes routed here since start (round-robin partition choice).
     next_partition: AtomicU64,
     /// The exchanges with a binding to this queue.
@@ -519,8 +535,7 @@ impl Queue {
             exclusive_owner,
             partitions,
             deleted: AtomicBool::new(false),
-            consumers: AtomicU32::new(0),
-            had_consumer: AtomicBool::new(false),
+            attached: Mutex::new(Attached::default()),
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
         })
@@ -529,6 +544,72 @@ impl Queue {
     /// The queue's name.
     pub fn name(&self) -> &str {
         &self.def.name
+    }
+
+    /// Whether it was deleted.
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// Marks it deleted (its tenant does, before deleting its partitions).
+    pub(crate) fn mark_deleted(&self) {
+        // Under the consumers' lock: an attach either finishes before (and
+        // its consumer is taken and cancelled by the partitions' deletion)
+        // or sees the flag.
+        let _a = self.attached.lock();
+        self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Live consumers.
+    pub fn consumer_count(&self) -> u32 {
+        self.attached.lock().count
+    }
+
+    /// Attaches `c` to every partition, checking exclusivity in the same
+    /// step: with an exclusive consumer attached nobody else may attach, and
+    /// an exclusive consumer attaches only to a queue without consumers.
+    pub(crate) fn attach_consumer(&self, c: &Arc<Consumer>) -> Result<(), AttachError> {
+        let mut a = self.attached.lock();
+        if self.is_deleted() {
+            return Err(AttachError::NotFound);
+        }
+        if a.exclusive || (c.exclusive() && a.count > 0) {
+            return Err(AttachError::Exclusive);
+        }
+        for (i, p) in self.partitions.iter().enumerate() {
+            if !p.add_consumer(c.clone()) {
+                // Partition deleted without its queue being marked first
+                // (the tenant always marks first): undo, never half attach.
+                c.cancel();
+                for p in &self.partitions[..i] {
+                    p.remove_consumer(c);
+                }
+                return Err(AttachError::NotFound);
+            }
+        }
+        a.count += 1;
+        a.exclusive |= c.exclusive();
+        Ok(())
+    }
+
+    /// Cancels `c` and detaches it from every partition. Returns how many
+    /// consumers remain, or None if `c` was no longer live (cancelled
+    /// before, or its queue was deleted).
+    pub(crate) fn detach_consumer(&self, c: &Arc<Consumer>) -> Option<u32> {
+        let mut a = self.attached.lock();
+        let was_live = c.cancel();
+        for p in &self.partitions {
+            p.remove_consumer(c);
+        }
+        if !was_live || self.is_deleted() {
+            return None;
+        }
+        debug_assert!(a.count > 0, "detaching from a queue without consumers");
+        a.count = a.count.saturating_sub(1);
+        if c.exclusive() {
+            a.exclusive = false;
+        }
+        Some(a.count)
     }
 
     /// The partition a new message goes to. With one partition, always it;
@@ -582,17 +663,16 @@ mod tests {
     }
 
     fn consumer(conn: &Arc<ConnHandle>, prefetch: u32) -> Arc<Consumer> {
-        Arc::new(Consumer {
-            tag: bytes::Bytes::from_static(b"c"),
-            channel: 1,
-            no_ack: false,
-            exclusive: false,
-            conn: conn.clone(),
-            credit: Credit::new(prefetch, 0),
-            channel_credit: None,
-            flow_active: Arc::new(AtomicBool::new(true)),
-            cancelled: AtomicBool::new(false),
-        })
+        Consumer::new(
+            bytes::Bytes::from_static(b"c"),
+            1,
+            false,
+            false,
+            conn.clone(),
+            Credit::new(prefetch, 0),
+            None,
+            Arc::new(AtomicBool::new(true)),
+        )
     }
 
     fn drained(conn: &ConnHandle) -> Vec<Delivery> {
@@ -692,7 +772,7 @@ mod tests {
             routing_key: bytes::Bytes::new(),
             properties: bytes::Bytes::new(),
             body: bytes::Bytes::from_static(b"x"),
-            header_format: crate::message::HEADER_AMQP_091,
+            header_format: crate::properties::HeaderFormat::Amqp091,
             persistent: durable,
             priority: 0,
         });

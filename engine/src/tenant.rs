@@ -1,7 +1,7 @@
 //! One tenant (AMQP virtual host): its exchanges, queues and bindings, and
 //! the operations on them. Names are scoped per tenant.
 
-use super::consumer::Notice;
+use super::consumer::{Consumer, Notice};
 use super::exchange::{Destination, Exchange, ExchangeDef, ExchangeKind, HeaderLookup};
 use super::meta::{self, BindingDef, DestinationKind};
 use super::queue::{Queue, QueueDef};
@@ -380,7 +380,7 @@ impl Tenant {
             let declared = QueueDeclared {
                 name,
                 messages: q.message_count(),
-                consumers: q.consumers.load(Ordering::Relaxed),
+                consumers: q.consumer_count(),
             };
             // Its creation may still be on its way to disk: answer only
             // once it is durable.
@@ -462,7 +462,7 @@ impl Tenant {
             Err(EngineError::NotFound(_)) => return Ok((0, None)),
             Err(e) => return Err(e),
         };
-        if if_unused && q.consumers.load(Ordering::Relaxed) > 0 {
+        if if_unused && q.consumer_count() > 0 {
             return Err(EngineError::PreconditionFailed(format!(
                 "queue '{name}' in vhost '{}' in use",
                 self.name
@@ -489,7 +489,7 @@ impl Tenant {
                 _ => return Ok((0, None)),
             }
         }
-        q.deleted.store(true, Ordering::Release);
+        q.mark_deleted();
         let dest = Destination::Queue(q.clone());
         let mut keys: Vec<Vec<u8>> = Vec::new();
         for x in dest.sources().list() {
@@ -507,7 +507,7 @@ impl Tenant {
         for p in &q.partitions {
             let (consumers, entries) = p.delete();
             for c in consumers {
-                c.cancelled.store(true, Ordering::Release);
+                c.cancel();
                 c.conn.notice(Notice::ConsumerCancelled {
                     consumer: c.clone(),
                 });
@@ -578,7 +578,7 @@ impl Tenant {
         // bindings: undo ours rather than route into (or from) a dead entity.
         let dead = x.deleted.load(Ordering::Acquire)
             || match &dest {
-                Destination::Queue(q) => q.deleted.load(Ordering::Acquire),
+                Destination::Queue(q) => q.is_deleted(),
                 Destination::Exchange(d) => d.deleted.load(Ordering::Acquire),
             };
         if dead {
@@ -720,10 +720,11 @@ impl Tenant {
         Ok(())
     }
 
-    /// A consumer left `q`: delete it if it is auto-delete and now unused.
-    pub fn consumer_gone(&self, q: &Arc<Queue>) {
-        let left = q.consumers.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-        if left == 0 && q.def.auto_delete && q.had_consumer.load(Ordering::Acquire) {
+    /// Cancels consumer `c` of `q` and detaches it; deletes `q` if it is
+    /// auto-delete and `c` was its last consumer.
+    pub(crate) fn detach(&self, q: &Arc<Queue>, c: &Arc<Consumer>) {
+        let left = q.detach_consumer(c);
+        if left == Some(0) && q.def.auto_delete {
             if let Err(e) = self.remove_queue(q) {
                 tracing::warn!(queue = %q.name(), error = %e, "auto-delete of queue failed");
             }

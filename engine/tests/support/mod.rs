@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use weir_backend::log::{LogOptions, LogStore};
+use weir_backend::testing::MemStore;
 use weir_engine::exchange::{ExchangeDef, ExchangeKind, HeaderLookup};
 use weir_engine::meta::DestinationKind;
 use weir_engine::tenant::{QueueDeclare, QueueDeclared, RouteInput};
@@ -36,19 +36,16 @@ impl TestEngine {
     }
 }
 
-/// A fresh engine. The store is the embedded log in a temporary directory,
-/// without fsync; swapping in another `Store` is the one line marked below.
+/// A fresh engine over the in-memory store (`MemStore`, which passes the
+/// same contract suite as the log store); swapping in another `Store` is
+/// the one line marked below.
 pub fn engine() -> TestEngine {
-    let dir = TempDir::new();
-    let opts = LogOptions {
-        segment_size: 1 << 20,
-        sync: false,
-        reserve: false,
-        ..LogOptions::default()
-    };
-    let store = LogStore::open(dir.path(), opts).expect("opening the log store"); // ← the store
+    let store = MemStore::new(); // ← the store
     let engine = Engine::open(store).expect("opening the engine");
-    TestEngine { engine, _dir: dir }
+    TestEngine {
+        engine,
+        _dir: TempDir::new(),
+    }
 }
 
 /// A directory under the system temp dir, removed on drop (the engine crate

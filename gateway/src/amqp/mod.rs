@@ -1,10 +1,10 @@
 //! AMQP 0-9-1 sessions: the glue between the sans-IO adapter in
-//! `weir-protocols` and the engine.
+//! `weir-protocols` and the engine's per-client interface
+//! ([`crate::engine::Client`]).
 //!
-//! * [`session`]: the connection task (socket I/O, event handling).
-//! * [`channel`]: per-channel state (consumers, leases, confirms).
+//! * [`session`]: the connection task (socket loop, method handlers by
+//!   class, delivery encoding, queued replies).
 //! * [`convert`]: field tables to engine arguments, lazy message headers.
 
-pub mod channel;
 pub mod convert;
 pub mod session;

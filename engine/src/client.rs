@@ -1,0 +1,976 @@
+//! The engine's per-client interface: what every protocol session (AMQP
+//! today; MQTT, the native protocol and HTTP later) calls to publish,
+//! subscribe, take deliveries and settle them.
+//!
+//! A [`Client`] belongs to one connection's task and is used from it alone
+//! (`&mut self`); partitions on other tasks reach it only through its
+//! [`ConnHandle`] outbox. It owns what used to live in the AMQP session:
+//!
+//! * publishing: route, allocate an id, append the store record
+//!   ([`Op::Publish`] for durable copies, [`Op::Page`] for deep transient
+//!   ones), enqueue, and settle in the store what a deleted partition refused;
+//! * leases, per *scope* (an AMQP channel; one per MQTT session): recorded
+//!   when a delivery is written, settled by tag, requeued when the scope or
+//!   the client closes, expired by a time the caller passes;
+//! * the batch: settles gathered and appended once per [`Client::commit`],
+//!   then the partitions whose consumers got credit back dispatch again.
+//!
+//! Ordering rules kept here so no protocol has to know them: a settle is
+//! appended after its publish record (publishes are appended at once,
+//! settles at commit); entries refused by a deleted partition are settled
+//! in the store; a read-back retries while compaction moves the record.
+
+use crate::consumer::{ConnHandle, Consumer, Credit, Delivery, Notice, Scope, NO_ACK_WINDOW};
+use crate::error::{ClientError, EngineError, Result};
+use crate::lease::{Lease, Leases, Settle};
+use crate::message::{now_ms, Entry, Message};
+use crate::properties::HeaderFormat;
+use crate::queue::{AttachError, Partition, Queue, HOT_ENTRIES};
+use crate::tenant::RouteInput;
+use crate::{Engine, Tenant};
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir_backend::{
+    Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, Store, StoreError, Waiter,
+};
+
+/// The result of a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// No queue matched (nothing stored, no id allocated).
+    Unroutable,
+    /// Enqueued in every matching queue.
+    Routed {
+        /// A durable copy was appended: the publisher's confirmation must
+        /// wait for a [`Client::durability_barrier`].
+        needs_barrier: bool,
+    },
+    /// The store is out of space: nothing was enqueued.
+    NoSpace,
+}
+
+/// How a subscription takes deliveries.
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    /// The scope it lives in (its leases and its flow flag are the scope's).
+    pub scope: Scope,
+    /// The tag the client knows it by; unique within the scope.
+    pub tag: Bytes,
+    /// The only consumer of its queue.
+    pub exclusive: bool,
+    /// Deliveries are settled when written (no leases).
+    pub no_ack: bool,
+    /// Unacknowledged deliveries it may hold (0 = no limit).
+    pub prefetch_count: u32,
+    /// Unacknowledged bytes it may hold (0 = no limit).
+    pub prefetch_bytes: u32,
+}
+
+/// How a [`Client::get`] settles what it takes.
+#[derive(Debug, Clone, Copy)]
+pub enum GetAck {
+    /// Settled at once.
+    Auto,
+    /// Leased under `tag` in `scope`, written at `now`.
+    Lease {
+        /// The scope.
+        scope: Scope,
+        /// The delivery tag.
+        tag: u64,
+        /// The time it is written.
+        now: Instant,
+    },
+}
+
+/// A message taken by [`Client::get`].
+#[derive(Debug)]
+pub struct Got {
+    /// The message.
+    pub message: Arc<Message>,
+    /// Delivered before (or possibly before a restart).
+    pub redelivered: bool,
+    /// Ready messages left in the queue.
+    pub remaining: u64,
+}
+
+/// Where a published message's copy for one partition is kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// In the store, durably (a persistent message in a durable queue).
+    Stored,
+    /// In the store as a page record: transient, but too deep in its queue
+    /// to stay in memory.
+    Paged,
+    /// In memory only.
+    Memory,
+}
+
+/// A consumer as its client knows it.
+struct Subscription {
+    consumer: Arc<Consumer>,
+    queue: Arc<Queue>,
+}
+
+/// The state of one scope.
+struct ScopeState {
+    leases: Leases,
+    /// Subscriptions by tag.
+    subs: HashMap<Bytes, Subscription>,
+    /// Window shared by the scope's acknowledging consumers (AMQP's global
+    /// qos); unlimited until set.
+    window: Arc<Credit>,
+    /// False pauses the scope's deliveries (channel.flow).
+    flow: Arc<AtomicBool>,
+}
+
+impl Default for ScopeState {
+    fn default() -> Self {
+        ScopeState {
+            leases: Leases::default(),
+            subs: HashMap::new(),
+            window: Credit::new(0, 0),
+            flow: Arc::new(AtomicBool::new(true)),
+        }
+    }
+}
+
+/// Scopes are small integers looked up once per delivery: a multiplicative
+/// hash is enough and cheaper than SipHash.
+#[derive(Default)]
+struct ScopeHasher(u64);
+
+impl Hasher for ScopeHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type ScopeMap<V> = HashMap<Scope, V, BuildHasherDefault<ScopeHasher>>;
+
+/// One client of the engine: a connection of some protocol, authenticated
+/// as `principal`, working in one tenant.
+pub struct Client {
+    store: Arc<dyn Store>,
+    tenant: Arc<Tenant>,
+    principal: Arc<str>,
+    handle: Arc<ConnHandle>,
+    scopes: ScopeMap<ScopeState>,
+    /// Deliveries drained from the outbox and not yet handed out.
+    pending: VecDeque<Delivery>,
+    /// Handed out by [`Self::next_delivery`] since the last
+    /// [`Self::finish_deliveries`].
+    taken: u32,
+    raw_notices: Vec<Notice>,
+    /// Deliveries the caller could not write, put back at the batch's end.
+    unsend: Vec<(Arc<Partition>, Entry)>,
+    /// Settles gathered in this batch, appended to the store once.
+    settles: Vec<Op<'static>>,
+    /// Partitions whose consumers got credit back in this batch.
+    to_dispatch: Vec<Arc<Partition>>,
+    // Buffers reused by every publish: nothing allocated per message.
+    route_buf: Vec<Arc<Queue>>,
+    publish_targets: Vec<(Arc<Partition>, Kept)>,
+    /// Per publish: the stored partitions, then the paged ones.
+    publish_durable: Vec<PartitionId>,
+    locs: Vec<Location>,
+    closed: bool,
+}
+
+impl Client {
+    /// Opens a client of `tenant` for `principal`, with a fresh connection id.
+    pub fn open(engine: &Arc<Engine>, tenant: &str, principal: &str) -> Result<Client> {
+        let t = engine
+            .tenant(tenant)
+            .ok_or_else(|| EngineError::NotFound(format!("no vhost '{tenant}'")))?;
+        Ok(Client {
+            store: engine.store().clone(),
+            tenant: t,
+            principal: principal.into(),
+            handle: ConnHandle::new(engine.next_connection_id()),
+            scopes: ScopeMap::default(),
+            pending: VecDeque::new(),
+            taken: 0,
+            raw_notices: Vec::new(),
+            unsend: Vec::new(),
+            settles: Vec::new(),
+            to_dispatch: Vec::new(),
+            route_buf: Vec::new(),
+            publish_targets: Vec::new(),
+            publish_durable: Vec::new(),
+            locs: Vec::with_capacity(1),
+            closed: false,
+        })
+    }
+
+    /// The connection id (owner of exclusive queues).
+    pub fn id(&self) -> u64 {
+        self.handle.id
+    }
+
+    /// The tenant it works in.
+    pub fn tenant(&self) -> &Arc<Tenant> {
+        &self.tenant
+    }
+
+    /// Who it is authenticated as.
+    pub fn principal(&self) -> &str {
+        &self.principal
+    }
+
+    /// The outbox partitions push deliveries to; await
+    /// [`ConnHandle::notified`] on it to learn that there is something to
+    /// [`Self::drain`].
+    pub fn handle(&self) -> &Arc<ConnHandle> {
+        &self.handle
+    }
+
+    /// A queue by name, as this client sees it (another connection's
+    /// exclusive queue is locked).
+    pub fn queue(&self, name: &str) -> Result<Arc<Queue>> {
+        self.tenant.queue(name, self.handle.id)
+    }
+
+    fn scope_mut(&mut self, scope: Scope) -> &mut ScopeState {
+        self.scopes.entry(scope).or_default()
+    }
+
+    // ----- publishing -----
+
+    /// Routes and enqueues a message. `message` builds it once it is routed,
+    /// given its id. Persistent copies in durable queues are appended to the
+    /// store now (the confirmation waits for a barrier); transient copies
+    /// into deep queues are paged to it.
+    pub fn publish(
+        &mut self,
+        route: &RouteInput<'_>,
+        message: impl FnOnce(MessageId) -> Message,
+    ) -> Result<Published> {
+        let mut queues = std::mem::take(&mut self.route_buf);
+        queues.clear();
+        let routed = self.tenant.route(route, &mut queues);
+        let result = match routed {
+            Err(e) => Err(e),
+            Ok(()) if queues.is_empty() => Ok(Published::Unroutable),
+            Ok(()) => self.enqueue_routed(route, &queues, message),
+        };
+        queues.clear();
+        self.route_buf = queues;
+        result
+    }
+
+    fn enqueue_routed(
+        &mut self,
+        route: &RouteInput<'_>,
+        queues: &[Arc<Queue>],
+        message: impl FnOnce(MessageId) -> Message,
+    ) -> Result<Published> {
+        let id = self.store.allocate_ids(1);
+        let message = Arc::new(message(id));
+        debug_assert_eq!(message.id, id, "a message keeps the id it was given");
+        let size = message.size();
+        // Pick each queue's partition, and store once for all durable ones.
+        let mut targets = std::mem::take(&mut self.publish_targets);
+        let mut durable_parts = std::mem::take(&mut self.publish_durable);
+        targets.clear();
+        durable_parts.clear();
+        for q in queues {
+            let part = q.partition_for_publish();
+            let kept = if message.persistent && part.durable {
+                durable_parts.push(part.id);
+                Kept::Stored
+            } else {
+                Kept::Memory
+            };
+            targets.push((part.clone(), kept));
+        }
+        // Transient copies (a transient message, or a non-durable queue) into
+        // partitions already deeper than the in-memory window are paged to
+        // the store too, after the durable ones in the same buffer, so memory
+        // does not grow with queue depth. Skipped entirely on the hot path
+        // (every target stored).
+        let n_durable = durable_parts.len();
+        if n_durable < targets.len() {
+            for (part, kept) in &mut targets {
+                if *kept == Kept::Memory && part.ready_len() >= HOT_ENTRIES as u64 {
+                    *kept = Kept::Paged;
+                    durable_parts.push(part.id);
+                }
+            }
+        }
+        let data = MessageData {
+            exchange: route.exchange,
+            routing_key: route.routing_key,
+            header_format: message.header_format.to_u8(),
+            header: &message.properties,
+            body: &message.body,
+            attrs: MessageAttrs {
+                priority: message.priority,
+                expires_at_ms: 0,
+            },
+        };
+        let mut location = None;
+        if n_durable > 0 {
+            self.locs.clear();
+            let res = self.store.append(
+                &[Op::Publish {
+                    id,
+                    partitions: &durable_parts[..n_durable],
+                    data,
+                }],
+                &mut self.locs,
+                None,
+            );
+            if let Err(e) = res {
+                self.publish_targets = targets;
+                self.publish_durable = durable_parts;
+                return match e {
+                    StoreError::NoSpace => Ok(Published::NoSpace),
+                    e => Err(e.into()),
+                };
+            }
+            location = self.locs.first().copied();
+            debug_assert!(
+                location.is_some(),
+                "store returned no location for a publish"
+            );
+        }
+        let mut page_location = None;
+        if durable_parts.len() > n_durable {
+            self.locs.clear();
+            // Never waited on: a restart drops it anyway. If the store cannot
+            // take it (disk full), the message simply stays in memory.
+            let res = self.store.append(
+                &[Op::Page {
+                    id,
+                    partitions: &durable_parts[n_durable..],
+                    data,
+                }],
+                &mut self.locs,
+                None,
+            );
+            match res {
+                Ok(()) => page_location = self.locs.first().copied(),
+                Err(e) => tracing::debug!(error = %e, "not paging a transient message"),
+            }
+        }
+        let now = now_ms();
+        for (part, kept) in targets.drain(..) {
+            let location = match kept {
+                Kept::Stored => location,
+                // None if the store could not take the page: kept in memory.
+                Kept::Paged => page_location,
+                Kept::Memory => None,
+            };
+            let refused = part.enqueue(Entry {
+                seq: 0,
+                id,
+                location,
+                size,
+                redelivered: false,
+                attempts: 0,
+                enqueued_ms: now,
+                message: Some(message.clone()),
+            });
+            // The queue was deleted after routing: the message is gone with
+            // it (its record was appended above, so the settle follows it).
+            if let Some(Entry {
+                location: Some(l), ..
+            }) = refused
+            {
+                self.settles.push(Op::Settle {
+                    partition: part.id,
+                    id,
+                    location: l,
+                });
+            }
+        }
+        self.publish_durable = durable_parts;
+        self.publish_targets = targets;
+        Ok(Published::Routed {
+            needs_barrier: n_durable > 0,
+        })
+    }
+
+    // ----- subscriptions -----
+
+    /// Subscribes to `queue`. Exclusivity is checked and the consumer
+    /// attached in one step owned by the queue, so of two exclusive
+    /// subscriptions racing for one queue exactly one wins. Deliveries may
+    /// be pushed to the outbox before this returns; they are only handed
+    /// out by [`Self::next_delivery`], after the caller answered.
+    pub fn subscribe(
+        &mut self,
+        queue: &str,
+        opts: SubscribeOptions,
+    ) -> Result<Arc<Consumer>, ClientError> {
+        let q = self.queue(queue)?;
+        let handle = self.handle.clone();
+        let tenant = self.tenant.name.clone();
+        let st = self.scope_mut(opts.scope);
+        if st.subs.contains_key(&opts.tag) {
+            return Err(ClientError::TagInUse(
+                String::from_utf8_lossy(&opts.tag).into_owned(),
+            ));
+        }
+        let (credit, window) = if opts.no_ack {
+            (Credit::new(NO_ACK_WINDOW, 0), None)
+        } else {
+            (
+                Credit::new(opts.prefetch_count, opts.prefetch_bytes),
+                Some(st.window.clone()),
+            )
+        };
+        let consumer = Consumer::new(
+            opts.tag.clone(),
+            opts.scope,
+            opts.no_ack,
+            opts.exclusive,
+            handle,
+            credit,
+            window,
+            st.flow.clone(),
+        );
+        match q.attach_consumer(&consumer) {
+            Ok(()) => {}
+            Err(AttachError::NotFound) => {
+                return Err(EngineError::NotFound(format!(
+                    "no queue '{}' in vhost '{}'",
+                    q.name(),
+                    tenant
+                ))
+                .into())
+            }
+            Err(AttachError::Exclusive) => {
+                return Err(EngineError::AccessRefused(format!(
+                    "queue '{}' in vhost '{}' in exclusive use",
+                    q.name(),
+                    tenant
+                ))
+                .into())
+            }
+        }
+        st.subs.insert(
+            opts.tag,
+            Subscription {
+                consumer: consumer.clone(),
+                queue: q,
+            },
+        );
+        Ok(consumer)
+    }
+
+    /// Cancels the subscription `tag` of `scope`; false if there is none.
+    /// Its leases stay until settled; its undelivered deliveries go back.
+    pub fn unsubscribe(&mut self, scope: Scope, tag: &[u8]) -> bool {
+        let Some(sub) = self
+            .scopes
+            .get_mut(&scope)
+            .and_then(|st| st.subs.remove(tag))
+        else {
+            return false;
+        };
+        self.tenant.detach(&sub.queue, &sub.consumer);
+        true
+    }
+
+    /// Whether `scope` has a subscription tagged `tag`.
+    pub fn has_subscription(&self, scope: Scope, tag: &[u8]) -> bool {
+        self.scopes
+            .get(&scope)
+            .is_some_and(|st| st.subs.contains_key(tag))
+    }
+
+    /// Pauses or resumes the deliveries of `scope` (AMQP channel.flow).
+    pub fn set_flow(&mut self, scope: Scope, active: bool) {
+        let st = self.scope_mut(scope);
+        st.flow.store(active, Ordering::Release);
+        if active {
+            self.redispatch(Some(scope));
+        }
+    }
+
+    /// Sets the window shared by the scope's acknowledging consumers
+    /// (0 = no limit). It applies to existing consumers too; a raised limit
+    /// may let their queues deliver at the next commit.
+    pub fn set_scope_window(&mut self, scope: Scope, count: u32, bytes: u32) {
+        let st = self.scope_mut(scope);
+        st.window.max_count.store(count, Ordering::Relaxed);
+        st.window.max_bytes.store(bytes, Ordering::Relaxed);
+        self.redispatch(Some(scope));
+    }
+
+    /// Queues a dispatch of every partition `scope` (or every scope)
+    /// consumes from, for the next commit.
+    fn redispatch(&mut self, scope: Option<Scope>) {
+        let scopes = self
+            .scopes
+            .iter()
+            .filter(|(s, _)| scope.is_none_or(|x| x == **s));
+        for (_, st) in scopes {
+            for sub in st.subs.values() {
+                self.to_dispatch
+                    .extend(sub.queue.partitions.iter().cloned());
+            }
+        }
+        dedup_partitions(&mut self.to_dispatch);
+    }
+
+    // ----- pulls -----
+
+    /// Takes the head message of `queue` (AMQP basic.get), if any.
+    pub fn get(&mut self, queue: &str, ack: GetAck) -> Result<Option<Got>, ClientError> {
+        let q = self.queue(queue)?;
+        let got = q
+            .partitions
+            .iter()
+            .find_map(|p| p.get().map(|(e, _)| (p.clone(), e)));
+        let Some((partition, entry)) = got else {
+            return Ok(None);
+        };
+        let remaining = q.message_count();
+        let message = match &entry.message {
+            Some(m) => m.clone(),
+            None => match self.read_back(&partition, &entry) {
+                Some(m) => m,
+                None => {
+                    // Unreadable (the store said why): drop it rather than
+                    // fail on it forever, and free its record.
+                    if let Some(l) = partition.settled(&entry, false) {
+                        self.push_settle(partition.id, entry.id, l);
+                    }
+                    return Err(ClientError::Unreadable);
+                }
+            },
+        };
+        let redelivered = entry.redelivered;
+        match ack {
+            GetAck::Auto => self.settle_one(
+                Lease {
+                    partition,
+                    consumer: None,
+                    entry,
+                    since: Instant::now(),
+                },
+                Settle::Ack,
+            ),
+            GetAck::Lease { scope, tag, now } => self.scope_mut(scope).leases.insert(
+                tag,
+                Lease {
+                    partition,
+                    consumer: None,
+                    entry,
+                    since: now,
+                },
+            ),
+        }
+        Ok(Some(Got {
+            message,
+            redelivered,
+            remaining,
+        }))
+    }
+
+    // ----- deliveries -----
+
+    /// Takes what partitions pushed to this client. Notices about
+    /// subscriptions the client has since replaced or cancelled are
+    /// dropped; the rest are appended to `notices`.
+    pub fn drain(&mut self, notices: &mut Vec<Notice>) {
+        self.handle
+            .drain_into(&mut self.pending, &mut self.raw_notices);
+        for n in self.raw_notices.drain(..) {
+            match n {
+                Notice::ConsumerCancelled { consumer } => {
+                    // Only if the tag still names this consumer: the client
+                    // may have cancelled it and reused the tag since.
+                    let current = self.scopes.get_mut(&consumer.scope()).is_some_and(|st| {
+                        let same = st
+                            .subs
+                            .get(consumer.tag())
+                            .is_some_and(|s| Arc::ptr_eq(&s.consumer, &consumer));
+                        if same {
+                            st.subs.remove(consumer.tag());
+                        }
+                        same
+                    });
+                    if current {
+                        notices.push(Notice::ConsumerCancelled { consumer });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next drained delivery. Hand each back with exactly one of
+    /// [`Self::lease`] (written), [`Self::unsend`] (cannot be written),
+    /// [`Self::discard`] (unreadable) or [`Self::defer`] (not now), then
+    /// call [`Self::finish_deliveries`] once for the batch.
+    pub fn next_delivery(&mut self) -> Option<Delivery> {
+        let d = self.pending.pop_front()?;
+        self.taken += 1;
+        Some(d)
+    }
+
+    /// Puts a delivery back at the front, for a later batch (the write
+    /// buffer is full).
+    pub fn defer(&mut self, d: Delivery) {
+        self.taken -= 1;
+        self.pending.push_front(d);
+    }
+
+    /// Deliveries waiting to be handed out.
+    pub fn pending_deliveries(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The delivery cannot be written (its scope or consumer is gone): it
+    /// goes back to its queue, not marked redelivered, at the batch's end.
+    pub fn unsend(&mut self, d: Delivery) {
+        d.consumer.release(d.entry.size);
+        self.unsend.push((d.partition, d.entry));
+    }
+
+    /// The message of a delivery: in memory, or read back from the store
+    /// (retrying while compaction moves its record). None if unreadable:
+    /// then [`Self::discard`] it.
+    pub fn message_of(&self, d: &Delivery) -> Option<Arc<Message>> {
+        match &d.entry.message {
+            Some(m) => Some(m.clone()),
+            None => self.read_back(&d.partition, &d.entry),
+        }
+    }
+
+    /// Drops a delivery whose message is unreadable, freeing its record,
+    /// rather than looping on it forever.
+    pub fn discard(&mut self, d: Delivery) {
+        d.consumer.release(d.entry.size);
+        if let Some(l) = d.partition.settled(&d.entry, false) {
+            self.push_settle(d.partition.id, d.entry.id, l);
+        }
+    }
+
+    /// The delivery was written under `tag` in `scope` at `now`: it is
+    /// leased until settled, or settled now for an auto-ack consumer. Tags
+    /// must increase within a scope.
+    pub fn lease(&mut self, scope: Scope, tag: u64, d: Delivery, now: Instant) {
+        debug_assert_eq!(scope, d.consumer.scope(), "leased in its consumer's scope");
+        if d.consumer.no_ack() {
+            d.consumer.release(d.entry.size);
+            if let Some(l) = d.partition.settled(&d.entry, true) {
+                self.push_settle(d.partition.id, d.entry.id, l);
+            }
+            self.push_dispatch(d.partition);
+            return;
+        }
+        let mut entry = d.entry;
+        if entry.location.is_some() {
+            // Written: a stored message's lease needs only its location (a
+            // requeue reads the body back), so a client holding many
+            // unacked messages does not hold their bodies.
+            entry.message = None;
+        }
+        self.scope_mut(scope).leases.insert(
+            tag,
+            Lease {
+                partition: d.partition,
+                consumer: Some(d.consumer),
+                entry,
+                since: now,
+            },
+        );
+    }
+
+    /// Ends a batch of deliveries: gives their room on the way to this
+    /// client back, redispatches the client's queues if one was refused for
+    /// lack of that room, and returns unsent deliveries to their queues.
+    pub fn finish_deliveries(&mut self) {
+        self.handle.unsent_done(self.taken);
+        self.taken = 0;
+        if self.handle.take_starved() {
+            self.redispatch(None);
+        }
+        let mut unsend = std::mem::take(&mut self.unsend);
+        for (p, e) in unsend.drain(..) {
+            let refused = p.unsend(std::iter::once(e));
+            self.settle_refused(&p, refused);
+        }
+        self.unsend = unsend;
+    }
+
+    // ----- settling -----
+
+    /// Settles the lease `tag` of `scope`, or with `multiple` every lease up
+    /// to it (0 = all). The tag must be outstanding (unless 0 with
+    /// `multiple`).
+    pub fn settle(
+        &mut self,
+        scope: Scope,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+    ) -> Result<(), ClientError> {
+        let Some(st) = self.scopes.get_mut(&scope) else {
+            return if multiple && tag == 0 {
+                Ok(())
+            } else {
+                Err(ClientError::UnknownTag(tag))
+            };
+        };
+        if !multiple {
+            let lease = st.leases.remove(tag).ok_or(ClientError::UnknownTag(tag))?;
+            self.settle_one(lease, how);
+            return Ok(());
+        }
+        let leases = st
+            .leases
+            .take_up_to(tag)
+            .ok_or(ClientError::UnknownTag(tag))?;
+        self.settle_many(leases, how);
+        Ok(())
+    }
+
+    /// Leases outstanding in `scope`.
+    pub fn leases(&self, scope: Scope) -> usize {
+        self.scopes.get(&scope).map_or(0, |st| st.leases.len())
+    }
+
+    fn settle_one(&mut self, l: Lease, how: Settle) {
+        if let Some(c) = &l.consumer {
+            c.release(l.entry.size);
+        }
+        if how == Settle::Requeue && !l.partition.is_deleted() {
+            let refused = l.partition.requeue(std::iter::once(l.entry));
+            self.settle_refused(&l.partition, refused);
+            return;
+        }
+        if let Some(loc) = l.partition.settled(&l.entry, how == Settle::Ack) {
+            self.push_settle(l.partition.id, l.entry.id, loc);
+        }
+        self.push_dispatch(l.partition);
+    }
+
+    fn settle_many(&mut self, leases: Vec<Lease>, how: Settle) {
+        // Grouped by partition so each takes its lock once per batch (a
+        // `multiple` ack usually settles many leases of one queue).
+        let mut drop: Vec<(Arc<Partition>, Vec<Entry>)> = Vec::new();
+        let mut requeue: Vec<(Arc<Partition>, Vec<Entry>)> = Vec::new();
+        for l in leases {
+            if let Some(c) = &l.consumer {
+                c.release(l.entry.size);
+            }
+            let drop_it = how != Settle::Requeue || l.partition.is_deleted();
+            let groups = if drop_it { &mut drop } else { &mut requeue };
+            match groups
+                .iter_mut()
+                .find(|(p, _)| Arc::ptr_eq(p, &l.partition))
+            {
+                Some((_, v)) => v.push(l.entry),
+                None => groups.push((l.partition, vec![l.entry])),
+            }
+        }
+        let acked = how == Settle::Ack;
+        for (p, entries) in drop {
+            let settles = &mut self.settles;
+            p.settled_many(&entries, acked, |id, location| {
+                settles.push(Op::Settle {
+                    partition: p.id,
+                    id,
+                    location,
+                })
+            });
+            self.push_dispatch(p);
+        }
+        for (p, entries) in requeue {
+            let refused = p.requeue(entries);
+            self.settle_refused(&p, refused);
+        }
+    }
+
+    /// Settles in the store what a deleted partition refused to take back.
+    fn settle_refused(&mut self, p: &Arc<Partition>, refused: Vec<Entry>) {
+        for e in refused {
+            // Paged entries of non-durable queues have a location too.
+            if let Some(l) = e.location {
+                self.push_settle(p.id, e.id, l);
+            }
+        }
+    }
+
+    fn push_settle(&mut self, partition: PartitionId, id: MessageId, location: Location) {
+        self.settles.push(Op::Settle {
+            partition,
+            id,
+            location,
+        });
+    }
+
+    fn push_dispatch(&mut self, p: Arc<Partition>) {
+        // Consecutive settles are usually of one partition: skip repeats
+        // cheaply; `commit` deduplicates the rest.
+        if !self.to_dispatch.last().is_some_and(|x| Arc::ptr_eq(x, &p)) {
+            self.to_dispatch.push(p);
+        }
+    }
+
+    // ----- lease expiry -----
+
+    /// Scopes holding a lease written more than `timeout` before `now`
+    /// (RabbitMQ's `consumer_timeout`): the caller closes them, which
+    /// returns their leases to their queues.
+    pub fn expired_scopes(&self, now: Instant, timeout: Duration) -> Vec<Scope> {
+        self.scopes
+            .iter()
+            .filter(|(_, st)| {
+                st.leases
+                    .oldest()
+                    .is_some_and(|since| now.saturating_duration_since(since) > timeout)
+            })
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    // ----- the batch -----
+
+    /// Whether [`Self::commit`] has anything to do.
+    pub fn has_uncommitted(&self) -> bool {
+        !self.settles.is_empty() || !self.to_dispatch.is_empty()
+    }
+
+    /// Closes the batch: one store append for its settles (after every
+    /// publish record they settle, which was appended when published), then
+    /// the partitions whose consumers got credit back deliver again.
+    pub fn commit(&mut self) {
+        if !self.settles.is_empty() {
+            self.locs.clear();
+            if let Err(e) = self.store.append(&self.settles, &mut self.locs, None) {
+                tracing::error!(error = %e, "store refused settles");
+            }
+            self.settles.clear();
+        }
+        dedup_partitions(&mut self.to_dispatch);
+        for p in self.to_dispatch.drain(..) {
+            p.dispatch();
+        }
+    }
+
+    /// Calls `waiter` once everything appended so far is durable (a
+    /// publisher's confirmation).
+    pub fn durability_barrier(&self, waiter: Waiter) -> Result<(), StoreError> {
+        self.store.append(&[], &mut Vec::new(), Some(waiter))
+    }
+
+    // ----- closing -----
+
+    /// A scope closed (an AMQP channel): its subscriptions are cancelled and
+    /// its leases return to their queues, marked redelivered.
+    pub fn release_scope(&mut self, scope: Scope) {
+        let Some(mut st) = self.scopes.remove(&scope) else {
+            return;
+        };
+        for (_, sub) in st.subs.drain() {
+            self.tenant.detach(&sub.queue, &sub.consumer);
+        }
+        let leases = st.leases.take_all();
+        self.settle_many(leases, Settle::Requeue);
+    }
+
+    /// The connection is gone: every scope is released, deliveries not yet
+    /// written go back, its exclusive queues are deleted and the batch is
+    /// committed. Idempotent; dropping a client closes it.
+    pub fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.handle.close();
+        self.finish_deliveries();
+        let scopes: Vec<Scope> = self.scopes.keys().copied().collect();
+        for s in scopes {
+            self.release_scope(s);
+        }
+        self.handle
+            .drain_into(&mut self.pending, &mut self.raw_notices);
+        self.raw_notices.clear();
+        while let Some(d) = self.pending.pop_front() {
+            self.handle.unsent_done(1);
+            d.consumer.release(d.entry.size);
+            let refused = d.partition.unsend(std::iter::once(d.entry));
+            self.settle_refused(&d.partition, refused);
+        }
+        self.tenant.connection_closed(self.handle.id);
+        self.commit();
+    }
+
+    fn read_back(&self, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
+        // Compaction may have moved the record since the entry was handed
+        // out, and may move it again (and reclaim the old segment) between
+        // the lookup and the read: retry while the location keeps changing.
+        let mut loc = p.leased_location(e)?;
+        let mut read = self.store.read(loc);
+        for _ in 0..3 {
+            if read.is_ok() {
+                break;
+            }
+            match p.leased_location(e) {
+                Some(now) if now != loc => {
+                    loc = now;
+                    read = self.store.read(loc);
+                }
+                _ => break,
+            }
+        }
+        let read = read.map_err(|err| err.to_string()).and_then(|m| {
+            // A tag this version does not know (a newer writer) is refused
+            // like an unreadable record, never guessed at.
+            let f = HeaderFormat::from_u8(m.header_format).map_err(|err| err.to_string())?;
+            Ok((m, f))
+        });
+        match read {
+            Ok((m, header_format)) => Some(Arc::new(Message {
+                id: m.id,
+                exchange: Bytes::from(m.exchange.into_bytes()),
+                routing_key: Bytes::from(m.routing_key.into_bytes()),
+                properties: m.header,
+                body: m.body,
+                header_format,
+                persistent: true,
+                priority: m.attrs.priority,
+            })),
+            Err(err) => {
+                tracing::error!(error = %err, id = e.id, "cannot read a queued message back from the store");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn dedup_partitions(v: &mut Vec<Arc<Partition>>) {
+    if v.len() < 2 {
+        return;
+    }
+    let mut out: Vec<Arc<Partition>> = Vec::with_capacity(v.len());
+    for p in v.drain(..) {
+        if !out.iter().any(|x| Arc::ptr_eq(x, &p)) {
+            out.push(p);
+        }
+    }
+    *v = out;
+}

@@ -1,0 +1,194 @@
+//! The basic class except publish: qos, consume, cancel, get, ack, nack,
+//! reject, recover.
+
+use super::failure::{hard, Failure};
+use super::{scope, Session};
+use crate::engine::client::{GetAck, SubscribeOptions};
+use crate::engine::lease::Settle;
+use bytes::Bytes;
+use std::time::Instant;
+use weir_protocols::amqp::methods::{basic, AMQPClass};
+use weir_protocols::amqp::{codec, reply};
+
+impl Session {
+    /// basic.qos: per-consumer prefetch for later consumers, or (global)
+    /// the channel-wide window of all its consumers, existing ones too.
+    pub(super) fn on_qos(
+        &mut self,
+        ch: u16,
+        prefetch_size: u32,
+        prefetch_count: u16,
+        global: bool,
+    ) {
+        let Some(c) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        if global {
+            if let Some(client) = self.client.as_mut() {
+                client.set_scope_window(scope(ch), u32::from(prefetch_count), prefetch_size);
+            }
+        } else {
+            c.prefetch_count = prefetch_count;
+            c.prefetch_size = prefetch_size;
+        }
+        self.reply(
+            ch,
+            AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+        );
+    }
+
+    pub(super) fn on_basic(&mut self, ch: u16, m: basic::AMQPMethod) -> Result<(), Failure> {
+        match m {
+            basic::AMQPMethod::Consume(c) => self.on_consume(ch, c)?,
+            basic::AMQPMethod::Cancel(c) => {
+                self.client()?
+                    .unsubscribe(scope(ch), c.consumer_tag.as_str().as_bytes());
+                if !c.nowait {
+                    self.reply(
+                        ch,
+                        AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                            consumer_tag: c.consumer_tag,
+                        })),
+                    );
+                }
+            }
+            basic::AMQPMethod::Get(g) => self.on_get(ch, g)?,
+            basic::AMQPMethod::Reject(r) => {
+                let how = if r.requeue {
+                    Settle::Requeue
+                } else {
+                    Settle::Drop
+                };
+                self.on_settle(ch, r.delivery_tag, false, how)?;
+            }
+            basic::AMQPMethod::Nack(n) => {
+                let how = if n.requeue {
+                    Settle::Requeue
+                } else {
+                    Settle::Drop
+                };
+                self.on_settle(ch, n.delivery_tag, n.multiple, how)?;
+            }
+            basic::AMQPMethod::Ack(a) => {
+                self.on_settle(ch, a.delivery_tag, a.multiple, Settle::Ack)?;
+            }
+            basic::AMQPMethod::Recover(r) => {
+                self.recover(ch, r.requeue)?;
+                self.reply(
+                    ch,
+                    AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+                );
+            }
+            basic::AMQPMethod::RecoverAsync(r) => self.recover(ch, r.requeue)?,
+            other => {
+                return Err(hard(
+                    reply::COMMAND_INVALID,
+                    format!("{other:?} is not valid from a client"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn on_consume(&mut self, ch: u16, c: basic::Consume) -> Result<(), Failure> {
+        let queue = self.queue_name(ch, c.queue.as_str())?;
+        self.next_consumer_tag += 1;
+        let generated = self.next_consumer_tag;
+        let Some(chan) = self.channels.get(&ch) else {
+            return Ok(());
+        };
+        let (prefetch_count, prefetch_bytes) = (chan.prefetch_count, chan.prefetch_size);
+        let client = self.client()?;
+        let tag: Bytes = if c.consumer_tag.as_str().is_empty() {
+            Bytes::from(format!("amq.ctag-{}-{generated}", client.id()))
+        } else {
+            Bytes::copy_from_slice(c.consumer_tag.as_str().as_bytes())
+        };
+        // Attached before answering; deliveries are only written after
+        // this event (and after the consume-ok, if that has to queue).
+        let consumer = client.subscribe(
+            &queue,
+            SubscribeOptions {
+                scope: scope(ch),
+                tag: tag.clone(),
+                exclusive: c.exclusive,
+                no_ack: c.no_ack,
+                prefetch_count: u32::from(prefetch_count),
+                prefetch_bytes,
+            },
+        )?;
+        if !c.nowait {
+            let t = String::from_utf8_lossy(&tag).into_owned();
+            self.reply_consume_ok(
+                ch,
+                consumer,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: t.as_str().into(),
+                })),
+            );
+        }
+        Ok(())
+    }
+
+    fn on_get(&mut self, ch: u16, g: basic::Get) -> Result<(), Failure> {
+        let queue = self.queue_name(ch, g.queue.as_str())?;
+        let Some(chan) = self.channels.get(&ch) else {
+            return Ok(());
+        };
+        let tag = chan.delivery_tag + 1;
+        let ack = if g.no_ack {
+            GetAck::Auto
+        } else {
+            GetAck::Lease {
+                scope: scope(ch),
+                tag,
+                now: Instant::now(),
+            }
+        };
+        let Some(got) = self.client()?.get(&queue, ack)? else {
+            self.reply(
+                ch,
+                AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+            );
+            return Ok(());
+        };
+        if let Some(chan) = self.channels.get_mut(&ch) {
+            chan.delivery_tag = tag;
+        }
+        let frame_max = self.conn.frame_max();
+        let m = &got.message;
+        self.reply_frames(ch, |out| {
+            codec::write_get_ok(
+                out,
+                ch,
+                tag,
+                got.redelivered,
+                &m.exchange,
+                &m.routing_key,
+                got.remaining.min(u32::MAX as u64) as u32,
+            );
+            codec::write_content(out, ch, &m.properties, &m.body, frame_max);
+        });
+        Ok(())
+    }
+
+    /// basic.ack, basic.nack, basic.reject.
+    pub(super) fn on_settle(
+        &mut self,
+        ch: u16,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+    ) -> Result<(), Failure> {
+        self.client()?.settle(scope(ch), tag, multiple, how)?;
+        Ok(())
+    }
+
+    fn recover(&mut self, ch: u16, requeue: bool) -> Result<(), Failure> {
+        if !requeue {
+            return Err(hard(reply::NOT_IMPLEMENTED, "requeue=false".into()));
+        }
+        self.client()?.settle(scope(ch), 0, true, Settle::Requeue)?;
+        Ok(())
+    }
+}

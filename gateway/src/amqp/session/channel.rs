@@ -1,0 +1,73 @@
+//! Per-channel state of an AMQP session, and opening and releasing
+//! channels. Consumers and leases are the engine client's, by scope (the
+//! channel number); what is here is AMQP's own: tags, confirms, qos
+//! defaults, the last declared queue.
+
+use super::{scope, Session};
+
+/// One open channel.
+#[derive(Default)]
+pub(super) struct Channel {
+    /// Distinguishes this opening of the channel number from earlier ones.
+    pub(super) epoch: u64,
+    /// Publisher confirms are on.
+    pub(super) confirm: bool,
+    /// Tag of the last publish (confirm mode).
+    pub(super) publish_tag: u64,
+    /// A publish in the current input batch needs the store's confirmation.
+    pub(super) batch_needs_store: bool,
+    /// Publishes in the current input batch (confirm mode).
+    pub(super) batch_publishes: u64,
+    /// Store confirmations requested and not yet received.
+    pub(super) store_confirms_pending: u64,
+    /// Tag of the last delivery.
+    pub(super) delivery_tag: u64,
+    /// Per-consumer prefetch for consumers created from now on.
+    pub(super) prefetch_count: u16,
+    /// Per-consumer prefetch bytes for consumers created from now on.
+    pub(super) prefetch_size: u32,
+    /// The last queue declared on this channel (what an empty name means).
+    pub(super) last_queue: Option<String>,
+    /// A method failed while earlier replies were queued: the channel is
+    /// closed once they are sent, and takes no events meanwhile.
+    pub(super) failed: bool,
+}
+
+impl Session {
+    pub(super) fn on_channel_opened(&mut self, ch: u16) {
+        self.next_epoch += 1;
+        self.channels.insert(
+            ch,
+            Channel {
+                epoch: self.next_epoch,
+                ..Channel::default()
+            },
+        );
+    }
+
+    /// The channel is gone: its consumers are cancelled and its leases
+    /// return to their queues; its queued replies and confirms are dropped
+    /// (the epoch no longer matches).
+    pub(super) fn release_channel(&mut self, ch: u16) {
+        if self.channels.remove(&ch).is_none() {
+            return;
+        }
+        if let Some(c) = self.client.as_mut() {
+            c.release_scope(scope(ch));
+        }
+    }
+
+    /// The connection is gone (or going): every channel is released and
+    /// the engine client closed.
+    pub(super) fn release_all(&mut self) {
+        self.replies.clear();
+        self.channels.clear();
+        debug_assert!(
+            self.held.is_empty(),
+            "held deliveries live within one batch"
+        );
+        if let Some(mut c) = self.client.take() {
+            c.close();
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! What goes to the client without being asked for in the same breath:
+//! deliveries (encoded straight into the write buffer), consumer cancel
+//! notices, and publisher confirms.
+
+use super::{channel_of, Session, DELIVERY_HIGH_WATER};
+use crate::engine::consumer::Notice;
+use std::time::Instant;
+use weir_protocols::amqp::codec;
+use weir_protocols::amqp::methods::{basic, AMQPClass};
+
+/// A store confirmation for a channel's publishes up to `tag`.
+pub(super) struct StoreConfirm {
+    channel: u16,
+    /// Which opening of the channel number the publishes belong to: a
+    /// confirm for a closed channel must not reach a reopened one.
+    epoch: u64,
+    tag: u64,
+    ok: bool,
+}
+
+impl Session {
+    /// Encodes deliveries into the write buffer until it reaches
+    /// [`DELIVERY_HIGH_WATER`]; the rest wait (bodies not read back, not
+    /// encoded) for the socket to drain. What waits is bounded by the
+    /// connection's unsent window: past it the messages stay in their queues.
+    pub(super) fn write_deliveries(&mut self) {
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        client.drain(&mut self.notices);
+        for n in std::mem::take(&mut self.notices) {
+            let Notice::ConsumerCancelled { consumer } = n;
+            let channel = channel_of(consumer.scope());
+            if self.conn.channel_is_usable(channel) {
+                let tag = String::from_utf8_lossy(consumer.tag()).into_owned();
+                self.reply(
+                    channel,
+                    AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                        consumer_tag: tag.as_str().into(),
+                        nowait: true,
+                    })),
+                );
+            }
+        }
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        let frame_max = self.conn.frame_max();
+        // One clock read per batch, not per delivery.
+        let batch_time = Instant::now();
+        while self.conn.out().len() < DELIVERY_HIGH_WATER {
+            let Some(d) = client.next_delivery() else {
+                break;
+            };
+            let ch = channel_of(d.consumer.scope());
+            let chan = if self.conn.channel_is_usable(ch) && !d.consumer.is_cancelled() {
+                self.channels.get_mut(&ch).filter(|c| !c.failed)
+            } else {
+                None
+            };
+            let Some(c) = chan else {
+                client.unsend(d);
+                continue;
+            };
+            if self.replies.holds(&d.consumer) {
+                // Its consume-ok waits behind a durable reply: so do its
+                // deliveries (in order), not the others'.
+                self.held.push(d);
+                continue;
+            }
+            let Some(message) = client.message_of(&d) else {
+                // Unreadable (the store reported why): dropped.
+                client.discard(d);
+                continue;
+            };
+            c.delivery_tag += 1;
+            let tag = c.delivery_tag;
+            let out = self.conn.out();
+            codec::write_deliver(
+                out,
+                ch,
+                d.consumer.tag(),
+                tag,
+                d.entry.redelivered,
+                &message.exchange,
+                &message.routing_key,
+            );
+            codec::write_content(out, ch, &message.properties, &message.body, frame_max);
+            client.lease(d.consumer.scope(), tag, d, batch_time);
+        }
+        // Held deliveries go back first in line, in their order.
+        while let Some(d) = self.held.pop() {
+            client.defer(d);
+        }
+        client.finish_deliveries();
+        if client.has_uncommitted() {
+            self.end_batch();
+        }
+    }
+
+    pub(super) fn on_store_confirm(&mut self, c: StoreConfirm) {
+        let Some(ch) = self.channels.get_mut(&c.channel) else {
+            return;
+        };
+        if ch.epoch != c.epoch {
+            return;
+        }
+        ch.store_confirms_pending = ch.store_confirms_pending.saturating_sub(1);
+        if self.conn.channel_is_usable(c.channel) {
+            self.write_confirm(c.channel, c.tag, true, !c.ok);
+        }
+    }
+
+    /// Confirms each channel's publishes of the batch with one `multiple`
+    /// ack: at once when nothing in it was stored, else through a store
+    /// barrier that fires once everything appended so far is durable.
+    pub(super) fn send_confirms(&mut self) {
+        // Confirms that must queue behind a reply (rare: only while one
+        // waits), written after the walk over the channels.
+        let mut queued: Vec<(u16, u64, bool)> = Vec::new();
+        let direct = self.replies.is_empty();
+        for (&id, c) in self.channels.iter_mut() {
+            if c.batch_publishes == 0 {
+                continue;
+            }
+            let tag = c.publish_tag;
+            if c.batch_needs_store || c.store_confirms_pending > 0 {
+                // Ordered behind every earlier append: fires once they are all durable.
+                let tx = self.confirm_tx.clone();
+                c.store_confirms_pending += 1;
+                let epoch = c.epoch;
+                let waiter: weir_backend::Waiter = Box::new(move |r| {
+                    let _ = tx.send(StoreConfirm {
+                        channel: id,
+                        epoch,
+                        tag,
+                        ok: r.is_ok(),
+                    });
+                });
+                let barrier = match self.client.as_ref() {
+                    Some(client) => client.durability_barrier(waiter),
+                    None => Err(weir_backend::StoreError::Closed),
+                };
+                if let Err(e) = barrier {
+                    tracing::error!(error = %e, "store refused a confirm barrier");
+                    c.store_confirms_pending -= 1;
+                    if direct {
+                        codec::write_confirm(self.conn.out(), id, tag, true, true);
+                    } else {
+                        queued.push((id, tag, true));
+                    }
+                }
+            } else if direct {
+                codec::write_confirm(self.conn.out(), id, tag, true, false);
+            } else {
+                queued.push((id, tag, false));
+            }
+            c.batch_publishes = 0;
+            c.batch_needs_store = false;
+        }
+        for (ch, tag, nack) in queued {
+            self.write_confirm(ch, tag, true, nack);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! exchange.declare, exchange.delete, exchange.bind, exchange.unbind.
+
+use super::failure::{hard, Failure};
+use super::Session;
+use crate::amqp::convert::table_to_json;
+use crate::engine::exchange::{ExchangeDef, ExchangeKind};
+use crate::engine::meta::DestinationKind;
+use weir_protocols::amqp::methods::{exchange, AMQPClass};
+use weir_protocols::amqp::reply;
+
+impl Session {
+    pub(super) fn on_exchange(
+        &mut self,
+        ch: u16,
+        m: exchange::AMQPMethod,
+        ids: (u16, u16),
+    ) -> Result<(), Failure> {
+        let client = self.client()?;
+        let tenant = client.tenant().clone();
+        let conn_id = client.id();
+        match m {
+            exchange::AMQPMethod::Declare(d) => {
+                let kind = match ExchangeKind::parse(d.kind.as_str()) {
+                    Some(k) => k,
+                    None if d.passive => ExchangeKind::Direct,
+                    None => {
+                        return Err(hard(
+                            reply::COMMAND_INVALID,
+                            format!("invalid exchange type '{}'", d.kind.as_str()),
+                        ))
+                    }
+                };
+                let def = ExchangeDef {
+                    name: d.exchange.as_str().to_string(),
+                    kind,
+                    durable: d.durable,
+                    auto_delete: d.auto_delete,
+                    internal: d.internal,
+                    arguments: table_to_json(&d.arguments),
+                };
+                let wait = tenant.declare_exchange(def, d.passive)?;
+                self.reply_when_durable(
+                    ch,
+                    d.nowait,
+                    wait,
+                    AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {})),
+                    ids,
+                );
+            }
+            exchange::AMQPMethod::Delete(d) => {
+                let wait = tenant.delete_exchange(d.exchange.as_str(), d.if_unused)?;
+                self.reply_when_durable(
+                    ch,
+                    d.nowait,
+                    wait,
+                    AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {})),
+                    ids,
+                );
+            }
+            exchange::AMQPMethod::Bind(b) => {
+                let wait = tenant.bind(
+                    b.source.as_str(),
+                    DestinationKind::Exchange,
+                    b.destination.as_str(),
+                    b.routing_key.as_str(),
+                    table_to_json(&b.arguments),
+                    conn_id,
+                )?;
+                self.reply_when_durable(
+                    ch,
+                    b.nowait,
+                    wait,
+                    AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {})),
+                    ids,
+                );
+            }
+            exchange::AMQPMethod::Unbind(b) => {
+                let wait = tenant.unbind(
+                    b.source.as_str(),
+                    DestinationKind::Exchange,
+                    b.destination.as_str(),
+                    b.routing_key.as_str(),
+                    table_to_json(&b.arguments),
+                    conn_id,
+                )?;
+                self.reply_when_durable(
+                    ch,
+                    b.nowait,
+                    wait,
+                    AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {})),
+                    ids,
+                );
+            }
+            other => {
+                return Err(hard(
+                    reply::COMMAND_INVALID,
+                    format!("unexpected method {other:?}"),
+                ))
+            }
+        }
+        Ok(())
+    }
+}

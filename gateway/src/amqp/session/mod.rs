@@ -1,0 +1,584 @@
+//! One AMQP connection's task: socket I/O around the sans-IO adapter, and the
+//! mapping of its events onto the engine's [`Client`].
+//!
+//! The loop reads whatever bytes are there, handles every complete frame in
+//! them, then closes the batch (one store append for its settles, one
+//! confirm per channel), encodes pending deliveries straight into the write
+//! buffer and writes everything with as few syscalls as the socket allows.
+//! Nothing in event handling waits: replies that must wait for the store
+//! (declare-ok and friends) are queued ([`replies`]) and sent when durable,
+//! while deliveries, heartbeats and shutdown go on.
+//!
+//! Where a method's code is:
+//! * [`channel`]: per-channel state; channel open/close/flow; releasing.
+//! * [`exchange`], [`queue`], [`basic`]: the methods of each class.
+//! * [`publish`]: basic.publish (routing, storing, returns).
+//! * [`deliver`]: delivery encoding, consumer cancel notices, confirms.
+//! * [`replies`]: method replies waiting for durability, in order.
+//! * [`failure`]: how an error closes a channel or the connection.
+
+mod basic;
+mod channel;
+mod deliver;
+mod exchange;
+mod failure;
+mod publish;
+mod queue;
+mod replies;
+
+use self::channel::Channel;
+use self::deliver::StoreConfirm;
+use self::failure::{hard, Failure};
+use self::replies::Replies;
+use crate::engine::consumer::Scope;
+use crate::engine::{Client, Engine};
+use crate::server::{Alarms, Shared};
+use bytes::BytesMut;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use weir_protocols::amqp::methods::{confirm, connection, AMQPClass};
+use weir_protocols::amqp::{reply, Connection, Event};
+
+/// Stop reading from a client while this much output is unwritten.
+const OUT_HIGH_WATER: usize = 4 << 20;
+/// Stop encoding deliveries while this much output is unwritten.
+const DELIVERY_HIGH_WATER: usize = 1 << 20;
+/// How long a peer gets to answer our connection.close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client gets from connecting to connection.open-ok (RabbitMQ: 10 s).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one accepted AMQP connection until it closes.
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
+    let server_cfg = shared.amqp.clone();
+    let alarms = shared.alarms.subscribe();
+    let mut s = Session {
+        shared: shared.clone(),
+        engine: shared.engine.clone(),
+        conn: Connection::new(server_cfg),
+        client: None,
+        user: String::new(),
+        peer,
+        channels: HashMap::new(),
+        confirm_tx,
+        replies: Replies::default(),
+        notices: Vec::new(),
+        held: Vec::new(),
+        next_epoch: 0,
+        next_consumer_tag: 0,
+        login_refusal: None,
+        alarms,
+        alarm: Alarms::default(),
+        blocked_sent: false,
+        blocked: false,
+    };
+    tracing::debug!(%peer, "AMQP connection accepted");
+    let result = s.run(stream, confirm_rx, shutdown).await;
+    s.release_all();
+    match result {
+        Ok(()) => tracing::debug!(%peer, "AMQP connection closed"),
+        Err(e) => tracing::info!(%peer, error = %e, "AMQP connection ended"),
+    }
+}
+
+/// A refused login, answered once the throttle's delay has passed.
+struct LoginRefusal {
+    at: tokio::time::Instant,
+    text: String,
+}
+
+struct Session {
+    shared: Arc<Shared>,
+    engine: Arc<Engine>,
+    conn: Connection,
+    /// The engine client, from connection.open on.
+    client: Option<Client>,
+    /// Who logged in.
+    user: String,
+    peer: SocketAddr,
+    channels: HashMap<u16, Channel>,
+    confirm_tx: mpsc::UnboundedSender<StoreConfirm>,
+    /// Method replies waiting for the store, and those queued behind them.
+    replies: Replies,
+    notices: Vec<crate::engine::consumer::Notice>,
+    /// Deliveries of consumers whose consume-ok is still queued (reused).
+    held: Vec<crate::engine::consumer::Delivery>,
+    /// Counter behind [`Channel::epoch`].
+    next_epoch: u64,
+    /// Counter behind server-generated consumer tags.
+    next_consumer_tag: u64,
+    /// A refused login waiting out its delay: no input is interpreted
+    /// meanwhile.
+    login_refusal: Option<LoginRefusal>,
+    /// The broker's resource alarms.
+    alarms: watch::Receiver<Alarms>,
+    /// Their last seen state.
+    alarm: Alarms,
+    /// connection.blocked was sent and not yet followed by unblocked.
+    blocked_sent: bool,
+    /// It published while an alarm was set: not read until the alarm
+    /// clears. (As in RabbitMQ, a connection that only consumes, acks,
+    /// purges or deletes is never blocked: that is what frees resources.)
+    blocked: bool,
+}
+
+/// The engine scope of an AMQP channel.
+fn scope(ch: u16) -> Scope {
+    Scope::from(ch)
+}
+
+/// The AMQP channel of an engine scope (scopes are only made from channels).
+fn channel_of(scope: Scope) -> u16 {
+    debug_assert!(scope <= Scope::from(u16::MAX), "scope is a channel number");
+    u16::try_from(scope).unwrap_or(0)
+}
+
+/// Resolves when `client`'s outbox is notified; never without a client.
+async fn notified(client: Option<&Client>) {
+    match client {
+        Some(c) => c.handle().notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves at `at`; never without a time. (A disabled `select!` branch
+/// still builds its future: this builds no timer unless one is wanted.)
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Session {
+    async fn run(
+        &mut self,
+        stream: TcpStream,
+        mut confirm_rx: mpsc::UnboundedReceiver<StoreConfirm>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<()> {
+        let mut input = BytesMut::with_capacity(64 * 1024);
+        let mut last_read = Instant::now();
+        let mut last_write = Instant::now();
+        let mut closing_since: Option<Instant> = None;
+        let mut tick_period = Duration::from_secs(1);
+        let mut tick = tokio::time::interval(tick_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut eof = false;
+        let started = Instant::now();
+        // Partly received content: how much, and since when it has not grown.
+        let mut partial = 0usize;
+        let mut partial_since = Instant::now();
+        self.alarm = *self.alarms.borrow_and_update();
+        loop {
+            // A publish is judged against the alarms as they are now: one
+            // atomic load per loop, no waiter registered (only a blocked
+            // connection waits for the alarm to clear, below).
+            if self.alarms.has_changed().unwrap_or(false) {
+                self.refresh_alarm();
+            }
+            // 1. Interpret every complete frame we have. One read can hold
+            // tens of thousands of frames (binds, declares, publishes): spend
+            // the task's cooperative budget per event so the runtime gets to
+            // serve other connections (and accept new ones) in between.
+            while self.login_refusal.is_none() {
+                let Some(ev) = self.conn.poll(&mut input) else {
+                    break;
+                };
+                self.handle_event(ev).await;
+                tokio::task::consume_budget().await;
+            }
+            self.end_batch();
+            self.signal_alarm();
+            // 2. Deliveries and notices from the engine.
+            if self.conn.out().len() < DELIVERY_HIGH_WATER && self.conn.is_open() {
+                self.write_deliveries();
+            }
+            // 3. Write what we can without blocking.
+            if !self.conn.out().is_empty() {
+                let n = write_some(&stream, self.conn.out())?;
+                if n > 0 {
+                    last_write = Instant::now();
+                }
+            }
+            if self.conn.is_closing() && closing_since.is_none() {
+                closing_since = Some(Instant::now());
+            }
+            if self.conn.is_finished() && self.conn.out().is_empty() {
+                return Ok(());
+            }
+            if eof {
+                return Ok(());
+            }
+            // Heartbeats go out after hb/2 of silence and the peer is dropped
+            // after 2·hb: tick often enough to send one well before that.
+            let hb = u64::from(self.conn.heartbeat());
+            let period = if hb > 0 && self.conn.is_open() {
+                Duration::from_millis((hb * 250).clamp(250, 1000))
+            } else {
+                Duration::from_secs(1)
+            };
+            if period != tick_period {
+                tick_period = period;
+                tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            }
+            // 4. Wait for something to do. While a resource alarm is set, a
+            // connection that publishes is not read (after the publish in
+            // hand, or in the middle of one); one that only consumes is.
+            if self.alarm.any() && !self.blocked && self.conn.partial_content_bytes() > 0 {
+                self.blocked = true;
+                self.signal_alarm();
+            }
+            let want_read = self.conn.out().len() < OUT_HIGH_WATER
+                && !self.conn.is_finished()
+                && !self.blocked
+                && self.login_refusal.is_none();
+            if !want_read {
+                // We stopped reading, not the client: its heartbeats are
+                // waiting in the socket.
+                last_read = Instant::now();
+            }
+            let want_write = !self.conn.out().is_empty();
+            let refusal_at = self.login_refusal.as_ref().map(|r| r.at);
+            tokio::select! {
+                r = stream.readable(), if want_read => {
+                    r?;
+                    input.reserve(64 * 1024);
+                    match stream.try_read_buf(&mut input) {
+                        Ok(0) => {
+                            eof = true;
+                            // The peer went away: nothing more can be written.
+                            self.conn.out().clear();
+                            self.conn.abandon();
+                        }
+                        Ok(_) => last_read = Instant::now(),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                r = stream.writable(), if want_write => { r?; }
+                _ = notified(self.client.as_ref()) => {}
+                () = self.replies.durable(), if self.replies.is_waiting() => {
+                    self.send_ready_replies();
+                }
+                _ = sleep_until(refusal_at), if refusal_at.is_some() => {
+                    if let Some(r) = self.login_refusal.take() {
+                        self.conn.refuse_login(&r.text);
+                    }
+                }
+                r = self.alarms.changed(), if self.blocked => {
+                    if r.is_ok() {
+                        self.refresh_alarm();
+                    }
+                }
+                Some(c) = confirm_rx.recv() => {
+                    self.on_store_confirm(c);
+                    while let Ok(c) = confirm_rx.try_recv() {
+                        self.on_store_confirm(c);
+                    }
+                }
+                _ = tick.tick() => {
+                    let hb = self.conn.heartbeat() as u64;
+                    if hb > 0 && self.conn.is_open() {
+                        if last_read.elapsed() > Duration::from_secs(hb * 2) {
+                            tracing::info!(peer = %self.peer, "missed heartbeats from client, closing");
+                            return Ok(());
+                        }
+                        if last_write.elapsed() >= Duration::from_millis(hb * 500) {
+                            self.conn.send_heartbeat();
+                        }
+                    }
+                    if closing_since.is_some_and(|t| t.elapsed() > CLOSE_TIMEOUT) {
+                        return Ok(());
+                    }
+                    self.expire_leases(Instant::now());
+                    // A client that stops in the middle of a message holds
+                    // its buffered frames: cut it off once its content has
+                    // not grown for the timeout. Time we did not read it
+                    // does not count, except a message of several frames
+                    // held through a resource alarm: that memory is what
+                    // the alarm waits for.
+                    let assembling = self.conn.partial_content_bytes();
+                    let now_partial = assembling + input.len();
+                    // (A publish cut off between its frames by the block is small: it
+                    // waits for the alarm like the rest of the publisher.)
+                    let held_through_alarm = self.blocked && assembling > self.conn.frame_max();
+                    let paused = !want_read && !held_through_alarm;
+                    if now_partial == 0 || now_partial != partial || paused || !self.conn.is_open() {
+                        partial = now_partial;
+                        partial_since = Instant::now();
+                    } else if let Some(limit) = self.shared.partial_content_timeout {
+                        if partial_since.elapsed() > limit {
+                            tracing::info!(peer = %self.peer, bytes = partial, "partly received message stalled, closing");
+                            let text = format!(
+                                "{} bytes of a message received and no progress for {} s",
+                                partial,
+                                limit.as_secs()
+                            );
+                            self.fail(0, hard(reply::RESOURCE_ERROR, text), 0, 0);
+                            partial = 0;
+                            self.shared.request_trim();
+                        }
+                    }
+                    if !self.conn.is_open() && !self.conn.is_closing() && started.elapsed() > HANDSHAKE_TIMEOUT {
+                        tracing::info!(peer = %self.peer, "handshake not completed in time, closing");
+                        return Ok(());
+                    }
+                }
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        self.release_all();
+                        self.conn.shutdown("broker shutdown");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Maps one adapter event onto the engine. Nothing here waits for the
+    /// store: durable replies go through [`Replies`].
+    async fn handle_event(&mut self, ev: Event) {
+        match ev {
+            Event::Login {
+                mechanism,
+                username,
+                password,
+            } => {
+                if self
+                    .shared
+                    .authenticate(&username, &password, self.peer)
+                    .await
+                {
+                    self.user = username;
+                    self.conn.accept_login();
+                } else {
+                    // Slow down guessing from this address: the refusal is
+                    // sent after the delay, and this connection's input is
+                    // not interpreted meanwhile (its task keeps running).
+                    let delay = self.shared.logins.failed(self.peer.ip());
+                    tracing::info!(peer = %self.peer, user = %username, %mechanism, delay_ms = delay.as_millis() as u64, "login refused");
+                    self.login_refusal = Some(LoginRefusal {
+                        at: tokio::time::Instant::now() + delay,
+                        text: format!(
+                            "Login was refused using authentication mechanism {mechanism}."
+                        ),
+                    });
+                }
+            }
+            Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {
+                Ok(client) => {
+                    self.client = Some(client);
+                    self.conn.accept_open();
+                }
+                Err(_) => self.conn.refuse_open(&format!("vhost {vhost} not found")),
+            },
+            Event::ChannelOpened(ch) => self.on_channel_opened(ch),
+            Event::ChannelClosed(ch) => self.release_channel(ch),
+            Event::Closed => self.release_all(),
+            Event::Flow { channel, active } => {
+                if self.channels.contains_key(&channel) {
+                    if let Some(c) = self.client.as_mut() {
+                        c.set_flow(scope(channel), active);
+                    }
+                }
+            }
+            Event::Qos {
+                channel,
+                prefetch_size,
+                prefetch_count,
+                global,
+            } => {
+                if self.usable(channel) {
+                    self.on_qos(channel, prefetch_size, prefetch_count, global);
+                }
+            }
+            Event::Publish { channel, message } => {
+                if !self.usable(channel) {
+                    return;
+                }
+                // The publish in hand is taken; then no more reads until
+                // the alarm clears.
+                self.blocked |= self.alarm.any();
+                if let Err(f) = self.on_publish(channel, message) {
+                    self.fail(channel, f, 60, 40);
+                }
+            }
+            Event::Ack {
+                channel,
+                delivery_tag,
+                multiple,
+            } => {
+                if !self.usable(channel) {
+                    return;
+                }
+                if let Err(f) = self.on_settle(
+                    channel,
+                    delivery_tag,
+                    multiple,
+                    crate::engine::lease::Settle::Ack,
+                ) {
+                    self.fail(channel, f, 60, 80);
+                }
+            }
+            Event::Method { channel, method } => {
+                if !self.usable(channel) {
+                    return;
+                }
+                let (class_id, method_id) =
+                    (method.get_amqp_class_id(), method.get_amqp_method_id());
+                if let Err(f) = self.on_method(channel, method) {
+                    self.fail(channel, f, class_id, method_id);
+                }
+            }
+        }
+    }
+
+    /// Whether events of `ch` are to be interpreted: open in the adapter,
+    /// and not failed while earlier replies were still queued.
+    fn usable(&self, ch: u16) -> bool {
+        self.conn.channel_is_usable(ch) && !self.channels.get(&ch).is_some_and(|c| c.failed)
+    }
+
+    /// The engine client; methods arrive only after connection.open.
+    fn client(&mut self) -> Result<&mut Client, Failure> {
+        self.client
+            .as_mut()
+            .ok_or_else(|| hard(reply::COMMAND_INVALID, "connection not open".into()))
+    }
+
+    /// Closes the batch: the engine client's settles and dispatches, then
+    /// each channel's confirms.
+    fn end_batch(&mut self) {
+        if let Some(c) = self.client.as_mut() {
+            c.commit();
+        }
+        self.send_confirms();
+    }
+
+    /// Closes channels holding a lease older than the consumer timeout, as
+    /// RabbitMQ's `consumer_timeout` does: the channel's leases return to
+    /// their queues (redelivered) for other consumers.
+    fn expire_leases(&mut self, now: Instant) {
+        let Some(timeout) = self.shared.consumer_timeout else {
+            return;
+        };
+        let Some(client) = self.client.as_ref() else {
+            return;
+        };
+        for s in client.expired_scopes(now, timeout) {
+            let ch = channel_of(s);
+            let text = format!(
+                "PRECONDITION_FAILED - delivery acknowledgement on channel {ch} timed out. Timeout value used: {} ms",
+                timeout.as_millis()
+            );
+            self.fail(ch, Failure::Channel(reply::PRECONDITION_FAILED, text), 0, 0);
+        }
+    }
+
+    /// Takes the current alarm state; a cleared alarm unblocks.
+    fn refresh_alarm(&mut self) {
+        self.alarm = *self.alarms.borrow_and_update();
+        self.blocked &= self.alarm.any();
+    }
+
+    /// Tells the client (`connection.blocked` / `connection.unblocked`) when
+    /// it is blocked by a resource alarm, and when that alarm clears.
+    fn signal_alarm(&mut self) {
+        let set = self.blocked;
+        if set == self.blocked_sent || !self.conn.is_open() || !self.conn.accepts_blocked() {
+            return;
+        }
+        let method = if set {
+            connection::AMQPMethod::Blocked(connection::Blocked {
+                reason: self.alarm.reason().into(),
+            })
+        } else {
+            connection::AMQPMethod::Unblocked(connection::Unblocked {})
+        };
+        self.conn.send_method(0, AMQPClass::Connection(method));
+        self.blocked_sent = set;
+    }
+
+    /// Methods other than publish and ack, by class.
+    fn on_method(&mut self, ch: u16, method: AMQPClass) -> Result<(), Failure> {
+        let ids = (method.get_amqp_class_id(), method.get_amqp_method_id());
+        match method {
+            AMQPClass::Exchange(m) => self.on_exchange(ch, m, ids),
+            AMQPClass::Queue(m) => self.on_queue(ch, m, ids),
+            AMQPClass::Basic(m) => self.on_basic(ch, m),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
+                if let Some(c) = self.channels.get_mut(&ch) {
+                    c.confirm = true;
+                }
+                if !s.nowait {
+                    self.reply(
+                        ch,
+                        AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+                    );
+                }
+                Ok(())
+            }
+            AMQPClass::Access(_) => {
+                use weir_protocols::amqp::methods::access;
+                self.reply(
+                    ch,
+                    AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {})),
+                );
+                Ok(())
+            }
+            AMQPClass::Tx(_) => Err(hard(
+                reply::NOT_IMPLEMENTED,
+                "transactions (tx.*) are not supported; use publisher confirms".into(),
+            )),
+            other => Err(hard(
+                reply::COMMAND_INVALID,
+                format!(
+                    "method {}.{} is not valid here",
+                    other.get_amqp_class_id(),
+                    other.get_amqp_method_id()
+                ),
+            )),
+        }
+    }
+
+    /// An empty queue name means the channel's last declared queue, as in
+    /// RabbitMQ.
+    fn queue_name(&self, ch: u16, name: &str) -> Result<String, Failure> {
+        if !name.is_empty() {
+            return Ok(name.to_string());
+        }
+        self.channels
+            .get(&ch)
+            .and_then(|c| c.last_queue.clone())
+            .ok_or_else(|| failure::soft(reply::NOT_FOUND, "no previously declared queue".into()))
+    }
+}
+
+/// Writes as much of `out` as the socket takes now.
+fn write_some(stream: &TcpStream, out: &mut BytesMut) -> std::io::Result<usize> {
+    let mut total = 0;
+    while !out.is_empty() {
+        match stream.try_write(out) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                bytes::Buf::advance(out, n);
+                total += n;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
