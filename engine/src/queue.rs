@@ -13,7 +13,7 @@
 
 use super::consumer::{Consumer, Delivery};
 use super::message::{now_ms, Entry};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,6 +77,84 @@ struct PartitionState {
     leased: HashMap<MessageId, Location>,
 }
 
+impl PartitionState {
+    /// The partition's invariants, checked when a critical section ends
+    /// (debug and test builds). The O(1) ones always; the walks only while
+    /// the ready list is short, so deep-queue tests stay linear.
+    fn check(&self, p: &Partition) {
+        let len = self.ready.len() as u64;
+        assert_eq!(
+            p.ready_len.load(Ordering::Relaxed),
+            len,
+            "partition {:?}: ready_len counter differs from the ready list",
+            p.id
+        );
+        if self.deleted {
+            assert!(
+                self.ready.is_empty() && self.consumers.is_empty(),
+                "partition {:?}: a deleted partition holds entries or consumers",
+                p.id
+            );
+        }
+        if self.ready.len() > 4096 {
+            return;
+        }
+        let mut bytes = 0u64;
+        let mut prev: Option<u64> = None;
+        for e in &self.ready {
+            bytes += u64::from(e.size);
+            assert!(
+                prev.is_none_or(|s| s < e.seq) && e.seq < self.next_seq.max(1),
+                "partition {:?}: ready list out of seq order",
+                p.id
+            );
+            prev = Some(e.seq);
+            assert!(
+                !self.leased.contains_key(&e.id),
+                "partition {:?}: message {} is both ready and leased",
+                p.id,
+                e.id
+            );
+        }
+        assert_eq!(
+            bytes, self.ready_bytes,
+            "partition {:?}: ready_bytes differs from the ready entries",
+            p.id
+        );
+    }
+}
+
+/// A partition's state under its lock. In debug and test builds the
+/// partition's invariants are checked when the guard drops, i.e. at the end
+/// of every critical section.
+struct Locked<'a> {
+    st: MutexGuard<'a, PartitionState>,
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
+    p: &'a Partition,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = PartitionState;
+    fn deref(&self) -> &PartitionState {
+        &self.st
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut PartitionState {
+        &mut self.st
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        if !std::thread::panicking() {
+            self.st.check(self.p);
+        }
+    }
+}
+
 /// Snapshot of a partition's depth.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Depth {
@@ -93,6 +171,14 @@ pub struct Depth {
 }
 
 impl Partition {
+    /// Takes the partition's lock (see [`Locked`]).
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            st: self.state.lock(),
+            p: self,
+        }
+    }
+
     /// An empty partition.
     pub fn new(id: PartitionId, durable: bool) -> Arc<Self> {
         Arc::new(Partition {
@@ -109,7 +195,7 @@ impl Partition {
     /// Returns the consumers it had and its ready entries, taken atomically
     /// with the flag so nothing slips in between.
     pub fn delete(&self) -> (Vec<Arc<Consumer>>, Vec<Entry>) {
-        let mut st = self.state.lock();
+        let mut st = self.lock();
         st.deleted = true;
         self.deleted.store(true, Ordering::Release);
         st.ready_bytes = 0;
@@ -130,7 +216,7 @@ impl Partition {
 
     /// Appends recovered entries (already in id order) at startup.
     pub fn restore(&self, entries: impl IntoIterator<Item = Entry>) {
-        let mut st = self.state.lock();
+        let mut st = self.lock();
         for mut e in entries {
             e.seq = st.next_seq;
             st.next_seq += 1;
@@ -148,7 +234,7 @@ impl Partition {
     pub fn enqueue(self: &Arc<Self>, mut entry: Entry) -> Option<Entry> {
         let mut woken = Vec::new();
         {
-            let mut st = self.state.lock();
+            let mut st = self.lock();
             if st.deleted {
                 return Some(entry);
             }
@@ -193,7 +279,7 @@ impl Partition {
         let mut woken = Vec::new();
         let mut refused = Vec::new();
         {
-            let mut st = self.state.lock();
+            let mut st = self.lock();
             for mut e in entries {
                 if let Some(l) = st.leased.remove(&e.id) {
                     e.location = Some(l);
@@ -225,7 +311,7 @@ impl Partition {
 
     /// Whether any durable entry of this partition is leased.
     pub fn has_leases(&self) -> bool {
-        !self.state.lock().leased.is_empty()
+        !self.lock().leased.is_empty()
     }
 
     /// Where a leased entry's record is now.
@@ -247,7 +333,7 @@ impl Partition {
     pub fn settled(&self, entry: &Entry, acked: bool) -> Option<Location> {
         let location = entry
             .location
-            .map(|l| self.state.lock().leased.remove(&entry.id).unwrap_or(l));
+            .map(|l| self.lock().leased.remove(&entry.id).unwrap_or(l));
         self.counters.leased.fetch_sub(1, Ordering::Relaxed);
         self.counters
             .leased_bytes
@@ -278,7 +364,7 @@ impl Partition {
         if entries.iter().all(|e| e.location.is_none()) {
             return;
         }
-        let mut st = self.state.lock();
+        let mut st = self.lock();
         for e in entries {
             if let Some(l) = e.location {
                 stored(e.id, st.leased.remove(&e.id).unwrap_or(l));
@@ -293,7 +379,7 @@ impl Partition {
         }
         let mut woken = Vec::new();
         {
-            let mut st = self.state.lock();
+            let mut st = self.lock();
             self.dispatch_locked(&mut st, &mut woken);
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
@@ -356,7 +442,7 @@ impl Partition {
     /// Takes the head message for basic.get; returns it with the number of
     /// messages left.
     pub fn get(&self) -> Option<(Entry, u64)> {
-        let mut st = self.state.lock();
+        let mut st = self.lock();
         let mut e = st.ready.pop_front()?;
         st.ready_bytes -= e.size as u64;
         if let Some(l) = e.location {
@@ -375,7 +461,7 @@ impl Partition {
 
     /// Removes every ready message; returns them (the caller settles them in the store).
     pub fn purge(&self) -> Vec<Entry> {
-        let mut st = self.state.lock();
+        let mut st = self.lock();
         st.ready_bytes = 0;
         self.ready_len.store(0, Ordering::Relaxed);
         st.ready.drain(..).collect()
@@ -389,7 +475,7 @@ impl Partition {
     pub(crate) fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>) -> bool {
         let mut woken = Vec::new();
         {
-            let mut st = self.state.lock();
+            let mut st = self.lock();
             if st.deleted {
                 return false;
             }
@@ -404,14 +490,14 @@ impl Partition {
 
     /// Detaches a consumer; returns how many remain.
     pub(crate) fn remove_consumer(&self, c: &Arc<Consumer>) -> usize {
-        let mut st = self.state.lock();
+        let mut st = self.lock();
         st.consumers.retain(|x| !Arc::ptr_eq(x, c));
         st.consumers.len()
     }
 
     /// Depth snapshot.
     pub fn depth(&self) -> Depth {
-        let st = self.state.lock();
+        let st = self.lock();
         Depth {
             ready: st.ready.len() as u64,
             ready_bytes: st.ready_bytes,
@@ -431,7 +517,7 @@ impl Partition {
     /// long-held lease does not pin its record (and, the embedded log
     /// reclaiming oldest-first, everything after it).
     pub fn for_each_location(&self, mut f: impl FnMut(MessageId, &mut Location)) {
-        let mut st = self.state.lock();
+        let mut st = self.lock();
         for e in st.ready.iter_mut() {
             if let Some(l) = e.location.as_mut() {
                 f(e.id, l);
