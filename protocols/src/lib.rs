@@ -7,7 +7,6 @@
 //! * [`amqp`]: AMQP 0-9-1 (RabbitMQ's dialect), framed with `amq-protocol`.
 //! * [`Secret`]: a client's password, redacted when formatted.
 #![forbid(unsafe_code)]
-#![forbid(unsafe_code)]
 
 pub mod amqp;
 mod secret;
