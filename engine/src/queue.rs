@@ -81,6 +81,7 @@ impl PartitionState {
     /// The partition's invariants, checked when a critical section ends
     /// (debug and test builds). The O(1) ones always; the walks only while
     /// the ready list is short, so deep-queue tests stay linear.
+    #[cfg(debug_assertions)]
     fn check(&self, p: &Partition) {
         let len = self.ready.len() as u64;
         assert_eq!(
