@@ -55,7 +55,7 @@ impl HeaderLookup for NoHeaders {
 }
 
 /// Publishes `body` to `queue` through the default exchange.
-fn publish(c: &mut Client, queue: &str, body: &'static str, persistent: bool) -> Published {
+fn publish(c: &mut Client, queue: &str, body: &str, persistent: bool) -> Published {
     let route = RouteInput {
         exchange: "",
         routing_key: queue,
@@ -66,7 +66,7 @@ fn publish(c: &mut Client, queue: &str, body: &'static str, persistent: bool) ->
         exchange: Bytes::new(),
         routing_key: Bytes::copy_from_slice(queue.as_bytes()),
         properties: Bytes::new(),
-        body: Bytes::from_static(body.as_bytes()),
+        body: Bytes::copy_from_slice(body.as_bytes()),
         header_format: HeaderFormat::Amqp091,
         persistent,
         priority: 0,
@@ -104,6 +104,21 @@ fn write_all(c: &mut Client, next_tag: &mut u64, now: Instant) -> Vec<(u64, Byte
 
 fn bodies(v: &[(u64, Bytes, bool)]) -> Vec<&[u8]> {
     v.iter().map(|(_, b, _)| &b[..]).collect()
+}
+
+/// Takes every message left in `queue` with auto-ack gets: (body, redelivered).
+fn take_all(c: &mut Client, queue: &str) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    while let Some(got) = c.get(queue, GetAck::Auto).expect("get") {
+        let body = String::from_utf8(got.message.body.to_vec()).expect("utf-8 body");
+        out.push((body, got.redelivered));
+    }
+    out
+}
+
+/// `(body, redelivered)` pairs, for comparing with [`take_all`].
+fn marked(v: &[(&str, bool)]) -> Vec<(String, bool)> {
+    v.iter().map(|(b, r)| ((*b).to_owned(), *r)).collect()
 }
 
 #[test]
@@ -216,7 +231,8 @@ fn close_requeues_leases_and_undelivered_messages() {
     let mut a = client(&e);
     declare(&a, "q", false);
     a.subscribe("q", opts(1, "t", 0)).expect("subscribe");
-    publish(&mut a, "q", "leased", false);
+    publish(&mut a, "q", "leased-1", false);
+    publish(&mut a, "q", "leased-2", false);
     let mut tag = 0;
     write_all(&mut a, &mut tag, Instant::now());
     // Pushed to the outbox, never drained.
@@ -227,8 +243,77 @@ fn close_requeues_leases_and_undelivered_messages() {
         .expect("tenant")
         .queue("q", 0)
         .expect("queue");
-    assert_eq!(q.message_count(), 2);
+    assert_eq!(q.message_count(), 3);
     assert_eq!(q.consumer_count(), 0);
+    // In their places; only what was written is marked redelivered.
+    let mut b = client(&e);
+    assert_eq!(
+        take_all(&mut b, "q"),
+        marked(&[("leased-1", true), ("leased-2", true), ("unsent", false)])
+    );
+}
+
+#[test]
+fn cancelling_keeps_leases_and_releasing_the_scope_requeues_them_in_order() {
+    let e = engine();
+    let mut c = client(&e);
+    declare(&c, "q", false);
+    c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
+    for b in ["m0", "m1", "m2", "m3", "m4"] {
+        publish(&mut c, "q", b, false);
+    }
+    let mut tag = 0;
+    assert_eq!(write_all(&mut c, &mut tag, Instant::now()).len(), 5);
+    c.settle(1, 2, false, Settle::Ack).expect("ack m1");
+    // A cancel (basic.cancel) stops deliveries but keeps the leases.
+    assert!(c.unsubscribe(1, b"t"));
+    c.commit();
+    assert_eq!(c.leases(1), 4);
+    assert_eq!(c.queue("q").expect("queue").message_count(), 0);
+    // Closing the scope (channel.close) returns them, in their places.
+    c.release_scope(1);
+    c.commit();
+    assert_eq!(
+        take_all(&mut c, "q"),
+        marked(&[("m0", true), ("m2", true), ("m3", true), ("m4", true)])
+    );
+}
+
+#[test]
+fn requeue_returns_each_message_to_its_original_place() {
+    let e = engine();
+    let mut c = client(&e);
+    declare(&c, "q", false);
+    for b in ["m1", "m2", "m3", "m4"] {
+        publish(&mut c, "q", b, false);
+    }
+    let now = Instant::now();
+    let mut tag = 0;
+    let mut get = |c: &mut Client| {
+        tag += 1;
+        let got = c
+            .get("q", GetAck::Lease { scope: 1, tag, now })
+            .expect("get")
+            .expect("a message");
+        let body = String::from_utf8(got.message.body.to_vec()).expect("utf-8");
+        (body, got.redelivered)
+    };
+    assert_eq!(get(&mut c), ("m1".into(), false));
+    assert_eq!(get(&mut c), ("m2".into(), false));
+    // Requeued first to last: each goes back to its place, not to the front.
+    c.settle(1, 1, false, Settle::Requeue).expect("requeue m1");
+    c.settle(1, 2, false, Settle::Requeue).expect("requeue m2");
+    assert_eq!(get(&mut c), ("m1".into(), true));
+    assert_eq!(get(&mut c), ("m2".into(), true));
+    assert_eq!(get(&mut c), ("m3".into(), false));
+    // A multiple requeue of all three outstanding keeps their order too.
+    c.settle(1, 5, true, Settle::Requeue)
+        .expect("requeue up to 5");
+    assert_eq!(c.leases(1), 0);
+    assert_eq!(
+        take_all(&mut c, "q"),
+        marked(&[("m1", true), ("m2", true), ("m3", true), ("m4", false)])
+    );
 }
 
 #[test]
@@ -341,6 +426,201 @@ fn leases_expire_by_the_time_given() {
         c.expired_scopes(t0 + Duration::from_secs(11), timeout),
         vec![2]
     );
+}
+
+#[test]
+fn expiry_counts_from_the_oldest_unsettled_lease() {
+    let e = engine();
+    let mut c = client(&e);
+    declare(&c, "q", false);
+    c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
+    let t0 = Instant::now();
+    let timeout = Duration::from_secs(10);
+    let mut tag = 0;
+    // A consumer that acks each delivery promptly, for longer than the
+    // timeout in all: its scope never expires.
+    for i in 0..4u64 {
+        let at = t0 + Duration::from_secs(4 * i);
+        publish(&mut c, "q", "m", false);
+        assert_eq!(write_all(&mut c, &mut tag, at).len(), 1);
+        assert!(c
+            .expired_scopes(at + Duration::from_secs(3), timeout)
+            .is_empty());
+        c.settle(1, tag, false, Settle::Ack).expect("ack");
+        c.commit();
+    }
+    let late = t0 + Duration::from_secs(16);
+    publish(&mut c, "q", "slow", false);
+    assert_eq!(write_all(&mut c, &mut tag, late).len(), 1);
+    // 20 s after the first delivery, but its oldest lease is 4 s old.
+    assert!(c
+        .expired_scopes(t0 + Duration::from_secs(20), timeout)
+        .is_empty());
+    assert_eq!(
+        c.expired_scopes(late + Duration::from_secs(11), timeout),
+        vec![1]
+    );
+}
+
+#[test]
+fn requeue_all_redelivers_every_lease_in_order() {
+    let e = engine();
+    let mut c = client(&e);
+    declare(&c, "q", false);
+    c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
+    for b in ["a", "b", "c"] {
+        publish(&mut c, "q", b, false);
+    }
+    let mut tag = 0;
+    let now = Instant::now();
+    let first = write_all(&mut c, &mut tag, now);
+    assert_eq!(bodies(&first), vec![b"a", b"b", b"c"]);
+    assert!(first.iter().all(|(_, _, r)| !r));
+    // basic.recover(requeue): tag 0 with multiple settles every lease.
+    c.settle(1, 0, true, Settle::Requeue).expect("requeue all");
+    c.commit();
+    let again = write_all(&mut c, &mut tag, now);
+    assert_eq!(bodies(&again), vec![b"a", b"b", b"c"]);
+    assert!(again.iter().all(|(_, _, r)| *r), "marked redelivered");
+    // Acked for good: closing the scope returns nothing.
+    c.settle(1, tag, true, Settle::Ack).expect("ack all");
+    c.release_scope(1);
+    c.commit();
+    assert_eq!(c.queue("q").expect("queue").message_count(), 0);
+}
+
+#[test]
+fn prefetch_bytes_bounds_deliveries_but_never_the_first() {
+    let e = engine();
+    let mut c = client(&e);
+    declare(&c, "q", false);
+    let mut o = opts(1, "t", 0);
+    o.prefetch_bytes = 1000;
+    c.subscribe("q", o).expect("subscribe");
+    let body = |i: usize| format!("{i}{}", "x".repeat(599));
+    for i in 0..5 {
+        publish(&mut c, "q", &body(i), false);
+    }
+    let mut tag = 0;
+    let now = Instant::now();
+    // A second 600-byte message would make 1200 bytes unacked.
+    let got = write_all(&mut c, &mut tag, now);
+    assert_eq!(bodies(&got), vec![body(0).as_bytes()]);
+    assert_eq!(c.queue("q").expect("queue").message_count(), 4);
+    c.settle(1, tag, false, Settle::Ack).expect("ack");
+    c.commit();
+    let got = write_all(&mut c, &mut tag, now);
+    assert_eq!(bodies(&got), vec![body(1).as_bytes()]);
+
+    // A message alone over the limit still goes out, one at a time.
+    declare(&c, "big", false);
+    let mut o = opts(2, "u", 0);
+    o.prefetch_bytes = 100;
+    c.subscribe("big", o).expect("subscribe");
+    let big = |i: usize| format!("{i}{}", "y".repeat(1999));
+    for i in 0..2 {
+        publish(&mut c, "big", &big(i), false);
+    }
+    let got = write_all(&mut c, &mut tag, now);
+    assert_eq!(bodies(&got), vec![big(0).as_bytes()]);
+    c.settle(2, tag, false, Settle::Ack).expect("ack");
+    c.commit();
+    let got = write_all(&mut c, &mut tag, now);
+    assert_eq!(bodies(&got), vec![big(1).as_bytes()]);
+}
+
+#[test]
+fn the_scope_window_is_shared_by_its_consumers_and_can_be_raised() {
+    let e = engine();
+    let mut c = client(&e);
+    for q in ["ga", "gb"] {
+        declare(&c, q, false);
+        for b in ["0", "1", "2"] {
+            publish(&mut c, q, b, false);
+        }
+    }
+    let ready = |c: &Client| {
+        c.queue("ga").expect("ga").message_count() + c.queue("gb").expect("gb").message_count()
+    };
+    // basic.qos(global): two unacked in all, whichever consumer has them.
+    c.set_scope_window(1, 2, 0);
+    c.subscribe("ga", opts(1, "a", 0)).expect("subscribe");
+    c.subscribe("gb", opts(1, "b", 0)).expect("subscribe");
+    let mut tag = 0;
+    let now = Instant::now();
+    assert_eq!(write_all(&mut c, &mut tag, now).len(), 2);
+    assert_eq!(ready(&c), 4);
+    // Raised, it lets two more out without an ack.
+    c.set_scope_window(1, 4, 0);
+    c.commit();
+    assert_eq!(write_all(&mut c, &mut tag, now).len(), 2);
+    assert_eq!(ready(&c), 2);
+    assert!(write_all(&mut c, &mut tag, now).is_empty());
+    // Acking everything lets the rest flow.
+    c.settle(1, tag, true, Settle::Ack).expect("ack all");
+    c.commit();
+    assert_eq!(write_all(&mut c, &mut tag, now).len(), 2);
+    assert_eq!(ready(&c), 0);
+}
+
+#[test]
+fn flow_off_holds_deliveries_in_the_queue_until_flow_on() {
+    let e = engine();
+    let mut c = client(&e);
+    declare(&c, "q", false);
+    c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
+    c.set_flow(1, false);
+    for b in ["a", "b", "c"] {
+        publish(&mut c, "q", b, false);
+    }
+    let mut tag = 0;
+    let now = Instant::now();
+    assert!(write_all(&mut c, &mut tag, now).is_empty());
+    assert_eq!(c.queue("q").expect("queue").message_count(), 3);
+    c.set_flow(1, true);
+    c.commit();
+    let got = write_all(&mut c, &mut tag, now);
+    assert_eq!(bodies(&got), vec![b"a", b"b", b"c"]);
+    assert_eq!(c.queue("q").expect("queue").message_count(), 0);
+}
+
+#[test]
+fn purge_counts_ready_messages_and_delete_counts_what_it_drops() {
+    let e = engine();
+    let mut c = client(&e);
+    declare(&c, "q", false);
+    for b in ["leased", "1", "2", "3", "4", "5", "6", "7"] {
+        publish(&mut c, "q", b, false);
+    }
+    let now = Instant::now();
+    c.get(
+        "q",
+        GetAck::Lease {
+            scope: 1,
+            tag: 1,
+            now,
+        },
+    )
+    .expect("get")
+    .expect("a message");
+    // Purge drops the ready messages only; the lease stays.
+    assert_eq!(c.tenant().purge_queue("q", c.id()).expect("purge"), 7);
+    assert_eq!(c.queue("q").expect("queue").message_count(), 0);
+    assert_eq!(c.leases(1), 1);
+    c.settle(1, 1, false, Settle::Ack).expect("ack");
+    c.commit();
+    for b in ["a", "b", "c"] {
+        publish(&mut c, "q", b, false);
+    }
+    let (count, _) = c
+        .tenant()
+        .delete_queue("q", false, false, c.id())
+        .expect("delete");
+    assert_eq!(count, 3);
+    assert!(matches!(
+        c.queue("q"),
+        Err(weir_engine::EngineError::NotFound(_))
+    ));
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Message content edge cases (large, empty, multi-frame bodies, all
-//! properties), mandatory returns, purge, and requeue on channel close.
+//! properties) and mandatory returns.
 
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
@@ -177,96 +177,5 @@ async fn mandatory_unroutable_is_returned_then_confirmed() {
     .unwrap();
     assert!(c.is_ack());
     assert!(c.take_message().is_none());
-    conn.close(200, "bye".into()).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_and_delete_report_counts() {
-    let broker = Broker::start();
-    let conn = connect(&broker.url()).await;
-    let ch = confirm_channel(&conn).await;
-    declare_queue(&ch, "pq").await;
-    for _ in 0..7 {
-        publish_confirmed(&ch, "", "pq", b"x", BasicProperties::default()).await;
-    }
-    assert_eq!(
-        ch.queue_purge("pq".into(), QueuePurgeOptions::default())
-            .await
-            .unwrap(),
-        7
-    );
-    assert_eq!(queue_len(&ch, "pq").await, 0);
-    for _ in 0..3 {
-        publish_confirmed(&ch, "", "pq", b"x", BasicProperties::default()).await;
-    }
-    assert_eq!(
-        ch.queue_delete("pq".into(), QueueDeleteOptions::default())
-            .await
-            .unwrap(),
-        3
-    );
-    let ch2 = conn.create_channel().await.unwrap();
-    assert_code(
-        ch2.queue_declare(
-            "pq".into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await,
-        404,
-    );
-    conn.close(200, "bye".into()).await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn channel_close_requeues_unacked_in_order() {
-    let broker = Broker::start();
-    let conn = connect(&broker.url()).await;
-    let ch = confirm_channel(&conn).await;
-    declare_queue(&ch, "cq").await;
-    for i in 0..5 {
-        publish_confirmed(
-            &ch,
-            "",
-            "cq",
-            format!("m{i}").as_bytes(),
-            BasicProperties::default(),
-        )
-        .await;
-    }
-    let cch = conn.create_channel().await.unwrap();
-    let mut consumer = cch
-        .basic_consume(
-            "cq".into(),
-            "c".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let mut ds = Vec::new();
-    for _ in 0..5 {
-        ds.push(next_delivery(&mut consumer).await);
-    }
-    ds[1].ack(BasicAckOptions::default()).await.unwrap();
-    // basic.cancel does not return leases; closing the channel does.
-    cch.basic_cancel("c".into(), BasicCancelOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(queue_len(&ch, "cq").await, 0, "cancel keeps the leases");
-    cch.close(200, "bye".into()).await.unwrap();
-    let mut got = Vec::new();
-    while let Some(m) = ch
-        .basic_get("cq".into(), BasicGetOptions { no_ack: true })
-        .await
-        .unwrap()
-    {
-        assert!(m.delivery.redelivered);
-        got.push(String::from_utf8(m.delivery.data.clone()).unwrap());
-    }
-    assert_eq!(got, ["m0", "m2", "m3", "m4"]);
     conn.close(200, "bye".into()).await.unwrap();
 }

@@ -1,7 +1,10 @@
 //! The lease (visibility) timeout: a delivery left unacknowledged longer than
 //! `--consumer-timeout` closes its channel with 406, as RabbitMQ's
 //! `consumer_timeout` does, and the message goes back to the queue,
-//! redelivered, for another consumer.
+//! redelivered, for another consumer. Which leases count as expired (the
+//! oldest unsettled one, by the time given) is tested in process
+//! (`engine/tests/client.rs`); this is the flag, the session's timer and
+//! the 406, once, and it waits about two seconds of real time.
 
 use lapin::options::*;
 use lapin::types::FieldTable;
@@ -56,40 +59,4 @@ async fn unacked_delivery_times_out_and_returns_to_the_queue() {
     // The connection that held the expired lease still works.
     let fresh = conn.create_channel().await.expect("a new channel");
     assert_eq!(queue_len(&fresh, "lt").await, 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acked_deliveries_never_time_out() {
-    let broker = Broker::start_with(&["--consumer-timeout", "1"]);
-    let conn = connect(&broker.url()).await;
-    let ch = confirm_channel(&conn).await;
-    declare_queue(&ch, "lt2").await;
-    let mut consumer = ch
-        .basic_consume(
-            "lt2".into(),
-            "c".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("consume");
-    // Spread over more than the timeout, each acked promptly: the channel
-    // survives because no single lease gets old.
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(300));
-    for i in 0..8 {
-        tick.tick().await;
-        publish_confirmed(
-            &ch,
-            "",
-            "lt2",
-            format!("m{i}").as_bytes(),
-            BasicProperties::default(),
-        )
-        .await;
-        let d = next_delivery(&mut consumer).await;
-        assert_eq!(d.data, format!("m{i}").as_bytes());
-        d.ack(BasicAckOptions::default()).await.expect("ack");
-    }
-    assert!(ch.status().connected(), "channel still open");
-    assert_eq!(queue_len(&ch, "lt2").await, 0);
 }

@@ -1,13 +1,12 @@
 //! Protocol features without a test elsewhere: heartbeats, channel_max and
-//! frame_max negotiation, AMQPLAIN, basic.qos prefetch-size and global qos,
-//! channel.flow, basic.recover, and configuration through the environment
-//! and a TOML file.
+//! frame_max negotiation, AMQPLAIN, basic.recover's 540, and configuration
+//! through the environment and a TOML file. (What prefetch-size, global qos,
+//! channel.flow and basic.recover do to deliveries is tested in process, in
+//! `engine/tests/client.rs`.)
 
 use lapin::options::*;
 use lapin::types::FieldTable;
-use lapin::BasicProperties;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use weir_tests::raw::{self, longstr, method, shortstr, Close, RawClient, PROTOCOL_HEADER};
 use weir_tests::*;
 
@@ -115,43 +114,12 @@ fn heartbeat_frame() -> Vec<u8> {
     raw::frame(raw::FRAME_HEARTBEAT, 0, &[])
 }
 
-/// basic.qos.
-fn basic_qos(ch: u16, prefetch_size: u32, prefetch_count: u16, global: bool) -> Vec<u8> {
-    let mut a = prefetch_size.to_be_bytes().to_vec();
-    a.extend_from_slice(&prefetch_count.to_be_bytes());
-    a.push(global as u8);
-    method(ch, 60, 10, &a)
-}
-
-/// basic.consume with manual acks and a server-named tag.
-fn basic_consume(ch: u16, queue: &str) -> Vec<u8> {
-    let mut a = vec![0, 0];
-    a.extend(shortstr(queue));
-    a.extend(shortstr(""));
-    a.push(0); // no-local, no-ack, exclusive, no-wait all off
-    a.extend_from_slice(&0u32.to_be_bytes());
-    method(ch, 60, 20, &a)
-}
-
-fn basic_ack(ch: u16, tag: u64) -> Vec<u8> {
-    let mut a = tag.to_be_bytes().to_vec();
-    a.push(0);
-    method(ch, 60, 80, &a)
-}
-
 /// basic.get with no-ack.
 fn basic_get_no_ack(ch: u16, queue: &str) -> Vec<u8> {
     let mut a = vec![0, 0];
     a.extend(shortstr(queue));
     a.push(1);
     method(ch, 60, 70, &a)
-}
-
-/// One delivery read off a raw connection.
-#[derive(Debug)]
-struct RawDelivery {
-    delivery_tag: u64,
-    body: Vec<u8>,
 }
 
 /// Reads the content (header and body frames) following a deliver/get-ok;
@@ -181,32 +149,6 @@ async fn read_content(c: &mut RawClient) -> Vec<u8> {
     }
     assert_eq!(body.len(), size);
     body
-}
-
-/// Reads a basic.deliver with its content.
-async fn read_delivery(c: &mut RawClient) -> RawDelivery {
-    let f = c.expect_method(60, 60).await;
-    let a = &f.payload[4..];
-    let tag_len = a[0] as usize;
-    let delivery_tag = u64::from_be_bytes(a[1 + tag_len..9 + tag_len].try_into().unwrap());
-    let body = read_content(c).await;
-    RawDelivery { delivery_tag, body }
-}
-
-/// A lapin connection and a confirm channel for setup and inspection.
-async fn lapin_side(broker: &Broker) -> (lapin::Connection, lapin::Channel) {
-    let conn = connect(&broker.url()).await;
-    let ch = confirm_channel(&conn).await;
-    (conn, ch)
-}
-
-/// Publishes `n` messages of `size` bytes (first byte = index) to queue `q`.
-async fn fill(ch: &lapin::Channel, q: &str, n: u8, size: usize) {
-    for i in 0..n {
-        let mut body = vec![b'x'; size];
-        body[0] = i;
-        publish_confirmed(ch, "", q, &body, BasicProperties::default()).await;
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -431,258 +373,7 @@ async fn amqplain_login() {
 }
 
 // ---------------------------------------------------------------------------
-// 4. basic.qos prefetch-size
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prefetch_size_limits_unacked_bytes() {
-    let broker = Broker::start();
-    let (_conn, ch) = lapin_side(&broker).await;
-    declare_queue(&ch, "psize").await;
-    fill(&ch, "psize", 5, 600).await;
-    assert_eq!(queue_len(&ch, "psize").await, 5);
-
-    let mut c = RawClient::open(broker.addr()).await;
-    c.open_channel(1).await;
-    c.send(&basic_qos(1, 1000, 0, false)).await;
-    c.expect_method(60, 11).await;
-    c.send(&basic_consume(1, "psize")).await;
-    c.expect_method(60, 21).await;
-    let d1 = read_delivery(&mut c).await;
-    assert_eq!((d1.body.len(), d1.body[0]), (600, 0));
-    // The consumer was attached and offered everything in one pass before
-    // the first delivery was written: a second 600 bytes would exceed 1000.
-    assert_eq!(
-        queue_len(&ch, "psize").await,
-        4,
-        "prefetch_size 1000 let more than one 600-byte message out"
-    );
-
-    c.send(&basic_ack(1, d1.delivery_tag)).await;
-    let d2 = read_delivery(&mut c).await;
-    assert_eq!((d2.body.len(), d2.body[0]), (600, 1));
-    assert_eq!(queue_len(&ch, "psize").await, 3);
-
-    // The first message is allowed even when it alone exceeds the limit.
-    declare_queue(&ch, "psize-big").await;
-    fill(&ch, "psize-big", 2, 2000).await;
-    c.open_channel(2).await;
-    c.send(&basic_qos(2, 100, 0, false)).await;
-    c.expect_method(60, 11).await;
-    c.send(&basic_consume(2, "psize-big")).await;
-    c.expect_method(60, 21).await;
-    let big = read_delivery(&mut c).await;
-    assert_eq!((big.body.len(), big.body[0]), (2000, 0));
-    assert_eq!(queue_len(&ch, "psize-big").await, 1);
-    c.send(&basic_ack(2, big.delivery_tag)).await;
-    let big2 = read_delivery(&mut c).await;
-    assert_eq!((big2.body.len(), big2.body[0]), (2000, 1));
-    assert_eq!(queue_len(&ch, "psize-big").await, 0);
-}
-
-// ---------------------------------------------------------------------------
-// 5. global qos
-
-/// Forwards a consumer's deliveries, labelled, into one channel.
-fn forward(
-    mut consumer: lapin::Consumer,
-    label: &'static str,
-    tx: mpsc::UnboundedSender<(&'static str, lapin::message::Delivery)>,
-) {
-    tokio::spawn(async move {
-        while let Some(Ok(d)) = consumer.next().await {
-            if tx.send((label, d)).is_err() {
-                break;
-            }
-        }
-    });
-}
-
-async fn next_labelled(
-    rx: &mut mpsc::UnboundedReceiver<(&'static str, lapin::message::Delivery)>,
-) -> (&'static str, lapin::message::Delivery) {
-    within("a delivery", rx.recv())
-        .await
-        .expect("consumers ended")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn global_qos_is_shared_by_the_channels_consumers() {
-    let broker = Broker::start();
-    let (_setup_conn, setup) = lapin_side(&broker).await;
-    declare_queue(&setup, "ga").await;
-    declare_queue(&setup, "gb").await;
-    fill(&setup, "ga", 3, 10).await;
-    fill(&setup, "gb", 3, 10).await;
-    let ready = |setup: lapin::Channel| async move {
-        queue_len(&setup, "ga").await + queue_len(&setup, "gb").await
-    };
-
-    let conn = connect(&broker.url()).await;
-    let ch = conn.create_channel().await.unwrap();
-    ch.basic_qos(2, BasicQosOptions { global: true })
-        .await
-        .unwrap();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    for (q, label) in [("ga", "a"), ("gb", "b")] {
-        let consumer = ch
-            .basic_consume(
-                q.into(),
-                label.into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        forward(consumer, label, tx.clone());
-    }
-    // Two deliveries in all, whichever consumers got them.
-    let mut tags = Vec::new();
-    for _ in 0..2 {
-        tags.push(next_labelled(&mut rx).await.1.delivery_tag);
-    }
-    assert_eq!(
-        ready(setup.clone()).await,
-        4,
-        "a channel-wide prefetch of 2 let more than 2 unacked messages out"
-    );
-
-    // Raising the shared limit lets two more out without any ack.
-    ch.basic_qos(4, BasicQosOptions { global: true })
-        .await
-        .unwrap();
-    for _ in 0..2 {
-        tags.push(next_labelled(&mut rx).await.1.delivery_tag);
-    }
-    assert_eq!(
-        ready(setup.clone()).await,
-        2,
-        "a channel-wide prefetch of 4 let more than 4 unacked messages out"
-    );
-
-    // Acking everything lets the rest flow.
-    let last = *tags.iter().max().unwrap();
-    ch.basic_ack(last, BasicAckOptions { multiple: true })
-        .await
-        .unwrap();
-    for _ in 0..2 {
-        next_labelled(&mut rx).await;
-    }
-    assert_eq!(ready(setup.clone()).await, 0);
-}
-
-// ---------------------------------------------------------------------------
-// 6. channel.flow
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn channel_flow_pauses_and_resumes_deliveries() {
-    let broker = Broker::start();
-    let (_setup_conn, setup) = lapin_side(&broker).await;
-    declare_queue(&setup, "flowq").await;
-
-    let conn = connect(&broker.url()).await;
-    let ch = conn.create_channel().await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            "flowq".into(),
-            "c".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let active = within(
-        "channel.flow(false)",
-        ch.channel_flow(ChannelFlowOptions { active: false }),
-    )
-    .await
-    .expect("channel.flow");
-    assert!(!active, "flow-ok should echo active=false");
-
-    // Confirmed publishes are routed (and offered to consumers) before the
-    // confirm: with flow off the queue keeps them all.
-    fill(&setup, "flowq", 3, 10).await;
-    assert_eq!(
-        queue_len(&setup, "flowq").await,
-        3,
-        "deliveries went out on a channel with flow off"
-    );
-
-    let active = within(
-        "channel.flow(true)",
-        ch.channel_flow(ChannelFlowOptions { active: true }),
-    )
-    .await
-    .expect("channel.flow");
-    assert!(active, "flow-ok should echo active=true");
-    for i in 0..3u8 {
-        let d = next_delivery(&mut consumer).await;
-        assert_eq!(d.data[0], i);
-    }
-    assert_eq!(queue_len(&setup, "flowq").await, 0);
-}
-
-// ---------------------------------------------------------------------------
-// 7. basic.recover
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recover_requeue_redelivers_unacked_messages() {
-    let broker = Broker::start();
-    let (_setup_conn, setup) = lapin_side(&broker).await;
-    declare_queue(&setup, "recq").await;
-    fill(&setup, "recq", 3, 10).await;
-
-    let conn = connect(&broker.url()).await;
-    let ch = conn.create_channel().await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            "recq".into(),
-            "c".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let mut first = Vec::new();
-    for _ in 0..3 {
-        let d = next_delivery(&mut consumer).await;
-        assert!(!d.redelivered, "first delivery marked redelivered");
-        first.push(d.data[0]);
-    }
-    first.sort();
-    assert_eq!(first, [0, 1, 2]);
-
-    within(
-        "basic.recover",
-        ch.basic_recover(BasicRecoverOptions { requeue: true }),
-    )
-    .await
-    .expect("basic.recover(requeue=true)");
-    let mut again = Vec::new();
-    let mut last_tag = 0;
-    for _ in 0..3 {
-        let d = next_delivery(&mut consumer).await;
-        assert!(d.redelivered, "recovered message not marked redelivered");
-        assert!(
-            d.delivery_tag > 3,
-            "redelivery reused tag {}",
-            d.delivery_tag
-        );
-        again.push(d.data[0]);
-        last_tag = last_tag.max(d.delivery_tag);
-    }
-    again.sort();
-    assert_eq!(again, [0, 1, 2]);
-
-    ch.basic_ack(last_tag, BasicAckOptions { multiple: true })
-        .await
-        .unwrap();
-    ch.close(200, "done".into()).await.unwrap();
-    // Settled for good: nothing comes back when the channel closes.
-    assert_eq!(queue_len(&setup, "recq").await, 0);
-}
+// 4. basic.recover
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recover_without_requeue_is_540() {
@@ -699,7 +390,7 @@ async fn recover_without_requeue_is_540() {
 }
 
 // ---------------------------------------------------------------------------
-// 8. configuration
+// 5. configuration
 
 /// `<dir>/log` holds at least one segment file.
 fn has_segments(dir: &std::path::Path) -> bool {
