@@ -41,16 +41,17 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use weir_protocols::amqp::methods::{confirm, connection, AMQPClass};
-use weir_protocols::amqp::{reply, Connection, Event};
+use weir_protocols::amqp::{reply, Connection, Event, Timeout};
 
 /// Stop reading from a client while this much output is unwritten.
 const OUT_HIGH_WATER: usize = 4 << 20;
 /// Stop encoding deliveries while this much output is unwritten.
 const DELIVERY_HIGH_WATER: usize = 1 << 20;
-/// How long a peer gets to answer our connection.close.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a client gets from connecting to connection.open-ok (RabbitMQ: 10 s).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the session's own deadlines are checked: the consumer timeout
+/// of leases and the partial-content stall (both counted in seconds). The
+/// protocol's timers (heartbeat, handshake, close) are the adapter's, armed
+/// from [`Connection::poll_timeout`].
+const SESSION_TICK: Duration = Duration::from_secs(1);
 
 /// Serves one accepted AMQP connection until it closes.
 pub async fn serve(
@@ -66,7 +67,7 @@ pub async fn serve(
     let mut s = Session {
         shared: shared.clone(),
         engine: shared.engine.clone(),
-        conn: Connection::new(server_cfg),
+        conn: Connection::new_at(server_cfg, Instant::now()),
         client: None,
         user: String::new(),
         peer,
@@ -169,14 +170,17 @@ impl Session {
         mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<()> {
         let mut input = BytesMut::with_capacity(64 * 1024);
-        let mut last_read = Instant::now();
-        let mut last_write = Instant::now();
-        let mut closing_since: Option<Instant> = None;
-        let mut tick_period = Duration::from_secs(1);
-        let mut tick = tokio::time::interval(tick_period);
+        let mut tick = tokio::time::interval(SESSION_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The adapter's next deadline (heartbeat, handshake, close). One
+        // timer, re-armed only when the adapter wants an earlier one: a
+        // heartbeat deadline moves later with every write, and firing early
+        // is harmless (handle_timeout re-checks), so the hot loop does not
+        // touch the timer wheel per batch.
+        let protocol_timer = tokio::time::sleep(SESSION_TICK);
+        tokio::pin!(protocol_timer);
+        let mut armed: Option<Instant> = None;
         let mut eof = false;
-        let started = Instant::now();
         // Partly received content: how much, and since when it has not grown.
         let mut partial = 0usize;
         let mut partial_since = Instant::now();
@@ -206,33 +210,16 @@ impl Session {
                 self.write_deliveries();
             }
             // 3. Write what we can without blocking.
-            if !self.conn.out().is_empty() {
-                let n = write_some(&stream, self.conn.out())?;
-                if n > 0 {
-                    last_write = Instant::now();
-                }
-            }
-            if self.conn.is_closing() && closing_since.is_none() {
-                closing_since = Some(Instant::now());
+            // One clock read per loop, for the adapter's timers.
+            let now = Instant::now();
+            if !self.conn.out().is_empty() && write_some(&stream, self.conn.out())? > 0 {
+                self.conn.on_write(now);
             }
             if self.conn.is_finished() && self.conn.out().is_empty() {
                 return Ok(());
             }
             if eof {
                 return Ok(());
-            }
-            // Heartbeats go out after hb/2 of silence and the peer is dropped
-            // after 2·hb: tick often enough to send one well before that.
-            let hb = u64::from(self.conn.heartbeat());
-            let period = if hb > 0 && self.conn.is_open() {
-                Duration::from_millis((hb * 250).clamp(250, 1000))
-            } else {
-                Duration::from_secs(1)
-            };
-            if period != tick_period {
-                tick_period = period;
-                tick = tokio::time::interval(period);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             }
             // 4. Wait for something to do. While a resource alarm is set, a
             // connection that publishes is not read (after the publish in
@@ -245,10 +232,20 @@ impl Session {
                 && !self.conn.is_finished()
                 && !self.blocked
                 && self.login_refusal.is_none();
-            if !want_read {
+            if want_read {
+                self.conn.resume_reads(now);
+            } else {
                 // We stopped reading, not the client: its heartbeats are
                 // waiting in the socket.
-                last_read = Instant::now();
+                self.conn.pause_reads(now);
+            }
+            if let Some(at) = self.conn.poll_timeout() {
+                if armed.is_none_or(|a| at < a) {
+                    protocol_timer
+                        .as_mut()
+                        .reset(tokio::time::Instant::from_std(at));
+                    armed = Some(at);
+                }
             }
             let want_write = !self.conn.out().is_empty();
             let refusal_at = self.login_refusal.as_ref().map(|r| r.at);
@@ -263,7 +260,7 @@ impl Session {
                             self.conn.out().clear();
                             self.conn.abandon();
                         }
-                        Ok(_) => last_read = Instant::now(),
+                        Ok(_) => self.conn.on_read(Instant::now()),
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
@@ -289,20 +286,17 @@ impl Session {
                         self.on_store_confirm(c);
                     }
                 }
+                () = &mut protocol_timer, if armed.is_some() => {
+                    armed = None;
+                    self.conn.handle_timeout(Instant::now());
+                    match self.conn.timed_out() {
+                        Some(Timeout::Heartbeat) => tracing::info!(peer = %self.peer, "missed heartbeats from client, closing"),
+                        Some(Timeout::Handshake) => tracing::info!(peer = %self.peer, "handshake not completed in time, closing"),
+                        Some(t) => tracing::debug!(peer = %self.peer, timeout = %t, "closing"),
+                        None => {}
+                    }
+                }
                 _ = tick.tick() => {
-                    let hb = self.conn.heartbeat() as u64;
-                    if hb > 0 && self.conn.is_open() {
-                        if last_read.elapsed() > Duration::from_secs(hb * 2) {
-                            tracing::info!(peer = %self.peer, "missed heartbeats from client, closing");
-                            return Ok(());
-                        }
-                        if last_write.elapsed() >= Duration::from_millis(hb * 500) {
-                            self.conn.send_heartbeat();
-                        }
-                    }
-                    if closing_since.is_some_and(|t| t.elapsed() > CLOSE_TIMEOUT) {
-                        return Ok(());
-                    }
                     self.expire_leases(Instant::now());
                     // A client that stops in the middle of a message holds
                     // its buffered frames: cut it off once its content has
@@ -331,10 +325,6 @@ impl Session {
                             partial = 0;
                             self.shared.request_trim();
                         }
-                    }
-                    if !self.conn.is_open() && !self.conn.is_closing() && started.elapsed() > HANDSHAKE_TIMEOUT {
-                        tracing::info!(peer = %self.peer, "handshake not completed in time, closing");
-                        return Ok(());
                     }
                 }
                 r = shutdown.changed() => {
