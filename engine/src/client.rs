@@ -696,10 +696,15 @@ impl Client {
     /// client back, redispatches the client's queues if one was refused for
     /// lack of that room, and returns unsent deliveries to their queues.
     pub fn finish_deliveries(&mut self) {
-        self.handle.unsent_done(self.taken);
-        self.taken = 0;
-        if self.handle.take_starved() {
-            self.redispatch(None);
+        // Only when room was freed: a refused queue left `starved` set (and
+        // woke us once); redispatching without room would be refused again
+        // and wake us again, a spin for as long as deliveries are held.
+        if self.taken > 0 {
+            self.handle.unsent_done(self.taken);
+            self.taken = 0;
+            if self.handle.take_starved() {
+                self.redispatch(None);
+            }
         }
         let mut unsend = std::mem::take(&mut self.unsend);
         for (p, e) in unsend.drain(..) {

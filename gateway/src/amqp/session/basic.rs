@@ -106,7 +106,7 @@ impl Session {
         };
         // Attached before answering; deliveries are only written after
         // this event (and after the consume-ok, if that has to queue).
-        let consumer = client.subscribe(
+        client.subscribe(
             &queue,
             SubscribeOptions {
                 scope: scope(ch),
@@ -119,9 +119,9 @@ impl Session {
         )?;
         if !c.nowait {
             let t = String::from_utf8_lossy(&tag).into_owned();
-            self.reply_consume_ok(
+            // Its deliveries wait while any reply of the channel is queued.
+            self.reply(
                 ch,
-                consumer,
                 AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
                     consumer_tag: t.as_str().into(),
                 })),

@@ -62,9 +62,12 @@ impl Session {
                 client.unsend(d);
                 continue;
             };
-            if self.replies.holds(&d.consumer) {
-                // Its consume-ok waits behind a durable reply: so do its
-                // deliveries (in order), not the others'.
+            if !self.replies.is_empty() && self.replies.has_channel(ch) {
+                // A reply of this channel (a consume-ok, a get-ok and its
+                // delivery tag, a declare-ok) waits behind a durable one:
+                // the channel's deliveries wait too, in order, so a tag is
+                // never acked (say, `multiple`) before the client saw it;
+                // other channels' deliveries go on.
                 self.held.push(d);
                 continue;
             }

@@ -229,6 +229,7 @@ impl Session {
                 self.signal_alarm();
             }
             let want_read = self.conn.out().len() < OUT_HIGH_WATER
+                && !self.replies.is_full()
                 && !self.conn.is_finished()
                 && !self.blocked
                 && self.login_refusal.is_none();

@@ -8,16 +8,17 @@
 //! connection queues behind it, so replies leave in the order the methods
 //! came (a client never sees a consume-ok before the declare-ok it
 //! pipelined first), and so does a channel close caused by a later method.
-//! A consumer's deliveries wait for its consume-ok. Replies of a channel
+//! A channel's deliveries wait while any reply of that channel is queued
+//! (its consume-ok; a get-ok whose delivery tag a later `multiple` ack must
+//! not cover before the client saw it). While too much is queued the
+//! client is not read ([`Replies::is_full`]). Replies of a channel
 //! closed meanwhile are dropped: each carries its channel's epoch.
 
 use super::failure::{hard, Failure};
 use super::Session;
-use crate::engine::consumer::Consumer;
 use crate::engine::{DurableWait, EngineError};
 use bytes::BytesMut;
 use std::collections::VecDeque;
-use std::sync::Arc;
 use weir_protocols::amqp::methods::AMQPClass;
 use weir_protocols::amqp::{codec, reply};
 
@@ -27,8 +28,6 @@ enum Deferred {
     Method(AMQPClass),
     /// Frames already encoded (a get-ok with its content).
     Frames(BytesMut),
-    /// basic.consume-ok: the consumer's deliveries wait for it.
-    ConsumeOk(Arc<Consumer>, AMQPClass),
     /// A channel close for a method that failed after the queued ones.
     Close {
         code: u16,
@@ -53,12 +52,29 @@ struct Pending {
     what: Deferred,
 }
 
+/// While this many replies are queued, the connection's input is not read:
+/// a client pipelining methods behind a reply that waits for the disk is
+/// pushed back like one whose output is backed up.
+const MAX_QUEUED_REPLIES: usize = 4096;
+/// The same for the bytes of queued frames (get-oks carry their message).
+const MAX_QUEUED_BYTES: usize = 4 << 20;
+
+impl Deferred {
+    /// Bytes it holds, roughly (a method frame counts as 64).
+    fn size(&self) -> usize {
+        match self {
+            Deferred::Frames(b) => b.len(),
+            _ => 64,
+        }
+    }
+}
+
 /// The queue of replies.
 #[derive(Default)]
 pub(super) struct Replies {
     queue: VecDeque<Pending>,
-    /// Consume-oks in the queue.
-    consume_oks: usize,
+    /// [`Deferred::size`] of everything queued.
+    bytes: usize,
 }
 
 impl Replies {
@@ -89,18 +105,20 @@ impl Replies {
         };
     }
 
+    /// Too much is queued: stop reading the client until it drains.
+    pub(super) fn is_full(&self) -> bool {
+        self.queue.len() >= MAX_QUEUED_REPLIES || self.bytes >= MAX_QUEUED_BYTES
+    }
+
+    fn pop_front(&mut self) -> Option<Pending> {
+        let p = self.queue.pop_front()?;
+        self.bytes -= p.what.size();
+        Some(p)
+    }
+
     /// Whether a reply of channel `ch` is queued.
     pub(super) fn has_channel(&self, ch: u16) -> bool {
         self.queue.iter().any(|p| p.channel == ch)
-    }
-
-    /// Whether `c`'s consume-ok is still queued.
-    pub(super) fn holds(&self, c: &Arc<Consumer>) -> bool {
-        self.consume_oks > 0
-            && self
-                .queue
-                .iter()
-                .any(|p| matches!(&p.what, Deferred::ConsumeOk(x, _) if Arc::ptr_eq(x, c)))
     }
 
     pub(super) fn push_close(
@@ -112,6 +130,7 @@ impl Replies {
         class_id: u16,
         method_id: u16,
     ) {
+        self.bytes += 64;
         self.queue.push_back(Pending {
             channel,
             epoch,
@@ -129,9 +148,7 @@ impl Replies {
     }
 
     fn push(&mut self, channel: u16, epoch: u64, wait: Option<DurableWait>, what: Deferred) {
-        if matches!(what, Deferred::ConsumeOk(..)) {
-            self.consume_oks += 1;
-        }
+        self.bytes += what.size();
         self.queue.push_back(Pending {
             channel,
             epoch,
@@ -146,7 +163,7 @@ impl Replies {
     /// Drops everything (the connection is closing).
     pub(super) fn clear(&mut self) {
         self.queue.clear();
-        self.consume_oks = 0;
+        self.bytes = 0;
     }
 }
 
@@ -196,11 +213,6 @@ impl Session {
         }
     }
 
-    /// Sends consume-ok for `consumer`; its deliveries wait until it is sent.
-    pub(super) fn reply_consume_ok(&mut self, ch: u16, consumer: Arc<Consumer>, ok: AMQPClass) {
-        self.defer(ch, None, Deferred::ConsumeOk(consumer, ok));
-    }
-
     /// Sends encoded frames on `ch` (a get-ok), after the queued replies.
     /// `encode` writes them into the buffer it is given.
     pub(super) fn reply_frames(&mut self, ch: u16, encode: impl FnOnce(&mut BytesMut)) {
@@ -248,12 +260,9 @@ impl Session {
                 };
                 head.wait = None;
             }
-            let Some(p) = self.replies.queue.pop_front() else {
+            let Some(p) = self.replies.pop_front() else {
                 return;
             };
-            if matches!(p.what, Deferred::ConsumeOk(..)) {
-                self.replies.consume_oks -= 1;
-            }
             // A reply of a channel closed (or reopened) since is dropped.
             let current = self
                 .channels
@@ -289,7 +298,7 @@ impl Session {
             return;
         }
         match what {
-            Deferred::Method(m) | Deferred::ConsumeOk(_, m) => self.conn.send_method(ch, m),
+            Deferred::Method(m) => self.conn.send_method(ch, m),
             Deferred::Frames(b) => self.conn.out().extend_from_slice(&b),
             Deferred::Close { .. } => {}
         }
