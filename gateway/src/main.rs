@@ -5,6 +5,7 @@ use weir_gateway::config::{Cli, Command, Config};
 use weir_gateway::server::{shutdown_signal, Broker};
 
 fn main() -> ExitCode {
+    weir_gateway::server::pin_mmap_threshold();
     let mut cli = Cli::parse();
     let command = cli.command.take();
     if let Some(Command::HashPassword) = command {
