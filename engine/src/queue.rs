@@ -587,7 +587,8 @@ pub struct Queue {
     /// Tenant name.
     pub tenant: Arc<str>,
     /// Owning connection for exclusive queues.
-    pub exclusive_owner: Option<u64>,
+    /// (Non-zero, so the option costs no extra word per queue.)
+    exclusive_owner: Option<std::num::NonZeroU64>,
     /// Partitions (≥ 1).
     pub partitions: Vec<Arc<Partition>>,
     /// Set once deleted: late operations fail with NOT_FOUND.
@@ -611,6 +612,8 @@ impl Queue {
         // Exclusive queues die with their connection, so nothing in them is
         // worth an fsync.
         let stored = def.durable && exclusive_owner.is_none();
+        let exclusive_owner = exclusive_owner
+            .map(|o| std::num::NonZeroU64::new(o).expect("connection ids start at 1"));
         let partitions = def
             .partitions
             .iter()
@@ -626,6 +629,11 @@ impl Queue {
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
         })
+    }
+
+    /// The connection owning it, for an exclusive queue.
+    pub fn exclusive_owner(&self) -> Option<u64> {
+        self.exclusive_owner.map(|o| o.get())
     }
 
     /// The queue's name.

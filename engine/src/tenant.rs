@@ -360,7 +360,7 @@ impl Tenant {
                     &req.durable,
                     &q.def.durable,
                 )?;
-                if q.exclusive_owner.is_some() != req.exclusive {
+                if q.exclusive_owner().is_some() != req.exclusive {
                     // RabbitMQ answers an exclusivity mismatch as a lock conflict.
                     return Err(EngineError::ResourceLocked(format!(
                         "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'",
@@ -384,7 +384,7 @@ impl Tenant {
             };
             // Its creation may still be on its way to disk: answer only
             // once it is durable.
-            let wait = self.barrier(q.def.durable && q.exclusive_owner.is_none())?;
+            let wait = self.barrier(q.def.durable && q.exclusive_owner().is_none())?;
             return Ok((declared, wait));
         }
         if req.passive {
@@ -529,7 +529,7 @@ impl Tenant {
             })
             .collect();
         let qkey = meta::queue_key(&self.name, q.name());
-        if q.def.durable && q.exclusive_owner.is_none() {
+        if q.def.durable && q.exclusive_owner().is_none() {
             ops.push(Op::DeleteMeta { key: &qkey });
             ops.extend(keys.iter().map(|k| Op::DeleteMeta { key: k }));
         }
@@ -668,7 +668,7 @@ impl Tenant {
         let x = self.exchange(source)?;
         let durable = x.def.durable
             && match &dest {
-                Destination::Queue(q) => q.def.durable && q.exclusive_owner.is_none(),
+                Destination::Queue(q) => q.def.durable && q.exclusive_owner().is_none(),
                 Destination::Exchange(d) => d.def.durable,
             };
         Ok((x, dest, durable))
@@ -737,7 +737,7 @@ impl Tenant {
             .queues
             .read()
             .values()
-            .filter(|q| q.exclusive_owner == Some(connection))
+            .filter(|q| q.exclusive_owner() == Some(connection))
             .cloned()
             .collect();
         for q in owned {
@@ -749,7 +749,7 @@ impl Tenant {
 }
 
 fn check_exclusive(q: &Queue, connection: u64, tenant: &str) -> Result<()> {
-    match q.exclusive_owner {
+    match q.exclusive_owner() {
         Some(owner) if owner != connection => Err(EngineError::ResourceLocked(format!(
             "cannot obtain exclusive access to locked queue '{}' in vhost '{tenant}'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration.",
             q.name()
