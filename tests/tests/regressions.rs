@@ -546,7 +546,3 @@ async fn empty_queue_name_means_last_declared_queue() {
     assert!(conn.status().connected());
     still_works(&conn).await;
 }
-
-// ---------------------------------------------------------------------------
-// 8. Handshake timeout
-
