@@ -47,11 +47,9 @@ use weir_protocols::amqp::{reply, Connection, Event, Timeout};
 const OUT_HIGH_WATER: usize = 4 << 20;
 /// Stop encoding deliveries while this much output is unwritten.
 const DELIVERY_HIGH_WATER: usize = 1 << 20;
-/// How often the session's own deadlines are checked: the consumer timeout
-/// of leases and the partial-content stall (both counted in seconds). The
-/// protocol's timers (heartbeat, handshake, close) are the adapter's, armed
-/// from [`Connection::poll_timeout`].
-const SESSION_TICK: Duration = Duration::from_secs(1);
+/// How often expired leases are looked for while the client holds any (the
+/// engine keeps no expiry deadline; the consumer timeout counts in seconds).
+const LEASE_CHECK: Duration = Duration::from_secs(1);
 
 /// Serves one accepted AMQP connection until it closes.
 pub async fn serve(
@@ -170,20 +168,25 @@ impl Session {
         mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<()> {
         let mut input = BytesMut::with_capacity(64 * 1024);
-        let mut tick = tokio::time::interval(SESSION_TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The adapter's next deadline (heartbeat, handshake, close). One
-        // timer, re-armed only when the adapter wants an earlier one: a
-        // heartbeat deadline moves later with every write, and firing early
-        // is harmless (handle_timeout re-checks), so the hot loop does not
+        // One timer for every deadline: the adapter's (heartbeat, handshake,
+        // close), the partial-content stall and the lease check. It is
+        // re-armed only when an earlier deadline is wanted: deadlines move
+        // later with every read and write, and firing early is harmless
+        // (each check looks at the time again), so the hot loop does not
         // touch the timer wheel per batch.
-        let protocol_timer = tokio::time::sleep(SESSION_TICK);
-        tokio::pin!(protocol_timer);
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
         let mut armed: Option<Instant> = None;
+        // The timer fired: its checks run at the next clock read.
+        let mut fired = false;
+        // Bytes were read: reported to the adapter at the next clock read.
+        let mut got_input = false;
         let mut eof = false;
-        // Partly received content: how much, and since when it has not grown.
-        let mut partial = 0usize;
-        let mut partial_since = Instant::now();
+        // Partly received content: how much, and since when it has not
+        // grown (only while it counts, see below).
+        let mut stall: Option<(usize, Instant)> = None;
+        // When to look for leases past the consumer timeout.
+        let mut lease_check: Option<Instant> = None;
         self.alarm = *self.alarms.borrow_and_update();
         loop {
             // A publish is judged against the alarms as they are now: one
@@ -209,9 +212,15 @@ impl Session {
             if self.conn.out().len() < DELIVERY_HIGH_WATER && self.conn.is_open() {
                 self.write_deliveries();
             }
-            // 3. Write what we can without blocking.
-            // One clock read per loop, for the adapter's timers.
+            // 3. Timers, then write what we can without blocking. One clock
+            // read per loop serves every timer.
             let now = Instant::now();
+            if std::mem::take(&mut got_input) {
+                self.conn.on_read(now);
+            }
+            if std::mem::take(&mut fired) {
+                self.on_timer(now, &mut stall, &mut lease_check);
+            }
             if !self.conn.out().is_empty() && write_some(&stream, self.conn.out())? > 0 {
                 self.conn.on_write(now);
             }
@@ -240,11 +249,39 @@ impl Session {
                 // waiting in the socket.
                 self.conn.pause_reads(now);
             }
-            if let Some(at) = self.conn.poll_timeout() {
+            // A client that stops in the middle of a message holds its
+            // buffered frames: it is cut off once its content has not grown
+            // for the timeout. Time we did not read it does not count,
+            // except a message of several frames held through a resource
+            // alarm: that memory is what the alarm waits for. (A publish cut
+            // off between its frames by the block is small: it waits for the
+            // alarm like the rest of the publisher.)
+            let stall_at = match self.shared.partial_content_timeout {
+                Some(limit) => {
+                    let assembling = self.conn.partial_content_bytes();
+                    let partial = assembling + input.len();
+                    let held_through_alarm = self.blocked && assembling > self.conn.frame_max();
+                    let paused = !want_read && !held_through_alarm;
+                    if partial == 0 || paused || !self.conn.is_open() {
+                        stall = None;
+                    } else if stall.is_none_or(|(bytes, _)| bytes != partial) {
+                        stall = Some((partial, now));
+                    }
+                    stall.map(|(_, since)| since + limit)
+                }
+                None => None,
+            };
+            if lease_check.is_none() && self.client.is_some() {
+                // No lease is older than the client.
+                lease_check = self.shared.consumer_timeout.map(|t| now + t);
+            }
+            let deadline = [self.conn.poll_timeout(), stall_at, lease_check]
+                .into_iter()
+                .flatten()
+                .min();
+            if let Some(at) = deadline {
                 if armed.is_none_or(|a| at < a) {
-                    protocol_timer
-                        .as_mut()
-                        .reset(tokio::time::Instant::from_std(at));
+                    timer.as_mut().reset(tokio::time::Instant::from_std(at));
                     armed = Some(at);
                 }
             }
@@ -261,7 +298,7 @@ impl Session {
                             self.conn.out().clear();
                             self.conn.abandon();
                         }
-                        Ok(_) => self.conn.on_read(Instant::now()),
+                        Ok(_) => got_input = true,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
@@ -287,46 +324,9 @@ impl Session {
                         self.on_store_confirm(c);
                     }
                 }
-                () = &mut protocol_timer, if armed.is_some() => {
+                () = &mut timer, if armed.is_some() => {
                     armed = None;
-                    self.conn.handle_timeout(Instant::now());
-                    match self.conn.timed_out() {
-                        Some(Timeout::Heartbeat) => tracing::info!(peer = %self.peer, "missed heartbeats from client, closing"),
-                        Some(Timeout::Handshake) => tracing::info!(peer = %self.peer, "handshake not completed in time, closing"),
-                        Some(t) => tracing::debug!(peer = %self.peer, timeout = %t, "closing"),
-                        None => {}
-                    }
-                }
-                _ = tick.tick() => {
-                    self.expire_leases(Instant::now());
-                    // A client that stops in the middle of a message holds
-                    // its buffered frames: cut it off once its content has
-                    // not grown for the timeout. Time we did not read it
-                    // does not count, except a message of several frames
-                    // held through a resource alarm: that memory is what
-                    // the alarm waits for.
-                    let assembling = self.conn.partial_content_bytes();
-                    let now_partial = assembling + input.len();
-                    // (A publish cut off between its frames by the block is small: it
-                    // waits for the alarm like the rest of the publisher.)
-                    let held_through_alarm = self.blocked && assembling > self.conn.frame_max();
-                    let paused = !want_read && !held_through_alarm;
-                    if now_partial == 0 || now_partial != partial || paused || !self.conn.is_open() {
-                        partial = now_partial;
-                        partial_since = Instant::now();
-                    } else if let Some(limit) = self.shared.partial_content_timeout {
-                        if partial_since.elapsed() > limit {
-                            tracing::info!(peer = %self.peer, bytes = partial, "partly received message stalled, closing");
-                            let text = format!(
-                                "{} bytes of a message received and no progress for {} s",
-                                partial,
-                                limit.as_secs()
-                            );
-                            self.fail(0, hard(reply::RESOURCE_ERROR, text), 0, 0);
-                            partial = 0;
-                            self.shared.request_trim();
-                        }
-                    }
+                    fired = true;
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
@@ -458,17 +458,56 @@ impl Session {
         self.send_confirms();
     }
 
+    /// The loop's timer fired (possibly early: every check looks at `now`).
+    /// `stall` is the partly received content and since when it has not
+    /// grown, as of the last loop; `lease_check` when to look for expired
+    /// leases.
+    fn on_timer(
+        &mut self,
+        now: Instant,
+        stall: &mut Option<(usize, Instant)>,
+        lease_check: &mut Option<Instant>,
+    ) {
+        self.conn.handle_timeout(now);
+        match self.conn.timed_out() {
+            Some(Timeout::Heartbeat) => {
+                tracing::info!(peer = %self.peer, "missed heartbeats from client, closing");
+            }
+            Some(Timeout::Handshake) => {
+                tracing::info!(peer = %self.peer, "handshake not completed in time, closing");
+            }
+            Some(t) => tracing::debug!(peer = %self.peer, timeout = %t, "closing"),
+            None => {}
+        }
+        if lease_check.is_some_and(|at| now >= at) {
+            *lease_check = self.expire_leases(now);
+        }
+        // Nothing was read since the stall was measured (a read and the
+        // timer are different wake-ups), so it still holds.
+        if let (Some(limit), Some((bytes, since))) = (self.shared.partial_content_timeout, *stall) {
+            if now >= since + limit && self.conn.is_open() {
+                tracing::info!(peer = %self.peer, bytes, "partly received message stalled, closing");
+                let text = format!(
+                    "{bytes} bytes of a message received and no progress for {} s",
+                    limit.as_secs()
+                );
+                self.fail(0, hard(reply::RESOURCE_ERROR, text), 0, 0);
+                *stall = None;
+                self.shared.request_trim();
+            }
+        }
+    }
+
     /// Closes channels holding a lease older than the consumer timeout, as
     /// RabbitMQ's `consumer_timeout` does: the channel's leases return to
-    /// their queues (redelivered) for other consumers.
-    fn expire_leases(&mut self, now: Instant) {
-        let Some(timeout) = self.shared.consumer_timeout else {
-            return;
-        };
-        let Some(client) = self.client.as_ref() else {
-            return;
-        };
-        for s in client.expired_scopes(now, timeout) {
+    /// their queues (redelivered) for other consumers. Returns when to look
+    /// again: soon while leases are held, else a whole timeout later (a
+    /// lease taken from now on cannot expire sooner); `None` without a
+    /// timeout or a client.
+    fn expire_leases(&mut self, now: Instant) -> Option<Instant> {
+        let timeout = self.shared.consumer_timeout?;
+        let expired = self.client.as_ref()?.expired_scopes(now, timeout);
+        for s in expired {
             let ch = channel_of(s);
             let text = format!(
                 "PRECONDITION_FAILED - delivery acknowledgement on channel {ch} timed out. Timeout value used: {} ms",
@@ -476,6 +515,9 @@ impl Session {
             );
             self.fail(ch, Failure::Channel(reply::PRECONDITION_FAILED, text), 0, 0);
         }
+        let client = self.client.as_ref()?;
+        let held = self.channels.keys().any(|&ch| client.leases(scope(ch)) > 0);
+        Some(now + if held { LEASE_CHECK } else { timeout })
     }
 
     /// Takes the current alarm state; a cleared alarm unblocks.
