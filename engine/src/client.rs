@@ -733,16 +733,26 @@ impl Client {
                 Err(ClientError::UnknownTag(tag))
             };
         };
+        // With a window shared by several consumers (AMQP global qos), the
+        // credit a settle gives back may be what another queue of the scope
+        // waits for: those queues dispatch again too, as RabbitMQ's limiter
+        // wakes every queue blocked on the channel.
+        let shared_window = st.subs.len() > 1
+            && (st.window.max_count.load(Ordering::Relaxed) > 0
+                || st.window.max_bytes.load(Ordering::Relaxed) > 0);
         if !multiple {
             let lease = st.leases.remove(tag).ok_or(ClientError::UnknownTag(tag))?;
             self.settle_one(lease, how);
-            return Ok(());
+        } else {
+            let leases = st
+                .leases
+                .take_up_to(tag)
+                .ok_or(ClientError::UnknownTag(tag))?;
+            self.settle_many(leases, how);
         }
-        let leases = st
-            .leases
-            .take_up_to(tag)
-            .ok_or(ClientError::UnknownTag(tag))?;
-        self.settle_many(leases, how);
+        if shared_window {
+            self.redispatch(Some(scope));
+        }
         Ok(())
     }
 
