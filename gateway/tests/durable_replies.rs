@@ -10,7 +10,6 @@ use lapin::options::{BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptio
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 use weir_backend::testing::MemStore;
 
