@@ -699,12 +699,31 @@ fn put_value(out: &mut Vec<u8>, v: &Value, depth: usize) -> Result<(), Propertie
     Ok(())
 }
 
-struct Reader<'a> {
+/// A bounds-checked cursor over bytes: every read that runs past the end is
+/// [`PropertiesError::Truncated`]. The store encoding here and the
+/// adapters' header codecs read with it.
+pub struct Reader<'a> {
     b: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], PropertiesError> {
+    /// A cursor at the start of `b`.
+    pub fn new(b: &'a [u8]) -> Self {
+        Reader { b }
+    }
+
+    /// Whether every byte was read.
+    pub fn is_empty(&self) -> bool {
+        self.b.is_empty()
+    }
+
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.b.len()
+    }
+
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], PropertiesError> {
         if self.b.len() < n {
             return Err(PropertiesError::Truncated);
         }
@@ -713,14 +732,16 @@ impl<'a> Reader<'a> {
         Ok(h)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], PropertiesError> {
+    /// The next `N` bytes as an array.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], PropertiesError> {
         let s = self.take(N)?;
         let mut a = [0u8; N];
         a.copy_from_slice(s);
         Ok(a)
     }
 
-    fn u8(&mut self) -> Result<u8, PropertiesError> {
+    /// The next byte.
+    pub fn u8(&mut self) -> Result<u8, PropertiesError> {
         Ok(self.take(1)?[0])
     }
 

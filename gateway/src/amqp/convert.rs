@@ -35,6 +35,7 @@ use crate::engine::exchange::HeaderLookup;
 use serde_json::{Map, Number, Value};
 use std::cell::OnceCell;
 use std::sync::{Arc, OnceLock};
+use weir_engine::properties::Reader as Cur;
 use weir_engine::properties::{
     DeliveryMode, HeaderCodec, HeaderCodecs, HeaderFormat, Properties, PropertiesError, Table,
     Value as PValue, MAX_DEPTH,
@@ -173,27 +174,15 @@ const P_USER_ID: u16 = 1 << 4;
 const P_APP_ID: u16 = 1 << 3;
 const P_CLUSTER_ID: u16 = 1 << 2;
 
-struct Cur<'a> {
-    b: &'a [u8],
+/// AMQP's length-prefixed fields over the engine's bounds-checked cursor.
+trait AmqpRead<'a> {
+    fn u32(&mut self) -> Result<usize, PropertiesError>;
+    fn short_bytes(&mut self) -> Result<&'a [u8], PropertiesError>;
+    fn short_str(&mut self) -> Result<String, PropertiesError>;
+    fn long_bytes(&mut self) -> Result<&'a [u8], PropertiesError>;
 }
 
-impl<'a> Cur<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], PropertiesError> {
-        if self.b.len() < n {
-            return Err(PropertiesError::Truncated);
-        }
-        let (h, t) = self.b.split_at(n);
-        self.b = t;
-        Ok(h)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], PropertiesError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-    fn u8(&mut self) -> Result<u8, PropertiesError> {
-        Ok(self.take(1)?[0])
-    }
+impl<'a> AmqpRead<'a> for Cur<'a> {
     fn u32(&mut self) -> Result<usize, PropertiesError> {
         Ok(u32::from_be_bytes(self.array()?) as usize)
     }
@@ -221,9 +210,9 @@ fn read_table(c: &mut Cur<'_>, depth: usize) -> Result<Table, PropertiesError> {
     if depth > MAX_DEPTH {
         return Err(PropertiesError::TooDeep);
     }
-    let mut inner = Cur { b: c.long_bytes()? };
+    let mut inner = Cur::new(c.long_bytes()?);
     let mut t = Table::new();
-    while !inner.b.is_empty() {
+    while !inner.is_empty() {
         let k = inner.short_str()?;
         let v = read_value(&mut inner, depth)?;
         t.push(k, v);
@@ -269,9 +258,9 @@ fn read_value(c: &mut Cur<'_>, depth: usize) -> Result<PValue, PropertiesError> 
             if depth + 1 > MAX_DEPTH {
                 return Err(PropertiesError::TooDeep);
             }
-            let mut inner = Cur { b: c.long_bytes()? };
+            let mut inner = Cur::new(c.long_bytes()?);
             let mut a = Vec::new();
-            while !inner.b.is_empty() {
+            while !inner.is_empty() {
                 a.push(read_value(&mut inner, depth + 1)?);
             }
             PValue::Array(a)
@@ -288,7 +277,7 @@ fn read_flags(c: &mut Cur<'_>) -> Result<u16, PropertiesError> {
 /// Only the `headers` table of a property block (what a headers exchange
 /// needs): the fields after it are not read.
 pub fn amqp_headers(raw: &[u8]) -> Result<Option<Table>, PropertiesError> {
-    let mut c = Cur { b: raw };
+    let mut c = Cur::new(raw);
     let flags = read_flags(&mut c)?;
     if flags & P_CONTENT_TYPE != 0 {
         c.short_bytes()?;
@@ -306,7 +295,7 @@ pub fn amqp_headers(raw: &[u8]) -> Result<Option<Table>, PropertiesError> {
 /// carries it after the body size) as [`Properties`]. See the module doc for
 /// what is normalised.
 pub fn amqp_to_properties(raw: &[u8]) -> Result<Properties, PropertiesError> {
-    let mut c = Cur { b: raw };
+    let mut c = Cur::new(raw);
     let flags = read_flags(&mut c)?;
     let has = |bit: u16| flags & bit != 0;
     let mut p = Properties::default();
@@ -356,8 +345,8 @@ pub fn amqp_to_properties(raw: &[u8]) -> Result<Properties, PropertiesError> {
     if has(P_CLUSTER_ID) {
         p.cluster_id = Some(c.short_str()?);
     }
-    if !c.b.is_empty() {
-        return Err(PropertiesError::TrailingBytes(c.b.len()));
+    if !c.is_empty() {
+        return Err(PropertiesError::TrailingBytes(c.remaining()));
     }
     Ok(p)
 }
