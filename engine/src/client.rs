@@ -380,7 +380,10 @@ impl Client {
                 size,
                 redelivered: false,
                 attempts: 0,
+                priority: message.priority,
+                dead: false,
                 enqueued_ms: now,
+                expires_at_ms: 0,
                 message: Some(message.clone()),
             });
             // The queue was deleted after routing: the message is gone with

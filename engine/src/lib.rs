@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod auth;
 pub mod client;
 pub mod consumer;
@@ -110,7 +111,10 @@ impl Engine {
                     size: m.size,
                     redelivered: true,
                     attempts: 0,
+                    priority: m.attrs.priority,
+                    dead: false,
                     enqueued_ms: now_ms(),
+                    expires_at_ms: m.attrs.expires_at_ms,
                     message: None,
                 }));
             }

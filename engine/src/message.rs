@@ -57,8 +57,16 @@ pub struct Entry {
     pub redelivered: bool,
     /// Times delivered.
     pub attempts: u16,
+    /// Priority level in its partition (0 unless the queue has `x-max-priority`).
+    pub priority: u8,
+    /// A tombstone: removed from the middle of a ready list (expired) and
+    /// skipped until the list sheds it. Only [`crate::queue`] sets it.
+    pub dead: bool,
     /// When it entered the queue (ms since epoch), for oldest-message age.
     pub enqueued_ms: u64,
+    /// When it expires (ms since epoch; 0 = never): the lower of the
+    /// queue's TTL and the message's own.
+    pub expires_at_ms: u64,
     /// The message, while it is kept in memory.
     pub message: Option<Arc<Message>>,
 }

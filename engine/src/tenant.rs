@@ -395,14 +395,8 @@ impl Tenant {
                 "queue name '{name}' contains reserved prefix 'amq.*'"
             )));
         }
-        if let Some(t) = req.arguments.get("x-queue-type").and_then(Value::as_str) {
-            if !matches!(t, "classic" | "quorum") {
-                return Err(EngineError::PreconditionFailed(format!(
-                    "invalid arg 'x-queue-type' for queue '{name}' in vhost '{}': unsupported queue type '{t}'",
-                    self.name
-                )));
-            }
-        }
+        let args = crate::args::QueueArgs::parse(&req.arguments)
+            .map_err(|e| EngineError::PreconditionFailed(e.message(&name, &self.name)))?;
         let mut w = self.queues.write();
         if w.contains_key(&name) {
             // Raced with another declare: answer as for an existing queue.
@@ -414,7 +408,9 @@ impl Tenant {
             durable: req.durable,
             auto_delete: req.auto_delete,
             arguments: req.arguments.clone(),
-            partitions: vec![engine.allocate_partition().0],
+            partitions: (0..args.partitions)
+                .map(|_| engine.allocate_partition().0)
+                .collect(),
         };
         // Exclusive queues die with their connection, so they are never stored.
         let wait = if req.durable && !req.exclusive {

@@ -1,21 +1,12 @@
-//! Queues and their partitions.
-//!
-//! A partition is the unit of ordering, storage and dispatch: its ready
-//! messages are FIFO by `seq`, it owns a durable [`PartitionId`] in the store,
-//! and (in a cluster) one gateway at a time will own it. Every queue has at
-//! least one. A partition's state sits behind its own mutex, so publishing to
-//! or consuming from one queue never contends with another queue.
-//!
-//! Leases (delivered, unacknowledged entries) are held by the engine client
-//! that received them ([`crate::client::Client`]), not here: the client
-//! settles or returns them, and releasing a closed scope's leases is one walk
-//! over that scope's map.
+//! A partition: the unit of ordering, storage and dispatch.
 
-use super::consumer::{Consumer, Delivery};
-use super::message::{now_ms, Entry};
+use super::consumers::ConsumerSet;
+use super::ready::ReadyList;
+use crate::args::QueueArgs;
+use crate::consumer::{Consumer, Delivery};
+use crate::message::{now_ms, Entry};
 use parking_lot::{Mutex, MutexGuard};
-use serde_json::Value;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::{Location, MessageId, PartitionId};
@@ -60,14 +51,13 @@ pub struct Partition {
     deleted: AtomicBool,
 }
 
-#[derive(Default)]
 struct PartitionState {
-    ready: VecDeque<Entry>,
-    ready_bytes: u64,
+    ready: ReadyList,
+    /// The queue's arguments (a copy, so the hot path reads them under the
+    /// lock it holds anyway).
+    args: Arc<QueueArgs>,
     next_seq: u64,
-    consumers: Vec<Arc<Consumer>>,
-    /// Round-robin cursor into `consumers`.
-    next_consumer: usize,
+    consumers: ConsumerSet,
     /// The queue was deleted.
     deleted: bool,
     /// Current store location of every leased (delivered, unsettled) durable
@@ -97,19 +87,18 @@ impl PartitionState {
                 p.id
             );
         }
-        if self.ready.len() > 4096 {
+        if self.ready.total_slots() > 4096 {
             return;
         }
-        let mut bytes = 0u64;
-        let mut prev: Option<u64> = None;
-        for e in &self.ready {
-            bytes += u64::from(e.size);
+        if let Err(e) = self.ready.check() {
+            panic!("partition {:?}: ready list: {e}", p.id);
+        }
+        for e in self.ready.iter() {
             assert!(
-                prev.is_none_or(|s| s < e.seq) && e.seq < self.next_seq.max(1),
-                "partition {:?}: ready list out of seq order",
+                e.seq < self.next_seq.max(1),
+                "partition {:?}: an entry's seq is not yet assigned",
                 p.id
             );
-            prev = Some(e.seq);
             assert!(
                 !self.leased.contains_key(&e.id),
                 "partition {:?}: message {} is both ready and leased",
@@ -117,11 +106,6 @@ impl PartitionState {
                 e.id
             );
         }
-        assert_eq!(
-            bytes, self.ready_bytes,
-            "partition {:?}: ready_bytes differs from the ready entries",
-            p.id
-        );
     }
 }
 
@@ -182,10 +166,22 @@ impl Partition {
 
     /// An empty partition.
     pub fn new(id: PartitionId, durable: bool) -> Arc<Self> {
+        Self::with_args(id, durable, Arc::default())
+    }
+
+    /// An empty partition of a queue with arguments `args`.
+    pub fn with_args(id: PartitionId, durable: bool, args: Arc<QueueArgs>) -> Arc<Self> {
         Arc::new(Partition {
             id,
             durable,
-            state: Mutex::new(PartitionState::default()),
+            state: Mutex::new(PartitionState {
+                ready: ReadyList::new(args.max_priority.unwrap_or(0)),
+                args,
+                next_seq: 0,
+                consumers: ConsumerSet::default(),
+                deleted: false,
+                leased: HashMap::new(),
+            }),
             counters: Counters::default(),
             ready_len: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
@@ -199,10 +195,9 @@ impl Partition {
         let mut st = self.lock();
         st.deleted = true;
         self.deleted.store(true, Ordering::Release);
-        st.ready_bytes = 0;
         self.ready_len.store(0, Ordering::Relaxed);
-        let consumers = std::mem::take(&mut st.consumers);
-        (consumers, st.ready.drain(..).collect())
+        let consumers = st.consumers.take_all();
+        (consumers, st.ready.drain())
     }
 
     /// Whether its queue was deleted.
@@ -221,7 +216,6 @@ impl Partition {
         for mut e in entries {
             e.seq = st.next_seq;
             st.next_seq += 1;
-            st.ready_bytes += e.size as u64;
             st.ready.push_back(e);
         }
         self.ready_len
@@ -245,7 +239,6 @@ impl Partition {
                 // Deep in the queue: keep only where it is stored.
                 entry.message = None;
             }
-            st.ready_bytes += entry.size as u64;
             st.ready.push_back(entry);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
             self.dispatch_locked(&mut st, &mut woken);
@@ -299,8 +292,7 @@ impl Partition {
                     self.counters.delivered.fetch_sub(1, Ordering::Relaxed);
                     e.attempts = e.attempts.saturating_sub(1);
                 }
-                st.ready_bytes += e.size as u64;
-                insert_by_seq(&mut st.ready, e);
+                st.ready.put_back(e);
             }
             self.dispatch_locked(&mut st, &mut woken);
             self.ready_len
@@ -389,37 +381,17 @@ impl Partition {
     }
 
     fn dispatch_locked(self: &Arc<Self>, st: &mut PartitionState, woken: &mut Vec<Arc<Consumer>>) {
-        if st.consumers.iter().any(|c| c.is_dead()) {
-            // A consumer whose connection or channel went away without
-            // detaching (it raced with a cancel): never offer it anything.
-            st.consumers.retain(|c| !c.is_dead());
-            st.next_consumer = 0;
-        }
-        let n = st.consumers.len();
-        if n == 0 {
-            return;
-        }
-        // Round robin: each pass offers one message to each consumer in turn;
-        // stop when a full pass finds no consumer with credit.
-        let mut idle = 0;
-        while idle < n {
-            let Some(front) = st.ready.front() else { break };
-            let size = front.size;
-            let i = st.next_consumer % n;
-            st.next_consumer = (i + 1) % n;
-            let c = &st.consumers[i];
-            if !c.try_acquire(size) {
-                idle += 1;
-                continue;
-            }
-            idle = 0;
+        st.consumers.retain_live();
+        while let Some(front) = st.ready.front() {
+            let Some(c) = st.consumers.acquire(front.size) else {
+                break;
+            };
             let Some(mut entry) = st.ready.pop_front() else {
                 break;
             };
             if let Some(l) = entry.location {
                 st.leased.insert(entry.id, l);
             }
-            st.ready_bytes -= entry.size as u64;
             entry.attempts = entry.attempts.saturating_add(1);
             self.counters.delivered.fetch_add(1, Ordering::Relaxed);
             self.counters.leased.fetch_add(1, Ordering::Relaxed);
@@ -429,14 +401,15 @@ impl Partition {
             if entry.redelivered {
                 self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
             }
-            c.conn.push(Delivery {
-                consumer: c.clone(),
-                partition: self.clone(),
-                entry,
-            });
             if !woken.iter().any(|w| Arc::ptr_eq(&w.conn, &c.conn)) {
                 woken.push(c.clone());
             }
+            let conn = c.conn.clone();
+            conn.push(Delivery {
+                consumer: c,
+                partition: self.clone(),
+                entry,
+            });
         }
     }
 
@@ -445,7 +418,6 @@ impl Partition {
     pub fn get(&self) -> Option<(Entry, u64)> {
         let mut st = self.lock();
         let mut e = st.ready.pop_front()?;
-        st.ready_bytes -= e.size as u64;
         if let Some(l) = e.location {
             st.leased.insert(e.id, l);
         }
@@ -463,9 +435,8 @@ impl Partition {
     /// Removes every ready message; returns them (the caller settles them in the store).
     pub fn purge(&self) -> Vec<Entry> {
         let mut st = self.lock();
-        st.ready_bytes = 0;
         self.ready_len.store(0, Ordering::Relaxed);
-        st.ready.drain(..).collect()
+        st.ready.drain()
     }
 
     /// Attaches a consumer and starts delivering to it.
@@ -480,7 +451,7 @@ impl Partition {
             if st.deleted {
                 return false;
             }
-            st.consumers.push(c);
+            st.consumers.add(c);
             self.dispatch_locked(&mut st, &mut woken);
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
@@ -491,9 +462,7 @@ impl Partition {
 
     /// Detaches a consumer; returns how many remain.
     pub(crate) fn remove_consumer(&self, c: &Arc<Consumer>) -> usize {
-        let mut st = self.lock();
-        st.consumers.retain(|x| !Arc::ptr_eq(x, c));
-        st.consumers.len()
+        self.lock().consumers.remove(c)
     }
 
     /// Depth snapshot.
@@ -501,7 +470,7 @@ impl Partition {
         let st = self.lock();
         Depth {
             ready: st.ready.len() as u64,
-            ready_bytes: st.ready_bytes,
+            ready_bytes: st.ready.bytes(),
             leased: self.counters.leased.load(Ordering::Relaxed),
             oldest_age_ms: st
                 .ready
@@ -530,211 +499,9 @@ impl Partition {
     }
 }
 
-fn insert_by_seq(ready: &mut VecDeque<Entry>, e: Entry) {
-    // Requeues usually go back to the front; search from there.
-    let pos = ready.partition_point(|x| x.seq < e.seq);
-    debug_assert!(
-        ready.get(pos).is_none_or(|x| x.seq != e.seq),
-        "entry requeued twice"
-    );
-    ready.insert(pos, e);
-}
-
 fn wake_all(woken: Vec<Arc<Consumer>>) {
     for c in woken {
         c.conn.wake();
-    }
-}
-
-/// Definition of a queue, as declared and as persisted.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct QueueDef {
-    /// Name.
-    pub name: String,
-    /// Survives restarts.
-    pub durable: bool,
-    /// Deleted when its last consumer goes.
-    pub auto_delete: bool,
-    /// Arguments (`x-…`), as JSON.
-    pub arguments: Value,
-    /// Store ids of its partitions.
-    pub partitions: Vec<u64>,
-}
-
-/// Why a consumer could not attach to a queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttachError {
-    /// The queue was deleted.
-    NotFound,
-    /// The queue has an exclusive consumer, or the new consumer asked for
-    /// exclusivity and the queue has consumers.
-    Exclusive,
-}
-
-/// The consumers of a queue, as its lock sees them.
-#[derive(Default)]
-struct Attached {
-    /// Live consumers over all partitions.
-    count: u32,
-    /// One of them is exclusive (then it is the only one).
-    exclusive: bool,
-}
-
-/// A queue.
-pub struct Queue {
-    /// Definition.
-    pub def: QueueDef,
-    /// Tenant name.
-    pub tenant: Arc<str>,
-    /// Owning connection for exclusive queues.
-    /// (Non-zero, so the option costs no extra word per queue.)
-    exclusive_owner: Option<std::num::NonZeroU64>,
-    /// Partitions (≥ 1).
-    pub partitions: Vec<Arc<Partition>>,
-    /// Set once deleted: late operations fail with NOT_FOUND.
-    deleted: AtomicBool,
-    /// Its consumers, counted under one lock so that an exclusivity check
-    /// and the attach it allows are one step.
-    attached: Mutex<Attached>,
-    /// Publishes routed here since start (round-robin partition choice).
-    next_partition: AtomicU64,
-    /// The exchanges with a binding to this queue.
-    pub sources: super::exchange::Sources,
-}
-
-impl Queue {
-    /// A queue with its partitions.
-    pub fn new(def: QueueDef, tenant: Arc<str>, exclusive_owner: Option<u64>) -> Arc<Self> {
-        assert!(
-            !def.partitions.is_empty(),
-            "a queue has at least one partition"
-        );
-        // Exclusive queues die with their connection, so nothing in them is
-        // worth an fsync.
-        let stored = def.durable && exclusive_owner.is_none();
-        let exclusive_owner = exclusive_owner
-            .map(|o| std::num::NonZeroU64::new(o).expect("connection ids start at 1"));
-        let partitions = def
-            .partitions
-            .iter()
-            .map(|p| Partition::new(PartitionId(*p), stored))
-            .collect();
-        Arc::new(Queue {
-            def,
-            tenant,
-            exclusive_owner,
-            partitions,
-            deleted: AtomicBool::new(false),
-            attached: Mutex::new(Attached::default()),
-            next_partition: AtomicU64::new(0),
-            sources: Default::default(),
-        })
-    }
-
-    /// The connection owning it, for an exclusive queue.
-    pub fn exclusive_owner(&self) -> Option<u64> {
-        self.exclusive_owner.map(|o| o.get())
-    }
-
-    /// The queue's name.
-    pub fn name(&self) -> &str {
-        &self.def.name
-    }
-
-    /// Whether it was deleted.
-    pub fn is_deleted(&self) -> bool {
-        self.deleted.load(Ordering::Acquire)
-    }
-
-    /// Marks it deleted (its tenant does, before deleting its partitions).
-    pub(crate) fn mark_deleted(&self) {
-        // Under the consumers' lock: an attach either finishes before (and
-        // its consumer is taken and cancelled by the partitions' deletion)
-        // or sees the flag.
-        let _a = self.attached.lock();
-        self.deleted.store(true, Ordering::Release);
-    }
-
-    /// Live consumers.
-    pub fn consumer_count(&self) -> u32 {
-        self.attached.lock().count
-    }
-
-    /// Attaches `c` to every partition, checking exclusivity in the same
-    /// step: with an exclusive consumer attached nobody else may attach, and
-    /// an exclusive consumer attaches only to a queue without consumers.
-    pub(crate) fn attach_consumer(&self, c: &Arc<Consumer>) -> Result<(), AttachError> {
-        let mut a = self.attached.lock();
-        if self.is_deleted() {
-            return Err(AttachError::NotFound);
-        }
-        if a.exclusive || (c.exclusive() && a.count > 0) {
-            return Err(AttachError::Exclusive);
-        }
-        for (i, p) in self.partitions.iter().enumerate() {
-            if !p.add_consumer(c.clone()) {
-                // Partition deleted without its queue being marked first
-                // (the tenant always marks first): undo, never half attach.
-                c.cancel();
-                for p in &self.partitions[..i] {
-                    p.remove_consumer(c);
-                }
-                return Err(AttachError::NotFound);
-            }
-        }
-        a.count += 1;
-        a.exclusive |= c.exclusive();
-        Ok(())
-    }
-
-    /// Cancels `c` and detaches it from every partition. Returns how many
-    /// consumers remain, or None if `c` was no longer live (cancelled
-    /// before, or its queue was deleted).
-    pub(crate) fn detach_consumer(&self, c: &Arc<Consumer>) -> Option<u32> {
-        let mut a = self.attached.lock();
-        let was_live = c.cancel();
-        for p in &self.partitions {
-            p.remove_consumer(c);
-        }
-        if !was_live || self.is_deleted() {
-            return None;
-        }
-        debug_assert!(a.count > 0, "detaching from a queue without consumers");
-        a.count = a.count.saturating_sub(1);
-        if c.exclusive() {
-            a.exclusive = false;
-        }
-        Some(a.count)
-    }
-
-    /// The partition a new message goes to. With one partition, always it;
-    /// with ordering keys (a later feature) a hash of the key picks it.
-    pub fn partition_for_publish(&self) -> &Arc<Partition> {
-        if self.partitions.len() == 1 {
-            return &self.partitions[0];
-        }
-        let i =
-            self.next_partition.fetch_add(1, Ordering::Relaxed) as usize % self.partitions.len();
-        &self.partitions[i]
-    }
-
-    /// Ready messages over all partitions.
-    pub fn message_count(&self) -> u64 {
-        self.partitions.iter().map(|p| p.ready_len()).sum()
-    }
-
-    /// Depth over all partitions.
-    pub fn depth(&self) -> Depth {
-        let mut d = Depth::default();
-        for p in &self.partitions {
-            let x = p.depth();
-            d.ready += x.ready;
-            d.ready_bytes += x.ready_bytes;
-            d.leased += x.leased;
-            d.oldest_age_ms = d.oldest_age_ms.max(x.oldest_age_ms);
-            d.consumers = d.consumers.max(x.consumers);
-        }
-        d
     }
 }
 
@@ -752,7 +519,10 @@ mod tests {
             size: 10,
             redelivered: false,
             attempts: 0,
+            priority: 0,
+            dead: false,
             enqueued_ms: now_ms(),
+            expires_at_ms: 0,
             message: None,
         }
     }

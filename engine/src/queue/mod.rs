@@ -1,0 +1,233 @@
+//! Queues and their partitions.
+//!
+//! A partition is the unit of ordering, storage and dispatch: its ready
+//! messages are FIFO by `seq`, it owns a durable [`PartitionId`] in the store,
+//! and (in a cluster) one gateway at a time will own it. Every queue has at
+//! least one. A partition's state sits behind its own mutex, so publishing to
+//! or consuming from one queue never contends with another queue.
+//!
+//! Leases (delivered, unacknowledged entries) are held by the engine client
+//! that received them ([`crate::client::Client`]), not here: the client
+//! settles or returns them, and releasing a closed scope's leases is one walk
+//! over that scope's map.
+
+mod consumers;
+mod partition;
+mod ready;
+
+pub use partition::{Counters, Depth, Partition, HOT_ENTRIES};
+
+use crate::args::QueueArgs;
+use crate::consumer::Consumer;
+use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use weir_backend::PartitionId;
+
+/// Definition of a queue, as declared and as persisted.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QueueDef {
+    /// Name.
+    pub name: String,
+    /// Survives restarts.
+    pub durable: bool,
+    /// Deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Arguments (`x-…`), as JSON.
+    pub arguments: Value,
+    /// Store ids of its partitions.
+    pub partitions: Vec<u64>,
+}
+
+/// Why a consumer could not attach to a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachError {
+    /// The queue was deleted.
+    NotFound,
+    /// The queue has an exclusive consumer, or the new consumer asked for
+    /// exclusivity and the queue has consumers.
+    Exclusive,
+}
+
+/// The consumers of a queue, as its lock sees them.
+#[derive(Default)]
+struct Attached {
+    /// Live consumers over all partitions.
+    count: u32,
+    /// One of them is exclusive (then it is the only one).
+    exclusive: bool,
+}
+
+/// A queue.
+pub struct Queue {
+    /// Definition.
+    pub def: QueueDef,
+    /// Tenant name.
+    pub tenant: Arc<str>,
+    /// Owning connection for exclusive queues.
+    /// (Non-zero, so the option costs no extra word per queue.)
+    exclusive_owner: Option<std::num::NonZeroU64>,
+    /// Partitions (≥ 1).
+    pub partitions: Vec<Arc<Partition>>,
+    /// The arguments it acts on (declared, over its policy's).
+    args: RwLock<Arc<QueueArgs>>,
+    /// Set once deleted: late operations fail with NOT_FOUND.
+    deleted: AtomicBool,
+    /// Its consumers, counted under one lock so that an exclusivity check
+    /// and the attach it allows are one step.
+    attached: Mutex<Attached>,
+    /// Publishes routed here since start (round-robin partition choice).
+    next_partition: AtomicU64,
+    /// The exchanges with a binding to this queue.
+    pub sources: super::exchange::Sources,
+}
+
+impl Queue {
+    /// A queue with its partitions.
+    pub fn new(def: QueueDef, tenant: Arc<str>, exclusive_owner: Option<u64>) -> Arc<Self> {
+        assert!(
+            !def.partitions.is_empty(),
+            "a queue has at least one partition"
+        );
+        // Exclusive queues die with their connection, so nothing in them is
+        // worth an fsync.
+        let stored = def.durable && exclusive_owner.is_none();
+        let exclusive_owner = exclusive_owner
+            .map(|o| std::num::NonZeroU64::new(o).expect("connection ids start at 1"));
+        // Declares check their arguments; a stored definition that no
+        // longer parses (an older Weir accepted it) runs without them.
+        let args = QueueArgs::parse(&def.arguments).unwrap_or_else(|e| {
+            tracing::warn!(queue = %def.name, tenant = %tenant, error = %e, "ignoring the queue's invalid arguments");
+            QueueArgs::parse(&Value::Null).unwrap_or_default()
+        });
+        let args = Arc::new(args);
+        let partitions = def
+            .partitions
+            .iter()
+            .map(|p| Partition::with_args(PartitionId(*p), stored, args.clone()))
+            .collect();
+        Arc::new(Queue {
+            def,
+            tenant,
+            exclusive_owner,
+            partitions,
+            args: RwLock::new(args),
+            deleted: AtomicBool::new(false),
+            attached: Mutex::new(Attached::default()),
+            next_partition: AtomicU64::new(0),
+            sources: Default::default(),
+        })
+    }
+
+    /// The connection owning it, for an exclusive queue.
+    pub fn exclusive_owner(&self) -> Option<u64> {
+        self.exclusive_owner.map(|o| o.get())
+    }
+
+    /// The arguments it acts on.
+    pub fn args(&self) -> Arc<QueueArgs> {
+        self.args.read().clone()
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// Whether it was deleted.
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// Marks it deleted (its tenant does, before deleting its partitions).
+    pub(crate) fn mark_deleted(&self) {
+        // Under the consumers' lock: an attach either finishes before (and
+        // its consumer is taken and cancelled by the partitions' deletion)
+        // or sees the flag.
+        let _a = self.attached.lock();
+        self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Live consumers.
+    pub fn consumer_count(&self) -> u32 {
+        self.attached.lock().count
+    }
+
+    /// Attaches `c` to every partition, checking exclusivity in the same
+    /// step: with an exclusive consumer attached nobody else may attach, and
+    /// an exclusive consumer attaches only to a queue without consumers.
+    pub(crate) fn attach_consumer(&self, c: &Arc<Consumer>) -> Result<(), AttachError> {
+        let mut a = self.attached.lock();
+        if self.is_deleted() {
+            return Err(AttachError::NotFound);
+        }
+        if a.exclusive || (c.exclusive() && a.count > 0) {
+            return Err(AttachError::Exclusive);
+        }
+        for (i, p) in self.partitions.iter().enumerate() {
+            if !p.add_consumer(c.clone()) {
+                // Partition deleted without its queue being marked first
+                // (the tenant always marks first): undo, never half attach.
+                c.cancel();
+                for p in &self.partitions[..i] {
+                    p.remove_consumer(c);
+                }
+                return Err(AttachError::NotFound);
+            }
+        }
+        a.count += 1;
+        a.exclusive |= c.exclusive();
+        Ok(())
+    }
+
+    /// Cancels `c` and detaches it from every partition. Returns how many
+    /// consumers remain, or None if `c` was no longer live (cancelled
+    /// before, or its queue was deleted).
+    pub(crate) fn detach_consumer(&self, c: &Arc<Consumer>) -> Option<u32> {
+        let mut a = self.attached.lock();
+        let was_live = c.cancel();
+        for p in &self.partitions {
+            p.remove_consumer(c);
+        }
+        if !was_live || self.is_deleted() {
+            return None;
+        }
+        debug_assert!(a.count > 0, "detaching from a queue without consumers");
+        a.count = a.count.saturating_sub(1);
+        if c.exclusive() {
+            a.exclusive = false;
+        }
+        Some(a.count)
+    }
+
+    /// The partition a new message goes to. With one partition, always it;
+    /// with ordering keys (a later feature) a hash of the key picks it.
+    pub fn partition_for_publish(&self) -> &Arc<Partition> {
+        if self.partitions.len() == 1 {
+            return &self.partitions[0];
+        }
+        let i =
+            self.next_partition.fetch_add(1, Ordering::Relaxed) as usize % self.partitions.len();
+        &self.partitions[i]
+    }
+
+    /// Ready messages over all partitions.
+    pub fn message_count(&self) -> u64 {
+        self.partitions.iter().map(|p| p.ready_len()).sum()
+    }
+
+    /// Depth over all partitions.
+    pub fn depth(&self) -> Depth {
+        let mut d = Depth::default();
+        for p in &self.partitions {
+            let x = p.depth();
+            d.ready += x.ready;
+            d.ready_bytes += x.ready_bytes;
+            d.leased += x.leased;
+            d.oldest_age_ms = d.oldest_age_ms.max(x.oldest_age_ms);
+            d.consumers = d.consumers.max(x.consumers);
+        }
+        d
+    }
+}
