@@ -25,7 +25,7 @@ use crate::error::{ClientError, EngineError, Result};
 use crate::lease::{Lease, Leases, Settle};
 use crate::message::{now_ms, Entry, Message};
 use crate::properties::HeaderFormat;
-use crate::queue::{AttachError, Partition, Queue, HOT_ENTRIES};
+use crate::queue::{AttachError, Enqueued, Partition, Queue, HOT_ENTRIES};
 use crate::tenant::RouteInput;
 use crate::{Engine, Tenant};
 use bytes::Bytes;
@@ -43,11 +43,15 @@ use weir_backend::{
 pub enum Published {
     /// No queue matched (nothing stored, no id allocated).
     Unroutable,
-    /// Enqueued in every matching queue.
+    /// Enqueued in every matching queue, unless `refused`.
     Routed {
         /// A durable copy was appended: the publisher's confirmation must
         /// wait for a [`Client::durability_barrier`].
         needs_barrier: bool,
+        /// A queue at its length limit with `x-overflow: reject-publish[-dlx]`
+        /// refused it: the publisher's confirmation is negative (the other
+        /// queues did take it, as in RabbitMQ).
+        refused: bool,
     },
     /// The store is out of space: nothing was enqueued.
     NoSpace,
@@ -309,6 +313,12 @@ impl Client {
                 }
             }
         }
+        let now = now_ms();
+        // The message's own TTL counts from now in every queue; stored, so
+        // the deadline holds across a restart.
+        let expires_at_ms = message
+            .ttl_ms
+            .map_or(0, |t| now.saturating_add(u64::from(t)).max(1));
         let data = MessageData {
             exchange: route.exchange,
             routing_key: route.routing_key,
@@ -317,7 +327,7 @@ impl Client {
             body: &message.body,
             attrs: MessageAttrs {
                 priority: message.priority,
-                expires_at_ms: 0,
+                expires_at_ms,
             },
         };
         let mut location = None;
@@ -365,7 +375,7 @@ impl Client {
                 Err(e) => tracing::debug!(error = %e, "not paging a transient message"),
             }
         }
-        let now = now_ms();
+        let mut refused_any = false;
         for (part, kept) in targets.drain(..) {
             let location = match kept {
                 Kept::Stored => location,
@@ -383,15 +393,24 @@ impl Client {
                 priority: message.priority,
                 dead: false,
                 enqueued_ms: now,
-                expires_at_ms: 0,
+                expires_at_ms,
                 message: Some(message.clone()),
             });
-            // The queue was deleted after routing: the message is gone with
-            // it (its record was appended above, so the settle follows it).
-            if let Some(Entry {
-                location: Some(l), ..
-            }) = refused
-            {
+            // The queue was deleted after routing, or is full and refuses
+            // publishes: the message is gone from it (its record was
+            // appended above, so the settle follows it).
+            let gone = match refused {
+                Enqueued::Queued => None,
+                Enqueued::Deleted(e) => e.location,
+                Enqueued::Overflow {
+                    entry,
+                    dead_lettered,
+                } => {
+                    refused_any = true;
+                    entry.location.filter(|_| !dead_lettered)
+                }
+            };
+            if let Some(l) = gone {
                 self.settles.push(Op::Settle {
                     partition: part.id,
                     id,
@@ -403,6 +422,7 @@ impl Client {
         self.publish_targets = targets;
         Ok(Published::Routed {
             needs_barrier: n_durable > 0,
+            refused: refused_any,
         })
     }
 
@@ -773,7 +793,9 @@ impl Client {
             self.settle_refused(&l.partition, refused);
             return;
         }
-        if let Some(loc) = l.partition.settled(&l.entry, how == Settle::Ack) {
+        if how == Settle::Drop && l.partition.dead_letters() {
+            l.partition.reject(std::iter::once(l.entry));
+        } else if let Some(loc) = l.partition.settled(&l.entry, how == Settle::Ack) {
             self.push_settle(l.partition.id, l.entry.id, loc);
         }
         self.push_dispatch(l.partition);
@@ -800,6 +822,11 @@ impl Client {
         }
         let acked = how == Settle::Ack;
         for (p, entries) in drop {
+            if how == Settle::Drop && !p.is_deleted() && p.dead_letters() {
+                p.reject(entries);
+                self.push_dispatch(p);
+                continue;
+            }
             let settles = &mut self.settles;
             p.settled_many(&entries, acked, |id, location| {
                 settles.push(Op::Settle {
@@ -965,6 +992,7 @@ impl Client {
                 header_format,
                 persistent: true,
                 priority: m.attrs.priority,
+                ttl_ms: None,
             })),
             Err(err) => {
                 tracing::error!(error = %err, id = e.id, "cannot read a queued message back from the store");

@@ -18,6 +18,7 @@ pub mod args;
 pub mod auth;
 pub mod client;
 pub mod consumer;
+pub mod deadletter;
 pub mod error;
 pub mod exchange;
 pub mod lease;
@@ -26,6 +27,7 @@ pub mod meta;
 pub mod properties;
 pub mod queue;
 pub mod tenant;
+pub mod timers;
 
 pub use client::Client;
 pub use error::{ClientError, EngineError, Result};
@@ -54,6 +56,13 @@ pub struct Engine {
     /// Partitions of deleted queues whose leases are still out: compaction
     /// keeps moving those records so they do not pin the log.
     retired: parking_lot::Mutex<Vec<std::sync::Weak<queue::Partition>>>,
+    /// Partitions with timed work (expiry, dead-letters), earliest first.
+    pub timers: Arc<timers::Timers>,
+    /// Dead-lettering counters.
+    pub dead_letters: deadletter::DeadLetterStats,
+    /// Header codecs of every protocol (dead-lettering rewrites headers in
+    /// the message's own format).
+    codecs: parking_lot::RwLock<Arc<properties::HeaderCodecs>>,
 }
 
 impl Engine {
@@ -70,6 +79,9 @@ impl Engine {
             next_partition: AtomicU64::new(1),
             next_connection: AtomicU64::new(1),
             retired: parking_lot::Mutex::new(Vec::new()),
+            timers: Arc::default(),
+            dead_letters: Default::default(),
+            codecs: parking_lot::RwLock::new(Arc::new(properties::HeaderCodecs::new())),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
 
@@ -179,6 +191,29 @@ impl Engine {
         w.entry(name.to_string())
             .or_insert_with(|| Tenant::new(name, Arc::downgrade(self)))
             .clone()
+    }
+
+    /// Registers the header codecs of the protocols the gateway serves
+    /// (before it accepts connections).
+    pub fn set_codecs(&self, codecs: Arc<properties::HeaderCodecs>) {
+        *self.codecs.write() = codecs;
+    }
+
+    /// The registered header codecs.
+    pub fn codecs(&self) -> Arc<properties::HeaderCodecs> {
+        self.codecs.read().clone()
+    }
+
+    /// Runs the timed work due at `now_ms` (expiry, dead-lettering), one
+    /// batch per partition; returns when to call again (ms since epoch),
+    /// if anything is scheduled. The gateway's timer task calls it; it
+    /// sleeps until the returned time or until [`timers::Timers::changed`].
+    pub fn run_timers(&self, now_ms: u64) -> Option<u64> {
+        for p in self.timers.take_due(now_ms) {
+            let work = p.take_due(now_ms);
+            deadletter::process(self, &p, work.dead);
+        }
+        self.timers.next_ms()
     }
 
     /// A fresh connection id.

@@ -28,6 +28,9 @@ pub struct Message {
     pub persistent: bool,
     /// Priority.
     pub priority: u8,
+    /// Its own time to live in ms (AMQP `expiration`), counted from when it
+    /// enters each queue; the queue's `x-message-ttl` may be lower.
+    pub ttl_ms: Option<u32>,
 }
 
 impl Message {

@@ -130,7 +130,8 @@ impl Tenant {
     }
 
     pub(crate) fn restore_queue(&self, def: QueueDef) -> Arc<Queue> {
-        let q = Queue::new(def, self.name.clone(), None);
+        let timers = self.engine().ok().map(|e| e.timers.clone());
+        let q = Queue::with_timers(def, self.name.clone(), None, timers);
         self.queues.write().insert(q.name().to_string(), q.clone());
         q
     }
@@ -432,7 +433,7 @@ impl Tenant {
             None
         };
         let owner = req.exclusive.then_some(req.connection);
-        let q = Queue::new(def, self.name.clone(), owner);
+        let q = Queue::with_timers(def, self.name.clone(), owner, Some(engine.timers.clone()));
         w.insert(name.clone(), q);
         Ok((
             QueueDeclared {

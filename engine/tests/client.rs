@@ -70,6 +70,7 @@ fn publish(c: &mut Client, queue: &str, body: &str, persistent: bool) -> Publish
         header_format: HeaderFormat::Amqp091,
         persistent,
         priority: 0,
+        ttl_ms: None,
     })
     .expect("publish")
 }
@@ -134,7 +135,8 @@ fn publish_routes_to_a_consumer_and_ack_settles() {
     assert_eq!(
         publish(&mut c, "q", "hello", false),
         Published::Routed {
-            needs_barrier: false
+            needs_barrier: false,
+            refused: false
         }
     );
     let mut tag = 0;
@@ -686,7 +688,8 @@ fn acks_of_persistent_messages_reach_the_store() {
             assert_eq!(
                 publish(&mut c, "q", b, true),
                 Published::Routed {
-                    needs_barrier: true
+                    needs_barrier: true,
+                    refused: false
                 }
             );
         }

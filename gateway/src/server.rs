@@ -254,6 +254,7 @@ impl Broker {
         let log_cfg = &cfg.store.log;
         let started = std::time::Instant::now();
         let engine = Engine::open(store.clone())?;
+        engine.set_codecs(crate::amqp::convert::shared_codecs());
         release_recovery_memory();
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %log_cfg.data_dir.display(), "store opened");
         let defaults = ServerConfig::default();
@@ -314,6 +315,7 @@ impl Broker {
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut conns = JoinSet::new();
+        let timers = tokio::spawn(run_timers(self.shared.engine.clone()));
         let engine = self.shared.engine.clone();
         let compactor = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -378,6 +380,7 @@ impl Broker {
             conns.abort_all();
         }
         compactor.abort();
+        timers.abort();
         monitors_stop.store(true, Ordering::Relaxed);
         for m in monitors.into_iter().flatten() {
             let _ = m.join();
@@ -660,5 +663,32 @@ mod tests {
         let a: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
         let b: IpAddr = "2001:db8:1:2::ffff".parse().expect("ip");
         assert_eq!(throttle_key(a), throttle_key(b));
+    }
+}
+
+/// The engine's timer task: runs expiry and dead-lettering when due, each
+/// round on a blocking thread (it may read the store), sleeping until the
+/// next deadline or until an earlier one is scheduled.
+async fn run_timers(engine: Arc<Engine>) {
+    use crate::engine::message::now_ms;
+    loop {
+        let now = now_ms();
+        let e = engine.clone();
+        let next = tokio::task::spawn_blocking(move || e.run_timers(now))
+            .await
+            .unwrap_or(None);
+        match next {
+            // More is due (a partition hands out a bounded batch per round):
+            // go again, letting other tasks run first.
+            Some(at) if at <= now_ms() => tokio::task::yield_now().await,
+            Some(at) => {
+                let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = engine.timers.changed() => {}
+                }
+            }
+            None => engine.timers.changed().await,
+        }
     }
 }

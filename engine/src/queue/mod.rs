@@ -15,7 +15,7 @@ mod consumers;
 mod partition;
 mod ready;
 
-pub use partition::{Counters, Depth, Partition, HOT_ENTRIES};
+pub use partition::{Counters, Depth, DueWork, Enqueued, Partition, HOT_ENTRIES};
 
 use crate::args::QueueArgs;
 use crate::consumer::Consumer;
@@ -84,8 +84,20 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// A queue with its partitions.
+    /// A queue with its partitions, without timed work (expiry and
+    /// dead-lettering wait for [`Partition::take_due`] calls): for tests.
     pub fn new(def: QueueDef, tenant: Arc<str>, exclusive_owner: Option<u64>) -> Arc<Self> {
+        Self::with_timers(def, tenant, exclusive_owner, None)
+    }
+
+    /// A queue with its partitions, scheduling their timed work (expiry,
+    /// dead-lettering) on the engine's `timers`.
+    pub fn with_timers(
+        def: QueueDef,
+        tenant: Arc<str>,
+        exclusive_owner: Option<u64>,
+        timers: Option<Arc<crate::timers::Timers>>,
+    ) -> Arc<Self> {
         assert!(
             !def.partitions.is_empty(),
             "a queue has at least one partition"
@@ -102,16 +114,23 @@ impl Queue {
             QueueArgs::parse(&Value::Null).unwrap_or_default()
         });
         let args = Arc::new(args);
-        let partitions = def
-            .partitions
-            .iter()
-            .map(|p| Partition::with_args(PartitionId(*p), stored, args.clone()))
-            .collect();
-        Arc::new(Queue {
+        Arc::new_cyclic(|me| Queue {
+            partitions: def
+                .partitions
+                .iter()
+                .map(|p| {
+                    Partition::of_queue(
+                        PartitionId(*p),
+                        stored,
+                        args.clone(),
+                        timers.clone(),
+                        me.clone(),
+                    )
+                })
+                .collect(),
             def,
             tenant,
             exclusive_owner,
-            partitions,
             args: RwLock::new(args),
             deleted: AtomicBool::new(false),
             attached: Mutex::new(Attached::default()),

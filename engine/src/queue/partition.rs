@@ -2,11 +2,14 @@
 
 use super::consumers::ConsumerSet;
 use super::ready::ReadyList;
-use crate::args::QueueArgs;
+use crate::args::{Overflow, QueueArgs};
 use crate::consumer::{Consumer, Delivery};
+use crate::deadletter::DeadReason;
 use crate::message::{now_ms, Entry};
+use crate::timers::Timers;
 use parking_lot::{Mutex, MutexGuard};
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::{Location, MessageId, PartitionId};
@@ -18,6 +21,11 @@ use weir_backend::{Location, MessageId, PartitionId};
 /// non-durable queue) published while the partition is this deep are paged
 /// to the store for it (`Op::Page`: never fsynced, dropped at restart).
 pub const HOT_ENTRIES: usize = 2048;
+
+/// Most expired entries one [`Partition::take_due`] hands out: a million
+/// messages expiring at once are a series of short critical sections, not
+/// one long one, so publishers to the queue never stall behind expiry.
+const MAX_DUE_BATCH: usize = 4096;
 
 /// Cheap counters kept for every partition.
 #[derive(Default, Debug)]
@@ -49,6 +57,49 @@ pub struct Partition {
     ready_len: AtomicU64,
     /// Set when its queue is deleted: returned leases are settled, not requeued.
     deleted: AtomicBool,
+    /// The engine's timer, for time-driven work (expiry, dead-letters);
+    /// None in unit tests that drive [`Partition::take_due`] by hand.
+    timers: Option<Arc<Timers>>,
+    /// The earliest time this partition has in `timers` (u64::MAX: none).
+    scheduled: AtomicU64,
+    /// Its queue (dead-lettering needs the queue's arguments and tenant).
+    queue: std::sync::Weak<super::Queue>,
+}
+
+/// What [`Partition::enqueue`] did with an entry.
+#[derive(Debug)]
+#[must_use = "refused and dropped entries must be settled or dead-lettered"]
+pub enum Enqueued {
+    /// Queued. `dropped` are heads pushed out by `x-overflow: drop-head`;
+    /// they are already on their way to the dead-letter exchange (or
+    /// settled, without one) through the partition's dead-letter list.
+    Queued,
+    /// The queue was deleted meanwhile: settle it in the store.
+    Deleted(Entry),
+    /// Refused by `x-overflow: reject-publish[-dlx]`: the publisher's
+    /// confirm is a nack.
+    Overflow {
+        /// The refused entry.
+        entry: Entry,
+        /// `reject-publish-dlx`: the partition dead-letters it (and settles
+        /// its record then); otherwise the caller settles it.
+        dead_lettered: bool,
+    },
+}
+
+impl Enqueued {
+    /// Whether it was queued.
+    pub fn is_queued(&self) -> bool {
+        matches!(self, Enqueued::Queued)
+    }
+}
+
+/// Work a partition hands to the engine's timer task.
+#[derive(Debug, Default)]
+pub struct DueWork {
+    /// Entries to dead-letter (or settle, without a dead-letter exchange),
+    /// each with why.
+    pub dead: Vec<(Entry, DeadReason)>,
 }
 
 struct PartitionState {
@@ -60,6 +111,13 @@ struct PartitionState {
     consumers: ConsumerSet,
     /// The queue was deleted.
     deleted: bool,
+    /// Index of ready entries with an expiry: (expires_at_ms, seq,
+    /// priority), earliest first. Entries that left the ready list are
+    /// skipped when popped; rebuilt when stale ones outnumber the ready list.
+    expiry: BinaryHeap<Reverse<(u64, u64, u8)>>,
+    /// Entries waiting for the timer task to dead-letter (or settle) them.
+    /// Their records are live until then (compaction sees them).
+    dead: Vec<(Entry, DeadReason)>,
     /// Current store location of every leased (delivered, unsettled) durable
     /// entry. The channel holding the lease has a copy of the entry, but
     /// compaction may move the record meanwhile: settles and requeues take
@@ -171,6 +229,17 @@ impl Partition {
 
     /// An empty partition of a queue with arguments `args`.
     pub fn with_args(id: PartitionId, durable: bool, args: Arc<QueueArgs>) -> Arc<Self> {
+        Self::of_queue(id, durable, args, None, std::sync::Weak::new())
+    }
+
+    /// An empty partition of `queue`, scheduling its timed work on `timers`.
+    pub(crate) fn of_queue(
+        id: PartitionId,
+        durable: bool,
+        args: Arc<QueueArgs>,
+        timers: Option<Arc<Timers>>,
+        queue: std::sync::Weak<super::Queue>,
+    ) -> Arc<Self> {
         Arc::new(Partition {
             id,
             durable,
@@ -180,11 +249,16 @@ impl Partition {
                 next_seq: 0,
                 consumers: ConsumerSet::default(),
                 deleted: false,
+                expiry: BinaryHeap::new(),
+                dead: Vec::new(),
                 leased: HashMap::new(),
             }),
             counters: Counters::default(),
             ready_len: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            timers,
+            scheduled: AtomicU64::new(u64::MAX),
+            queue,
         })
     }
 
@@ -197,7 +271,16 @@ impl Partition {
         self.deleted.store(true, Ordering::Release);
         self.ready_len.store(0, Ordering::Relaxed);
         let consumers = st.consumers.take_all();
-        (consumers, st.ready.drain())
+        st.expiry.clear();
+        let mut entries = st.ready.drain();
+        let dead: Vec<Entry> = st.dead.drain(..).map(|(e, _)| e).collect();
+        for mut e in dead {
+            if let Some(l) = st.leased.remove(&e.id) {
+                e.location = Some(l);
+            }
+            entries.push(e);
+        }
+        (consumers, entries)
     }
 
     /// Whether its queue was deleted.
@@ -211,42 +294,196 @@ impl Partition {
     }
 
     /// Appends recovered entries (already in id order) at startup.
-    pub fn restore(&self, entries: impl IntoIterator<Item = Entry>) {
+    pub fn restore(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) {
         let mut st = self.lock();
         for mut e in entries {
             e.seq = st.next_seq;
             st.next_seq += 1;
+            e.priority = st.ready.level_of(e.priority);
+            if e.expires_at_ms != 0 {
+                st.expiry
+                    .push(Reverse((e.expires_at_ms, e.seq, e.priority)));
+            }
             st.ready.push_back(e);
         }
+        let next = st.expiry.peek().map(|Reverse((at, _, _))| *at);
         self.ready_len
             .store(st.ready.len() as u64, Ordering::Relaxed);
+        drop(st);
+        if let Some(at) = next {
+            self.schedule(at);
+        }
     }
 
-    /// Adds a new message at the tail and hands out whatever consumers can take.
-    /// Returns the entry if the queue was deleted meanwhile: the caller
-    /// settles it in the store.
-    #[must_use = "an entry refused by a deleted partition must be settled"]
-    pub fn enqueue(self: &Arc<Self>, mut entry: Entry) -> Option<Entry> {
+    /// Asks the engine's timer to call [`Self::take_due`] at `at_ms` (0 =
+    /// at once), unless an earlier call is already scheduled.
+    fn schedule(self: &Arc<Self>, at_ms: u64) {
+        if self.scheduled.fetch_min(at_ms, Ordering::AcqRel) <= at_ms {
+            return;
+        }
+        if let Some(t) = &self.timers {
+            t.schedule(self, at_ms);
+        }
+    }
+
+    /// Queues an entry for the timer task to dead-letter; returns whether
+    /// the list was empty (then the caller schedules the timer at once).
+    fn push_dead(&self, st: &mut PartitionState, e: Entry, why: DeadReason) -> bool {
+        // Its position is tracked with the leases' (compaction moves it
+        // there) until the timer task is done with it.
+        if let Some(l) = e.location {
+            st.leased.insert(e.id, l);
+        }
+        st.dead.push((e, why));
+        st.dead.len() == 1
+    }
+
+    /// Where a dead-listed entry's record is now.
+    pub fn dead_location(&self, e: &Entry) -> Option<Location> {
+        self.leased_location(e)
+    }
+
+    /// The timer task is done with these dead-listed entries (their
+    /// records are settled or moved).
+    pub fn forget_dead(&self, ids: impl Iterator<Item = MessageId>) {
+        let mut st = self.lock();
+        for id in ids {
+            st.leased.remove(&id);
+        }
+    }
+
+    /// The queue this partition belongs to (None once it is gone).
+    pub fn queue(&self) -> Option<Arc<super::Queue>> {
+        self.queue.upgrade()
+    }
+
+    /// The timer task's work at `now_ms`: ready entries whose time has
+    /// come (expired), and everything waiting to be dead-lettered. Then
+    /// schedules the next deadline.
+    pub fn take_due(self: &Arc<Self>, now_ms: u64) -> DueWork {
+        // Taken out of the timer: the next schedule pushes again.
+        self.scheduled.store(u64::MAX, Ordering::Release);
+        let mut work = DueWork::default();
+        let next = {
+            let mut st = self.lock();
+            while let Some(&Reverse((at, seq, prio))) = st.expiry.peek() {
+                if at > now_ms || work.dead.len() >= MAX_DUE_BATCH {
+                    break;
+                }
+                st.expiry.pop();
+                // Gone from the ready list (delivered, purged) or requeued
+                // with another deadline: nothing to do for this index entry.
+                if let Some(e) = st.ready.remove_if(seq, prio, |e| e.expires_at_ms == at) {
+                    work.dead.push((e, DeadReason::Expired));
+                }
+            }
+            work.dead.append(&mut st.dead);
+            // Stale index entries (delivered before expiring) are dropped
+            // when they outnumber the ready list, so the index stays O(ready).
+            if st.expiry.len() > 2 * st.ready.len() + 1024 {
+                let live: Vec<_> = st
+                    .ready
+                    .iter()
+                    .filter(|e| e.expires_at_ms != 0)
+                    .map(|e| Reverse((e.expires_at_ms, e.seq, e.priority)))
+                    .collect();
+                st.expiry = BinaryHeap::from(live);
+            }
+            self.ready_len
+                .store(st.ready.len() as u64, Ordering::Relaxed);
+            st.expiry.peek().map(|Reverse((at, _, _))| *at)
+        };
+        if let Some(at) = next {
+            self.schedule(at);
+        }
+        work
+    }
+
+    /// Adds a new message at the tail and hands out whatever consumers can
+    /// take, applying the queue's TTL and length limits.
+    pub fn enqueue(self: &Arc<Self>, mut entry: Entry) -> Enqueued {
         let mut woken = Vec::new();
+        let mut wake_timer = None;
         {
             let mut st = self.lock();
             if st.deleted {
-                return Some(entry);
+                return Enqueued::Deleted(entry);
+            }
+            let args = &st.args;
+            if args.overflow != Overflow::DropHead
+                && (args.max_length.is_some_and(|m| st.ready.len() as u64 >= m)
+                    || args
+                        .max_length_bytes
+                        .is_some_and(|m| st.ready.bytes() + u64::from(entry.size) > m))
+            {
+                let dead_lettered = args.overflow == Overflow::RejectPublishDlx;
+                if dead_lettered {
+                    let first = self.push_dead(&mut st, entry.clone(), DeadReason::Maxlen);
+                    drop(st);
+                    if first {
+                        self.schedule(0);
+                    }
+                }
+                return Enqueued::Overflow {
+                    entry,
+                    dead_lettered,
+                };
+            }
+            if let Some(ttl) = args.message_ttl {
+                let at = entry.enqueued_ms.saturating_add(ttl).max(1);
+                if entry.expires_at_ms == 0 || at < entry.expires_at_ms {
+                    entry.expires_at_ms = at;
+                }
             }
             entry.seq = st.next_seq;
             st.next_seq += 1;
+            entry.priority = st.ready.level_of(entry.priority);
             if st.ready.len() >= HOT_ENTRIES && entry.location.is_some() {
                 // Deep in the queue: keep only where it is stored.
                 entry.message = None;
             }
+            if entry.expires_at_ms != 0 {
+                let at = entry.expires_at_ms;
+                if st
+                    .expiry
+                    .peek()
+                    .is_none_or(|Reverse((first, _, _))| at < *first)
+                {
+                    wake_timer = Some(at);
+                }
+                st.expiry.push(Reverse((at, entry.seq, entry.priority)));
+            }
             st.ready.push_back(entry);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
             self.dispatch_locked(&mut st, &mut woken);
+            if st.args.max_length.is_some() || st.args.max_length_bytes.is_some() {
+                if self.drop_over_limit(&mut st) {
+                    wake_timer = Some(0);
+                }
+            }
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
         }
+        if let Some(at) = wake_timer {
+            self.schedule(at);
+        }
         wake_all(woken);
-        None
+        Enqueued::Queued
+    }
+
+    /// `x-overflow: drop-head`: drops heads past the length limits into the
+    /// dead-letter list. Returns whether the timer must run.
+    fn drop_over_limit(self: &Arc<Self>, st: &mut PartitionState) -> bool {
+        let (max_len, max_bytes) = (
+            st.args.max_length.unwrap_or(u64::MAX),
+            st.args.max_length_bytes.unwrap_or(u64::MAX),
+        );
+        let mut wake = false;
+        while st.ready.len() as u64 > max_len || st.ready.bytes() > max_bytes {
+            let Some(e) = st.ready.pop_front() else { break };
+            wake |= self.push_dead(st, e, DeadReason::Maxlen);
+        }
+        wake
     }
 
     /// Puts leased entries back at their original positions, marked redelivered.
@@ -272,8 +509,10 @@ impl Partition {
     ) -> Vec<Entry> {
         let mut woken = Vec::new();
         let mut refused = Vec::new();
+        let mut wake_timer = false;
         {
             let mut st = self.lock();
+            let mut now = 0;
             for mut e in entries {
                 if let Some(l) = st.leased.remove(&e.id) {
                     e.location = Some(l);
@@ -288,9 +527,29 @@ impl Partition {
                 }
                 if delivered {
                     e.redelivered = true;
+                    // A poison message: returned more often than allowed.
+                    if st
+                        .args
+                        .delivery_limit
+                        .is_some_and(|limit| u32::from(e.attempts) > limit)
+                    {
+                        wake_timer |= self.push_dead(&mut st, e, DeadReason::DeliveryLimit);
+                        continue;
+                    }
                 } else {
                     self.counters.delivered.fetch_sub(1, Ordering::Relaxed);
                     e.attempts = e.attempts.saturating_sub(1);
+                }
+                if e.expires_at_ms != 0 {
+                    if now == 0 {
+                        now = now_ms();
+                    }
+                    if e.expires_at_ms <= now {
+                        wake_timer |= self.push_dead(&mut st, e, DeadReason::Expired);
+                        continue;
+                    }
+                    st.expiry
+                        .push(Reverse((e.expires_at_ms, e.seq, e.priority)));
                 }
                 st.ready.put_back(e);
             }
@@ -298,8 +557,40 @@ impl Partition {
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
         }
+        if wake_timer {
+            self.schedule(0);
+        }
         wake_all(woken);
         refused
+    }
+
+    /// Leased entries rejected without requeue, on a queue with a
+    /// dead-letter exchange: they leave the lease and wait for the timer
+    /// task to dead-letter them (their records stay live until then).
+    pub fn reject(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) {
+        let mut wake_timer = false;
+        {
+            let mut st = self.lock();
+            for mut e in entries {
+                if let Some(l) = st.leased.remove(&e.id) {
+                    e.location = Some(l);
+                }
+                self.counters.leased.fetch_sub(1, Ordering::Relaxed);
+                self.counters
+                    .leased_bytes
+                    .fetch_sub(e.size as u64, Ordering::Relaxed);
+                wake_timer |= self.push_dead(&mut st, e, DeadReason::Rejected);
+            }
+        }
+        if wake_timer {
+            self.schedule(0);
+        }
+    }
+
+    /// Whether rejected or expired messages of this queue go somewhere
+    /// (a dead-letter exchange is set).
+    pub fn dead_letters(&self) -> bool {
+        self.lock().args.dead_letter_exchange.is_some()
     }
 
     /// Whether any durable entry of this partition is leased.
@@ -382,8 +673,13 @@ impl Partition {
 
     fn dispatch_locked(self: &Arc<Self>, st: &mut PartitionState, woken: &mut Vec<Arc<Consumer>>) {
         st.consumers.retain_live();
+        let mut now = 0;
         while let Some(front) = st.ready.front() {
-            let Some(c) = st.consumers.acquire(front.size) else {
+            let (expires_at, size) = (front.expires_at_ms, front.size);
+            if expires_at != 0 && self.expired_head(st, &mut now) {
+                continue;
+            }
+            let Some(c) = st.consumers.acquire(size) else {
                 break;
             };
             let Some(mut entry) = st.ready.pop_front() else {
@@ -413,10 +709,40 @@ impl Partition {
         }
     }
 
+    /// Whether the head has expired (`now` is read once, lazily); if so it
+    /// moves to the dead-letter list and the timer is asked to run. Expired
+    /// messages are never delivered, even if the timer runs late.
+    fn expired_head(self: &Arc<Self>, st: &mut PartitionState, now: &mut u64) -> bool {
+        let Some(front) = st.ready.front() else {
+            return false;
+        };
+        if *now == 0 {
+            *now = now_ms();
+        }
+        if front.expires_at_ms > *now {
+            return false;
+        }
+        let Some(e) = st.ready.pop_front() else {
+            return false;
+        };
+        if self.push_dead(st, e, DeadReason::Expired) {
+            // Under the lock: `schedule` only touches atomics and the
+            // timer's own lock, never a partition's.
+            self.schedule(0);
+        }
+        true
+    }
+
     /// Takes the head message for basic.get; returns it with the number of
     /// messages left.
-    pub fn get(&self) -> Option<(Entry, u64)> {
+    pub fn get(self: &Arc<Self>) -> Option<(Entry, u64)> {
         let mut st = self.lock();
+        let mut now = 0;
+        while st.ready.front().is_some_and(|f| f.expires_at_ms != 0) {
+            if !self.expired_head(&mut st, &mut now) {
+                break;
+            }
+        }
         let mut e = st.ready.pop_front()?;
         if let Some(l) = e.location {
             st.leased.insert(e.id, l);
@@ -551,7 +877,7 @@ mod tests {
     fn credit_bounds_deliveries_and_requeue_restores_position() {
         let p = Partition::new(PartitionId(1), false);
         for id in 1..=4 {
-            assert!(p.enqueue(entry(id)).is_none());
+            assert!(p.enqueue(entry(id)).is_queued());
         }
         let conn = ConnHandle::new(1);
         let c = consumer(&conn, 2);
@@ -580,7 +906,7 @@ mod tests {
         for id in 1..=2 {
             let mut e = entry(id);
             e.location = Some(at(1));
-            assert!(p.enqueue(e).is_none());
+            assert!(p.enqueue(e).is_queued());
         }
         let conn = ConnHandle::new(1);
         let c = consumer(&conn, 1);
@@ -619,7 +945,7 @@ mod tests {
         assert!(p.add_consumer(consumer(&a, 0)));
         assert!(p.add_consumer(consumer(&b, 0)));
         for id in 1..=6 {
-            assert!(p.enqueue(entry(id)).is_none());
+            assert!(p.enqueue(entry(id)).is_queued());
         }
         let ids = |v: Vec<Delivery>| v.into_iter().map(|d| d.entry.id).collect::<Vec<_>>();
         assert_eq!(ids(drained(&a)), vec![1, 3, 5]);
@@ -640,6 +966,7 @@ mod tests {
             header_format: crate::properties::HeaderFormat::Amqp091,
             persistent: durable,
             priority: 0,
+            ttl_ms: None,
         });
         for id in 0..n {
             let mut e = entry(id);
@@ -647,7 +974,7 @@ mod tests {
                 e.location = Some(weir_backend::testing::location(1));
             }
             e.message = Some(msg.clone());
-            assert!(p.enqueue(e).is_none());
+            assert!(p.enqueue(e).is_queued());
         }
         Arc::strong_count(&msg) - 1
     }
@@ -671,7 +998,7 @@ mod tests {
         let p = Partition::new(PartitionId(1), false);
         let n = UNSENT_MAX_COUNT as u64 * 2 + 10;
         for id in 0..n {
-            assert!(p.enqueue(entry(id)).is_none());
+            assert!(p.enqueue(entry(id)).is_queued());
         }
         let conn = ConnHandle::new(1);
         assert!(p.add_consumer(consumer(&conn, 0)));

@@ -132,11 +132,23 @@ impl ReadyList {
 
     /// Removes the live entry with `seq` at priority level `priority`, if
     /// it is ready.
+    #[cfg(test)]
     pub(crate) fn remove(&mut self, seq: u64, priority: u8) -> Option<Entry> {
+        self.remove_if(seq, priority, |_| true)
+    }
+
+    /// Removes the live entry with `seq` at level `priority` if it is ready
+    /// and `pred` holds for it.
+    pub(crate) fn remove_if(
+        &mut self,
+        seq: u64,
+        priority: u8,
+        pred: impl FnOnce(&Entry) -> bool,
+    ) -> Option<Entry> {
         let at = self.level_of(priority) as usize;
         let level = &mut self.levels[at];
         let i = level.find(seq)?;
-        if level.q[i].dead {
+        if level.q[i].dead || !pred(&level.q[i]) {
             return None;
         }
         let tomb = Entry {

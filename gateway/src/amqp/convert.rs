@@ -143,8 +143,21 @@ impl HeaderCodec for AmqpCodec {
 
 /// The engine's codecs with AMQP's registered (built once).
 pub fn codecs() -> &'static HeaderCodecs {
-    static CODECS: OnceLock<HeaderCodecs> = OnceLock::new();
-    CODECS.get_or_init(|| HeaderCodecs::new().with(Arc::new(AmqpCodec)))
+    shared_codecs_ref()
+}
+
+/// The same codecs, shared with the engine (which rewrites headers when it
+/// dead-letters).
+pub fn shared_codecs() -> Arc<HeaderCodecs> {
+    static CODECS: OnceLock<Arc<HeaderCodecs>> = OnceLock::new();
+    CODECS
+        .get_or_init(|| Arc::new(HeaderCodecs::new().with(Arc::new(AmqpCodec))))
+        .clone()
+}
+
+fn shared_codecs_ref() -> &'static HeaderCodecs {
+    static CODECS: OnceLock<Arc<HeaderCodecs>> = OnceLock::new();
+    CODECS.get_or_init(shared_codecs)
 }
 
 /// A relative TTL in ms from AMQP's `expiration`, by RabbitMQ's rule: a

@@ -34,6 +34,7 @@ impl Session {
             header_format: HeaderFormat::Amqp091,
             persistent: p.persistent,
             priority: p.priority.unwrap_or(0),
+            ttl_ms: None,
         })?;
         let Some(c) = self.channels.get_mut(&ch) else {
             return Ok(());
@@ -43,7 +44,21 @@ impl Session {
             c.batch_publishes += 1;
         }
         match published {
-            Published::Routed { needs_barrier } => c.batch_needs_store |= needs_barrier,
+            Published::Routed {
+                needs_barrier,
+                refused,
+            } => {
+                c.batch_needs_store |= needs_barrier;
+                // A queue at its length limit with reject-publish refused
+                // it: nacked now, on its own, as for a full disk below.
+                if refused && c.confirm {
+                    let tag = c.publish_tag;
+                    c.batch_publishes = c.batch_publishes.saturating_sub(1);
+                    if self.conn.channel_is_usable(ch) {
+                        self.write_confirm(ch, tag, false, true);
+                    }
+                }
+            }
             Published::Unroutable => {
                 if p.mandatory {
                     let frame_max = self.conn.frame_max();

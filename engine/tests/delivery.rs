@@ -1,0 +1,404 @@
+//! Delivery semantics in process: TTL with the expiry index, dead-lettering
+//! with `x-death`, delivery limits, length limits and overflow modes. Time
+//! is an input: [`Engine::run_timers`] is called with a chosen "now".
+
+use bytes::Bytes;
+use serde_json::{json, Value as Json};
+use std::sync::Arc;
+use std::time::Instant;
+use weir_backend::testing::MemStore;
+use weir_engine::client::{GetAck, Published};
+use weir_engine::exchange::HeaderLookup;
+use weir_engine::lease::Settle;
+use weir_engine::message::{now_ms, Message};
+use weir_engine::properties::{HeaderFormat, Properties, Table, Value};
+use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::{Client, Engine, DEFAULT_TENANT};
+
+fn setup() -> (Arc<Engine>, Client) {
+    let e = Engine::open(MemStore::new()).expect("engine");
+    let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+    (e, c)
+}
+
+fn declare(c: &Client, name: &str, args: Json) -> Result<(), String> {
+    let (_, wait) = c
+        .tenant()
+        .declare_queue(QueueDeclare {
+            name: name.into(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            arguments: args,
+            connection: c.id(),
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some(w) = wait {
+        w.blocking_recv().expect("store answered").expect("durable");
+    }
+    Ok(())
+}
+
+struct NoHeaders;
+impl HeaderLookup for NoHeaders {
+    fn header(&self, _: &str) -> Option<Json> {
+        None
+    }
+}
+
+/// Publishes `body` persistently to `queue` (default exchange), with an
+/// optional per-message TTL, in Weir's own header format.
+fn publish(c: &mut Client, queue: &str, body: &str, ttl_ms: Option<u32>) -> Published {
+    let props = Properties {
+        ttl_ms: ttl_ms.map(u64::from),
+        ..Properties::default()
+    };
+    let route = RouteInput {
+        exchange: "",
+        routing_key: queue,
+        headers: &NoHeaders,
+    };
+    let p = c
+        .publish(&route, |id| Message {
+            id,
+            exchange: Bytes::new(),
+            routing_key: Bytes::copy_from_slice(queue.as_bytes()),
+            properties: props.to_bytes().expect("encodable"),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+            header_format: HeaderFormat::Weir,
+            persistent: true,
+            priority: 0,
+            ttl_ms,
+        })
+        .expect("publish");
+    c.commit();
+    p
+}
+
+/// What a get of `queue` returns: (body, x-death reasons newest first,
+/// x-death count of the newest).
+fn get(c: &mut Client, e: &Engine, queue: &str) -> Option<(String, Vec<String>, i64)> {
+    let got = c.get(queue, GetAck::Auto).expect("get")?;
+    let props = e
+        .codecs()
+        .decode(got.message.header_format, &got.message.properties)
+        .expect("decodable");
+    let mut reasons = Vec::new();
+    let mut count = 0;
+    if let Some(Value::Array(deaths)) = props.headers.as_ref().and_then(|h| h.get("x-death")) {
+        for (i, d) in deaths.iter().enumerate() {
+            if let Value::Table(t) = d {
+                if let Some(Value::String(r)) = t.get("reason") {
+                    reasons.push(r.clone());
+                }
+                if let (0, Some(Value::I64(n))) = (i, t.get("count")) {
+                    count = *n;
+                }
+            }
+        }
+    }
+    Some((
+        String::from_utf8_lossy(&got.message.body).into_owned(),
+        reasons,
+        count,
+    ))
+}
+
+fn bodies(c: &mut Client, e: &Engine, queue: &str) -> Vec<String> {
+    std::iter::from_fn(|| get(c, e, queue).map(|(b, _, _)| b)).collect()
+}
+
+fn headers_of(e: &Engine, m: &Message) -> Table {
+    e.codecs()
+        .decode(m.header_format, &m.properties)
+        .expect("decodable")
+        .headers
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
+    let (e, mut c) = setup();
+    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(
+        &c,
+        "q",
+        json!({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
+    )
+    .expect("q");
+    publish(&mut c, "q", "long", Some(3_600_000));
+    publish(&mut c, "q", "short", Some(1_000));
+    let t0 = now_ms();
+    // Not yet due.
+    e.run_timers(t0 + 500);
+    assert_eq!(c.queue("dlq").expect("dlq").message_count(), 0);
+    // Due: the short one leaves from behind the long one, at once.
+    let next = e.run_timers(t0 + 1_100);
+    let (body, reasons, count) = get(&mut c, &e, "dlq").expect("dead-lettered");
+    assert_eq!((body.as_str(), count), ("short", 1));
+    assert_eq!(reasons, vec!["expired"]);
+    assert_eq!(bodies(&mut c, &e, "q"), vec!["long"]);
+    assert!(
+        next.is_some_and(|n| n > t0 + 3_000_000),
+        "the long one is still scheduled"
+    );
+}
+
+#[test]
+fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
+    let (e, mut c) = setup();
+    declare(&c, "q", json!({"x-message-ttl": 60_000})).expect("q");
+    publish(&mut c, "q", "own-ttl-lower", Some(1_000));
+    publish(&mut c, "q", "queue-ttl", None);
+    let t0 = now_ms();
+    e.run_timers(t0 + 2_000);
+    assert_eq!(c.queue("q").expect("q").message_count(), 1);
+    e.run_timers(t0 + 61_000);
+    assert_eq!(c.queue("q").expect("q").message_count(), 0);
+    // Without a dead-letter exchange they were dropped and counted.
+    assert_eq!(
+        e.dead_letters
+            .dropped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+
+    // Expired but the timer has not run yet: a get never returns it.
+    declare(&c, "q0", json!({"x-message-ttl": 0})).expect("q0");
+    publish(&mut c, "q0", "gone", None);
+    assert!(get(&mut c, &e, "q0").is_none());
+}
+
+#[test]
+fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
+    let (e, mut c) = setup();
+    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(
+        &c,
+        "work",
+        json!({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
+    )
+    .expect("work");
+    publish(&mut c, "work", "bad", None);
+    let got = c
+        .get(
+            "work",
+            GetAck::Lease {
+                scope: 1,
+                tag: 1,
+                now: Instant::now(),
+            },
+        )
+        .expect("get")
+        .expect("one");
+    assert_eq!(&got.message.body[..], b"bad");
+    c.settle(1, 1, false, Settle::Drop).expect("reject");
+    c.commit();
+    e.run_timers(now_ms());
+    let got = c
+        .get("dlq", GetAck::Auto)
+        .expect("get")
+        .expect("dead-lettered");
+    let h = headers_of(&e, &got.message);
+    assert_eq!(
+        h.get("x-first-death-reason"),
+        Some(&Value::String("rejected".into()))
+    );
+    assert_eq!(
+        h.get("x-first-death-queue"),
+        Some(&Value::String("work".into()))
+    );
+    let Some(Value::Array(deaths)) = h.get("x-death") else {
+        panic!("no x-death")
+    };
+    let Value::Table(d) = &deaths[0] else {
+        panic!("x-death entry is a table")
+    };
+    assert_eq!(
+        d.get("routing-keys"),
+        Some(&Value::Array(vec![Value::String("work".into())]))
+    );
+    assert_eq!(&got.message.routing_key[..], b"dlq");
+    // Settled in the source: nothing left there, leased or ready.
+    assert_eq!(c.queue("work").expect("work").depth().leased, 0);
+}
+
+#[test]
+fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
+    let (e, mut c) = setup();
+    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(
+        &c,
+        "work",
+        json!({"x-delivery-limit": 3, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
+    )
+    .expect("work");
+    publish(&mut c, "work", "poison", None);
+    let mut deliveries = 0;
+    let mut tag = 0;
+    while let Some(got) = c
+        .get(
+            "work",
+            GetAck::Lease {
+                scope: 1,
+                tag: tag + 1,
+                now: Instant::now(),
+            },
+        )
+        .expect("get")
+    {
+        tag += 1;
+        deliveries += 1;
+        assert_eq!(got.redelivered, deliveries > 1);
+        c.settle(1, tag, false, Settle::Requeue)
+            .expect("nack requeue");
+        c.commit();
+        assert!(deliveries <= 4, "the poison message loops");
+    }
+    assert_eq!(deliveries, 4, "first delivery + 3 redeliveries");
+    e.run_timers(now_ms());
+    let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
+    assert_eq!(body, "poison");
+    assert_eq!(reasons, vec!["delivery_limit"]);
+}
+
+#[test]
+fn quorum_queues_default_to_a_delivery_limit_of_20() {
+    let (_e, mut c) = setup();
+    declare(&c, "qq", json!({"x-queue-type": "quorum"})).expect("qq");
+    publish(&mut c, "qq", "p", None);
+    let mut n = 0;
+    while let Some(_g) = c
+        .get(
+            "qq",
+            GetAck::Lease {
+                scope: 1,
+                tag: n + 1,
+                now: Instant::now(),
+            },
+        )
+        .expect("get")
+    {
+        n += 1;
+        c.settle(1, n, false, Settle::Requeue).expect("requeue");
+        assert!(n <= 21);
+    }
+    assert_eq!(n, 21);
+}
+
+#[test]
+fn max_length_drop_head_dead_letters_the_oldest() {
+    let (e, mut c) = setup();
+    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(
+        &c,
+        "q",
+        json!({"x-max-length": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
+    )
+    .expect("q");
+    for b in ["1", "2", "3", "4"] {
+        assert!(matches!(
+            publish(&mut c, "q", b, None),
+            Published::Routed { refused: false, .. }
+        ));
+    }
+    e.run_timers(now_ms());
+    assert_eq!(bodies(&mut c, &e, "q"), vec!["3", "4"]);
+    let dead: Vec<_> = std::iter::from_fn(|| get(&mut c, &e, "dlq")).collect();
+    assert_eq!(
+        dead.iter()
+            .map(|(b, r, _)| (b.as_str(), r[0].as_str()))
+            .collect::<Vec<_>>(),
+        vec![("1", "maxlen"), ("2", "maxlen")]
+    );
+}
+
+#[test]
+fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
+    let (e, mut c) = setup();
+    declare(
+        &c,
+        "q",
+        json!({"x-max-length": 1, "x-overflow": "reject-publish"}),
+    )
+    .expect("q");
+    assert!(matches!(
+        publish(&mut c, "q", "a", None),
+        Published::Routed { refused: false, .. }
+    ));
+    assert!(matches!(
+        publish(&mut c, "q", "b", None),
+        Published::Routed { refused: true, .. }
+    ));
+    assert_eq!(bodies(&mut c, &e, "q"), vec!["a"]);
+
+    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(
+        &c,
+        "q2",
+        json!({"x-max-length-bytes": 100, "x-overflow": "reject-publish-dlx",
+               "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
+    )
+    .expect("q2");
+    assert!(matches!(
+        publish(&mut c, "q2", "a", None),
+        Published::Routed { refused: false, .. }
+    ));
+    let big = "b".repeat(200);
+    assert!(matches!(
+        publish(&mut c, "q2", &big, None),
+        Published::Routed { refused: true, .. }
+    ));
+    e.run_timers(now_ms());
+    let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
+    assert_eq!(
+        (body.as_str(), reasons[0].as_str()),
+        (big.as_str(), "maxlen")
+    );
+}
+
+#[test]
+fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
+    let (e, mut c) = setup();
+    // a expires into b, b expires back into a.
+    declare(
+        &c,
+        "a",
+        json!({"x-message-ttl": 10, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "b"}),
+    )
+    .expect("a");
+    declare(
+        &c,
+        "b",
+        json!({"x-message-ttl": 10, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "a"}),
+    )
+    .expect("b");
+    publish(&mut c, "a", "m", None);
+    let t0 = now_ms();
+    for step in 1..=10 {
+        e.run_timers(t0 + step * 1_000);
+    }
+    assert_eq!(c.queue("a").expect("a").message_count(), 0);
+    assert_eq!(c.queue("b").expect("b").message_count(), 0);
+    assert_eq!(
+        e.dead_letters
+            .cycles
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[test]
+fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
+    let (_e, c) = setup();
+    for args in [
+        json!({"x-max-priority": "10"}),
+        json!({"x-max-priority": 256}),
+        json!({"x-message-ttl": -5}),
+        json!({"x-overflow": "nope"}),
+    ] {
+        let err = declare(&c, "bad", args.clone()).expect_err("refused");
+        assert!(err.contains("invalid arg"), "{args}: {err}");
+    }
+}
