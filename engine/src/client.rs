@@ -24,7 +24,7 @@ use crate::consumer::{ConnHandle, Consumer, Credit, Delivery, Notice, Scope, NO_
 use crate::error::{ClientError, EngineError, Result};
 use crate::lease::{Lease, Leases, Settle};
 use crate::message::{now_ms, Entry, Message};
-use crate::properties::HeaderFormat;
+use crate::properties::{HeaderFormat, Value};
 use crate::queue::{AttachError, Enqueued, Partition, Queue, HOT_ENTRIES};
 use crate::tenant::RouteInput;
 use crate::{Engine, Tenant};
@@ -190,6 +190,8 @@ pub struct Client {
     publish_durable: Vec<PartitionId>,
     locs: Vec<Location>,
     closed: bool,
+    /// Header codecs (headers the engine adds, e.g. `x-delivery-count`).
+    codecs: Arc<crate::properties::HeaderCodecs>,
 }
 
 impl Client {
@@ -203,6 +205,7 @@ impl Client {
             tenant: t,
             principal: principal.into(),
             handle: ConnHandle::new(engine.next_connection_id()),
+            codecs: engine.codecs(),
             scopes: ScopeMap::default(),
             pending: VecDeque::new(),
             taken: 0,
@@ -577,6 +580,7 @@ impl Client {
                 }
             },
         };
+        let message = self.with_delivery_count(&partition, &entry, message);
         let redelivered = entry.redelivered;
         match ack {
             GetAck::Auto => self.settle_one(
@@ -669,9 +673,52 @@ impl Client {
     /// (retrying while compaction moves its record). None if unreadable:
     /// then [`Self::discard`] it.
     pub fn message_of(&self, d: &Delivery) -> Option<Arc<Message>> {
-        match &d.entry.message {
-            Some(m) => Some(m.clone()),
-            None => self.read_back(&d.partition, &d.entry),
+        let m = match &d.entry.message {
+            Some(m) => m.clone(),
+            None => self.read_back(&d.partition, &d.entry)?,
+        };
+        Some(self.with_delivery_count(&d.partition, &d.entry, m))
+    }
+
+    /// On a queue that counts deliveries (a delivery limit, or a quorum
+    /// queue), a message returned before carries `x-delivery-count`: how
+    /// many times it was delivered and came back (RabbitMQ 4's header).
+    /// Rewritten through the message's own codec, so every protocol shows
+    /// it its way; only returned messages pay for it.
+    fn with_delivery_count(&self, p: &Partition, e: &Entry, m: Arc<Message>) -> Arc<Message> {
+        if e.attempts <= 1 || !p.counts_deliveries() {
+            return m;
+        }
+        let codecs = &self.codecs;
+        let rewritten = codecs
+            .decode(m.header_format, &m.properties)
+            .and_then(|mut props| {
+                let headers = props.headers.get_or_insert_with(Default::default);
+                let count = Value::I64(i64::from(e.attempts) - 1);
+                match headers.0.iter_mut().find(|(k, _)| k == "x-delivery-count") {
+                    Some((_, v)) => *v = count,
+                    None => headers.push("x-delivery-count", count),
+                }
+                let mut raw = Vec::with_capacity(m.properties.len() + 24);
+                codecs.get(m.header_format)?.encode(&props, &mut raw)?;
+                Ok(raw)
+            });
+        match rewritten {
+            Ok(raw) => Arc::new(Message {
+                id: m.id,
+                exchange: m.exchange.clone(),
+                routing_key: m.routing_key.clone(),
+                properties: Bytes::from(raw),
+                body: m.body.clone(),
+                header_format: m.header_format,
+                persistent: m.persistent,
+                priority: m.priority,
+                ttl_ms: m.ttl_ms,
+            }),
+            Err(err) => {
+                tracing::debug!(error = %err, "x-delivery-count not added: headers undecodable");
+                m
+            }
         }
     }
 

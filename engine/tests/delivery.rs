@@ -251,6 +251,12 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
         tag += 1;
         deliveries += 1;
         assert_eq!(got.redelivered, deliveries > 1);
+        // RabbitMQ 4's header: deliveries that came back before this one.
+        let count = headers_of(&e, &got.message)
+            .get("x-delivery-count")
+            .cloned();
+        let expected = (deliveries > 1).then(|| Value::I64(deliveries - 1));
+        assert_eq!(count, expected, "delivery {deliveries}");
         c.settle(1, tag, false, Settle::Requeue)
             .expect("nack requeue");
         c.commit();

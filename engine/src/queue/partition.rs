@@ -62,6 +62,9 @@ pub struct Partition {
     timers: Option<Arc<Timers>>,
     /// The earliest time this partition has in `timers` (u64::MAX: none).
     scheduled: AtomicU64,
+    /// Its queue has a delivery limit (or is a quorum queue): returned
+    /// messages show `x-delivery-count`. Read without the lock per delivery.
+    counts_deliveries: AtomicBool,
     /// Its queue (dead-lettering needs the queue's arguments and tenant).
     queue: std::sync::Weak<super::Queue>,
 }
@@ -240,9 +243,13 @@ impl Partition {
         timers: Option<Arc<Timers>>,
         queue: std::sync::Weak<super::Queue>,
     ) -> Arc<Self> {
+        let counts_deliveries = AtomicBool::new(
+            args.delivery_limit.is_some() || args.queue_type == crate::args::QueueType::Quorum,
+        );
         Arc::new(Partition {
             id,
             durable,
+            counts_deliveries,
             state: Mutex::new(PartitionState {
                 ready: ReadyList::new(args.max_priority.unwrap_or(0)),
                 args,
@@ -350,6 +357,11 @@ impl Partition {
         for id in ids {
             st.leased.remove(&id);
         }
+    }
+
+    /// Whether returned messages show how often they were delivered.
+    pub fn counts_deliveries(&self) -> bool {
+        self.counts_deliveries.load(Ordering::Relaxed)
     }
 
     /// The queue this partition belongs to (None once it is gone).
