@@ -469,7 +469,7 @@ impl Client {
             st.flow.clone(),
         );
         match q.attach_consumer(&consumer) {
-            Ok(()) => {}
+            Ok(()) => q.touch(),
             Err(AttachError::NotFound) => {
                 return Err(EngineError::NotFound(format!(
                     "no queue '{}' in vhost '{}'",
@@ -565,6 +565,7 @@ impl Client {
         let Some((partition, entry)) = got else {
             return Ok(None);
         };
+        q.touch();
         let remaining = q.message_count();
         let message = match &entry.message {
             Some(m) => m.clone(),

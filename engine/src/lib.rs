@@ -212,6 +212,13 @@ impl Engine {
         for p in self.timers.take_due(now_ms) {
             let work = p.take_due(now_ms);
             deadletter::process(self, &p, work.dead);
+            if work.queue_expired {
+                if let Some(q) = p.queue() {
+                    if let Some(t) = self.tenant(&q.tenant) {
+                        t.expire_idle(&q, now_ms);
+                    }
+                }
+            }
         }
         self.timers.next_ms()
     }

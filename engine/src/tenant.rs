@@ -132,6 +132,8 @@ impl Tenant {
     pub(crate) fn restore_queue(&self, def: QueueDef) -> Arc<Queue> {
         let timers = self.engine().ok().map(|e| e.timers.clone());
         let q = Queue::with_timers(def, self.name.clone(), None, timers);
+        // A restart is a use: x-expires counts from boot, as in RabbitMQ.
+        q.touch();
         self.queues.write().insert(q.name().to_string(), q.clone());
         q
     }
@@ -378,6 +380,7 @@ impl Tenant {
                     return Err(inequivalent(&k, "queue", &name, &self.name, recv, cur));
                 }
             }
+            q.touch();
             let declared = QueueDeclared {
                 name,
                 messages: q.message_count(),
@@ -434,6 +437,7 @@ impl Tenant {
         };
         let owner = req.exclusive.then_some(req.connection);
         let q = Queue::with_timers(def, self.name.clone(), owner, Some(engine.timers.clone()));
+        q.touch();
         w.insert(name.clone(), q);
         Ok((
             QueueDeclared {
@@ -717,10 +721,25 @@ impl Tenant {
         Ok(())
     }
 
+    /// Deletes `q` if it is still unused past its `x-expires` at `now_ms`
+    /// (the engine's timer found it due; a use since then wins).
+    pub(crate) fn expire_idle(&self, q: &Arc<Queue>, now_ms: u64) {
+        if q.idle_deadline().is_some_and(|at| at <= now_ms) {
+            tracing::info!(queue = %q.name(), tenant = %self.name, "deleting queue unused past its x-expires");
+            if let Err(e) = self.remove_queue(q) {
+                tracing::warn!(queue = %q.name(), error = %e, "expiring an idle queue failed");
+            }
+        }
+    }
+
     /// Cancels consumer `c` of `q` and detaches it; deletes `q` if it is
     /// auto-delete and `c` was its last consumer.
     pub(crate) fn detach(&self, q: &Arc<Queue>, c: &Arc<Consumer>) {
         let left = q.detach_consumer(c);
+        if left == Some(0) {
+            // Idle from now on (x-expires counts from here).
+            q.touch();
+        }
         if left == Some(0) && q.def.auto_delete {
             if let Err(e) = self.remove_queue(q) {
                 tracing::warn!(queue = %q.name(), error = %e, "auto-delete of queue failed");

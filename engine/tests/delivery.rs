@@ -408,3 +408,34 @@ fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
         assert!(err.contains("invalid arg"), "{args}: {err}");
     }
 }
+
+#[test]
+fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
+    let (e, mut c) = setup();
+    declare(&c, "idle", json!({"x-expires": 1_000})).expect("idle");
+    declare(&c, "busy", json!({"x-expires": 1_000})).expect("busy");
+    c.subscribe(
+        "busy",
+        weir_engine::client::SubscribeOptions {
+            scope: 1,
+            tag: Bytes::from_static(b"t"),
+            exclusive: false,
+            no_ack: false,
+            prefetch_count: 0,
+            prefetch_bytes: 0,
+        },
+    )
+    .expect("subscribe");
+    publish(&mut c, "idle", "publishing is not a use", None);
+    let t0 = now_ms();
+    e.run_timers(t0 + 500);
+    assert!(c.queue("idle").is_ok());
+    let next = e.run_timers(t0 + 1_100);
+    assert!(c.queue("idle").is_err(), "idle queue deleted");
+    assert!(c.queue("busy").is_ok(), "a queue with a consumer is in use");
+    // The consumer leaves: idle from now on.
+    assert!(c.unsubscribe(1, b"t"));
+    assert!(next.is_some() || e.timers.next_ms().is_some());
+    e.run_timers(now_ms() + 1_100);
+    assert!(c.queue("busy").is_err(), "deleted after its consumer left");
+}

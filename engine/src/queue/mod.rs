@@ -77,6 +77,9 @@ pub struct Queue {
     /// Its consumers, counted under one lock so that an exclusivity check
     /// and the attach it allows are one step.
     attached: Mutex<Attached>,
+    /// Last use (ms since epoch) for `x-expires`: declared, consumed from
+    /// or read with a get, or its last consumer left.
+    last_used_ms: AtomicU64,
     /// Publishes routed here since start (round-robin partition choice).
     next_partition: AtomicU64,
     /// The exchanges with a binding to this queue.
@@ -134,6 +137,7 @@ impl Queue {
             args: RwLock::new(args),
             deleted: AtomicBool::new(false),
             attached: Mutex::new(Attached::default()),
+            last_used_ms: AtomicU64::new(crate::message::now_ms()),
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
         })
@@ -166,6 +170,25 @@ impl Queue {
         // or sees the flag.
         let _a = self.attached.lock();
         self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Records a use of the queue (RabbitMQ's definition for `x-expires`:
+    /// a declare, a get, a consumer attaching or the last one leaving) and,
+    /// for a queue with `x-expires`, schedules the idle check.
+    pub fn touch(&self) {
+        let now = crate::message::now_ms();
+        self.last_used_ms.store(now, Ordering::Relaxed);
+        if let Some(ms) = self.args().expires {
+            self.partitions[0].schedule_at(now.saturating_add(ms));
+        }
+    }
+
+    /// When the queue expires if unused from now on (`x-expires`), given
+    /// it has no consumers.
+    pub(crate) fn idle_deadline(&self) -> Option<u64> {
+        let ms = self.args().expires?;
+        (self.consumer_count() == 0)
+            .then(|| self.last_used_ms.load(Ordering::Relaxed).saturating_add(ms))
     }
 
     /// Live consumers.

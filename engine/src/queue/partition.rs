@@ -103,6 +103,8 @@ pub struct DueWork {
     /// Entries to dead-letter (or settle, without a dead-letter exchange),
     /// each with why.
     pub dead: Vec<(Entry, DeadReason)>,
+    /// The queue is unused past its `x-expires`: delete it.
+    pub queue_expired: bool,
 }
 
 struct PartitionState {
@@ -322,6 +324,11 @@ impl Partition {
         }
     }
 
+    /// Asks the engine's timer to call [`Self::take_due`] at `at_ms`.
+    pub(crate) fn schedule_at(self: &Arc<Self>, at_ms: u64) {
+        self.schedule(at_ms)
+    }
+
     /// Asks the engine's timer to call [`Self::take_due`] at `at_ms` (0 =
     /// at once), unless an earlier call is already scheduled.
     fn schedule(self: &Arc<Self>, at_ms: u64) {
@@ -404,6 +411,19 @@ impl Partition {
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
             st.expiry.peek().map(|Reverse((at, _, _))| *at)
+        };
+        // x-expires: the queue's idle check rides on its first partition.
+        let idle = self
+            .queue()
+            .filter(|q| Arc::ptr_eq(&q.partitions[0], self))
+            .and_then(|q| q.idle_deadline());
+        let next = match idle {
+            Some(at) if at <= now_ms => {
+                work.queue_expired = true;
+                next
+            }
+            Some(at) => Some(next.map_or(at, |n| n.min(at))),
+            None => next,
         };
         if let Some(at) = next {
             self.schedule(at);
