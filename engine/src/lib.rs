@@ -24,6 +24,7 @@ pub mod exchange;
 pub mod lease;
 pub mod message;
 pub mod meta;
+pub mod policy;
 pub mod properties;
 pub mod queue;
 pub mod tenant;
@@ -97,6 +98,12 @@ impl Engine {
                 }
                 Some(meta::MetaEntry::Queue(t, def)) => queues.push((t, def)),
                 Some(meta::MetaEntry::Binding(t, b)) => bindings.push((t, b)),
+                Some(meta::MetaEntry::Policy(t, def)) => {
+                    let name = def.name.clone();
+                    if let Err(e) = engine.tenant_or_create(&t).restore_policy(def) {
+                        tracing::warn!(tenant = %t, policy = %name, error = %e, "ignoring a stored policy");
+                    }
+                }
                 Some(meta::MetaEntry::NextPartition(n)) => {
                     engine.next_partition.fetch_max(n, Ordering::Relaxed);
                 }

@@ -35,6 +35,11 @@ pub fn binding_key(tenant: &str, b: &BindingDef) -> Vec<u8> {
     ])
 }
 
+/// Key of a policy.
+pub fn policy_key(tenant: &str, name: &str) -> Vec<u8> {
+    key(&["P", tenant, name])
+}
+
 /// Key of the partition-id counter.
 pub const NEXT_PARTITION_KEY: &[u8] = b"p";
 
@@ -93,6 +98,8 @@ pub enum MetaEntry {
     Queue(String, QueueDef),
     /// A binding of a tenant.
     Binding(String, BindingDef),
+    /// A policy of a tenant.
+    Policy(String, crate::policy::PolicyDef),
     /// The next partition id.
     NextPartition(u64),
 }
@@ -113,6 +120,7 @@ pub fn decode(key: &[u8], value: &[u8]) -> Option<MetaEntry> {
         b"x" => MetaEntry::Exchange(tenant, serde_json::from_slice(value).ok()?),
         b"q" => MetaEntry::Queue(tenant, serde_json::from_slice(value).ok()?),
         b"b" => MetaEntry::Binding(tenant, serde_json::from_slice(value).ok()?),
+        b"P" => MetaEntry::Policy(tenant, serde_json::from_slice(value).ok()?),
         _ => return None,
     })
 }

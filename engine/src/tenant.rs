@@ -1,9 +1,11 @@
 //! One tenant (AMQP virtual host): its exchanges, queues and bindings, and
 //! the operations on them. Names are scoped per tenant.
 
+use super::args::QueueArgs;
 use super::consumer::{Consumer, Notice};
 use super::exchange::{Destination, Exchange, ExchangeDef, ExchangeKind, HeaderLookup};
 use super::meta::{self, BindingDef, DestinationKind};
+use super::policy::{self, Policy, PolicyDef};
 use super::queue::{Queue, QueueDef};
 use super::{DurableWait, Engine, EngineError, Result};
 use parking_lot::RwLock;
@@ -70,6 +72,8 @@ pub struct Tenant {
     engine: Weak<Engine>,
     exchanges: RwLock<HashMap<String, Arc<Exchange>>>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
+    /// Policies by name.
+    policies: RwLock<Vec<Policy>>,
 }
 
 fn not_found_queue(name: &str, tenant: &str) -> EngineError {
@@ -114,7 +118,92 @@ impl Tenant {
             engine,
             exchanges: RwLock::new(exchanges),
             queues: RwLock::new(HashMap::new()),
+            policies: RwLock::new(Vec::new()),
         })
+    }
+
+    /// Sets (adds or replaces) a policy, durably, and applies it to the
+    /// existing queues at once.
+    pub fn set_policy(&self, def: PolicyDef) -> Result<DurableWait> {
+        let engine = self.engine()?;
+        let policy =
+            Policy::new(def).map_err(|e| EngineError::PreconditionFailed(e.to_string()))?;
+        let key = meta::policy_key(&self.name, &policy.def.name);
+        let value = serde_json::to_vec(&policy.def)
+            .map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+        let wait = engine.persist(&[Op::PutMeta {
+            key: &key,
+            value: &value,
+        }])?;
+        self.install_policy(policy);
+        Ok(wait)
+    }
+
+    /// Deletes a policy; its queues fall back to their own arguments.
+    pub fn delete_policy(&self, name: &str) -> Result<DurableWait> {
+        let engine = self.engine()?;
+        let found = {
+            let mut w = self.policies.write();
+            let before = w.len();
+            w.retain(|p| p.def.name != name);
+            w.len() < before
+        };
+        if !found {
+            return Err(EngineError::NotFound(format!(
+                "no policy '{name}' in vhost '{}'",
+                self.name
+            )));
+        }
+        let wait = engine.persist(&[Op::DeleteMeta {
+            key: &meta::policy_key(&self.name, name),
+        }])?;
+        self.reapply_policies();
+        Ok(wait)
+    }
+
+    /// The policies, by name.
+    pub fn policies(&self) -> Vec<PolicyDef> {
+        let mut v: Vec<PolicyDef> = self.policies.read().iter().map(|p| p.def.clone()).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub(crate) fn restore_policy(&self, def: PolicyDef) -> Result<()> {
+        let policy =
+            Policy::new(def).map_err(|e| EngineError::PreconditionFailed(e.to_string()))?;
+        self.install_policy(policy);
+        Ok(())
+    }
+
+    fn install_policy(&self, policy: Policy) {
+        {
+            let mut w = self.policies.write();
+            w.retain(|p| p.def.name != policy.def.name);
+            w.push(policy);
+        }
+        self.reapply_policies();
+    }
+
+    /// Recomputes every queue's arguments under the current policies.
+    fn reapply_policies(&self) {
+        let queues: Vec<Arc<Queue>> = self.queues.read().values().cloned().collect();
+        for q in queues {
+            self.apply_policy(&q);
+        }
+    }
+
+    /// Sets `q`'s effective arguments: its own over its policy's.
+    fn apply_policy(&self, q: &Arc<Queue>) {
+        let merged = {
+            let policies = self.policies.read();
+            policy::effective_arguments(&q.def.arguments, policy::select(&policies, q.name()))
+        };
+        match QueueArgs::parse(&merged) {
+            Ok(args) => q.set_args(args),
+            Err(e) => {
+                tracing::warn!(queue = %q.name(), tenant = %self.name, error = %e, "policy not applied")
+            }
+        }
     }
 
     fn engine(&self) -> Result<Arc<Engine>> {
@@ -132,6 +221,7 @@ impl Tenant {
     pub(crate) fn restore_queue(&self, def: QueueDef) -> Arc<Queue> {
         let timers = self.engine().ok().map(|e| e.timers.clone());
         let q = Queue::with_timers(def, self.name.clone(), None, timers);
+        self.apply_policy(&q);
         // A restart is a use: x-expires counts from boot, as in RabbitMQ.
         q.touch();
         self.queues.write().insert(q.name().to_string(), q.clone());
@@ -437,6 +527,7 @@ impl Tenant {
         };
         let owner = req.exclusive.then_some(req.connection);
         let q = Queue::with_timers(def, self.name.clone(), owner, Some(engine.timers.clone()));
+        self.apply_policy(&q);
         q.touch();
         w.insert(name.clone(), q);
         Ok((

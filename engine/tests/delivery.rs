@@ -439,3 +439,67 @@ fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
     e.run_timers(now_ms() + 1_100);
     assert!(c.queue("busy").is_err(), "deleted after its consumer left");
 }
+
+#[test]
+fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_restart() {
+    use weir_engine::policy::{ApplyTo, PolicyDef};
+    let store = MemStore::new();
+    let e = Engine::open(store.clone()).expect("engine");
+    let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+    declare(&c, "jobs.a", json!({})).expect("a");
+    declare(&c, "other", json!({})).expect("other");
+    for q in ["jobs.a", "other"] {
+        for b in ["1", "2", "3"] {
+            publish(&mut c, q, b, None);
+        }
+    }
+    let def = PolicyDef {
+        name: "cap".into(),
+        pattern: "^jobs\\.".into(),
+        apply_to: ApplyTo::Queues,
+        priority: 1,
+        definition: json!({"max-length": 2, "message-ttl": 60_000})
+            .as_object()
+            .cloned()
+            .expect("object"),
+    };
+    c.tenant()
+        .set_policy(def)
+        .expect("policy")
+        .blocking_recv()
+        .expect("answered")
+        .expect("durable");
+    // Applied at once to the matching queue only: the oldest is dropped.
+    assert_eq!(c.queue("jobs.a").expect("a").message_count(), 2);
+    assert_eq!(c.queue("other").expect("other").message_count(), 3);
+    // A new queue gets it; its own lower limit wins (the lower value).
+    declare(&c, "jobs.b", json!({"x-max-length": 1})).expect("b");
+    let b = c.queue("jobs.b").expect("b").args();
+    assert_eq!((b.max_length, b.message_ttl), (Some(1), Some(60_000)));
+    // A policy may not set max-priority.
+    let bad = PolicyDef {
+        name: "prio".into(),
+        pattern: ".*".into(),
+        apply_to: ApplyTo::All,
+        priority: 0,
+        definition: json!({"max-priority": 5})
+            .as_object()
+            .cloned()
+            .expect("object"),
+    };
+    assert!(c.tenant().set_policy(bad).is_err());
+    drop(c);
+    drop(e);
+    // After a restart the policy still applies.
+    let e = Engine::open(store.reopen()).expect("reopened");
+    let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+    assert_eq!(c.queue("jobs.a").expect("a").args().max_length, Some(2));
+    assert_eq!(c.tenant().policies().len(), 1);
+    c.tenant()
+        .delete_policy("cap")
+        .expect("deleted")
+        .blocking_recv()
+        .expect("answered")
+        .expect("durable");
+    assert_eq!(c.queue("jobs.a").expect("a").args().max_length, None);
+}

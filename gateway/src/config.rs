@@ -123,7 +123,7 @@ const LEGACY_TABLES: &[(&str, &str)] = &[("users", "auth.users")];
 
 /// The top-level keys of the file: the sections and `log`.
 const SECTIONS: &[&str] = &[
-    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth",
+    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies",
 ];
 
 // ---------------------------------------------------------------------------
@@ -419,6 +419,46 @@ pub struct UserConfig {
     pub tags: Vec<String>,
 }
 
+/// One `[[policies]]` entry: a RabbitMQ-style policy of a tenant
+/// (`vhost`, default `/`), set at every start (stored durably, so removing
+/// it from the file does not delete it: that is an explicit operation).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PolicyConfig {
+    /// The tenant (AMQP vhost).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// Name, unique in its tenant.
+    pub name: String,
+    /// Regular expression over queue names.
+    pub pattern: String,
+    /// `queues`, `exchanges` or `all` (default).
+    #[serde(default)]
+    pub apply_to: weir_engine::policy::ApplyTo,
+    /// Higher wins when several match.
+    #[serde(default)]
+    pub priority: i32,
+    /// Keys as in RabbitMQ (`message-ttl`, `max-length`, `dead-letter-exchange`, …).
+    pub definition: serde_json::Map<String, serde_json::Value>,
+}
+
+fn default_vhost() -> String {
+    weir_engine::DEFAULT_TENANT.to_string()
+}
+
+impl PolicyConfig {
+    /// The engine's definition.
+    pub fn to_def(&self) -> weir_engine::policy::PolicyDef {
+        weir_engine::policy::PolicyDef {
+            name: self.name.clone(),
+            pattern: self.pattern.clone(),
+            apply_to: self.apply_to,
+            priority: self.priority,
+            definition: self.definition.clone(),
+        }
+    }
+}
+
 /// The name of the default user.
 pub const DEFAULT_USER: &str = "guest";
 
@@ -479,6 +519,8 @@ pub struct Config {
     pub quota: Quota,
     /// `[auth]`.
     pub auth: AuthConfig,
+    /// `[[policies]]`.
+    pub policies: Vec<PolicyConfig>,
     /// Quarantine damaged log ranges before opening the store (`--repair`).
     pub repair: bool,
     /// Deprecations and other remarks, logged once logging is set up.
@@ -648,6 +690,17 @@ impl Config {
         let store: StoreConfig = typed("store", section("store"), &describe)?;
         let quota: QuotaConfig = typed("quota", section("quota"), &describe)?;
         let auth: AuthConfig = typed("auth", section("auth"), &describe)?;
+        let policies: Vec<PolicyConfig> = typed(
+            "policies",
+            table
+                .remove("policies")
+                .unwrap_or_else(|| Value::Array(Vec::new())),
+            &describe,
+        )?;
+        for p in &policies {
+            weir_engine::policy::Policy::new(p.to_def())
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
         debug_assert!(table.is_empty(), "unhandled sections: {table:?}");
 
         validate(&amqp, &store, &auth)?;
@@ -677,6 +730,7 @@ impl Config {
             store,
             quota,
             auth,
+            policies,
             repair: cli.repair,
             warnings,
         })
@@ -1130,6 +1184,31 @@ mod tests {
             msg.contains("heartbeat_secs") && msg.contains("[amqp]"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn policies_are_read_and_checked() {
+        let path = file(
+            "policies",
+            "[[policies]]\nname = \"ttl\"\npattern = \"^jobs\\\\.\"\napply-to = \"queues\"\n\
+             priority = 2\ndefinition = { message-ttl = 1000, dead-letter-exchange = \"dlx\" }\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
+        assert_eq!(cfg.policies.len(), 1);
+        let p = &cfg.policies[0];
+        assert_eq!((p.vhost.as_str(), p.priority), ("/", 2));
+        assert_eq!(
+            p.definition.get("message-ttl"),
+            Some(&serde_json::json!(1000))
+        );
+        let path = file(
+            "policies-bad",
+            "[[policies]]\nname = \"p\"\npattern = \".*\"\ndefinition = { max-priority = 5 }\n",
+        );
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("max-priority"), "{msg}");
     }
 
     #[test]

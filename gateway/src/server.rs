@@ -194,6 +194,9 @@ pub enum ServerError {
         /// Error.
         source: weir_backend::StoreError,
     },
+    /// A configured policy could not be set.
+    #[error("policies: {0}")]
+    Policy(String),
     /// The configured users are invalid (a bad password hash, a duplicate).
     #[error("users: {0}")]
     Auth(#[from] weir_engine::auth::AuthError),
@@ -255,6 +258,18 @@ impl Broker {
         let started = std::time::Instant::now();
         let engine = Engine::open(store.clone())?;
         engine.set_codecs(crate::amqp::convert::shared_codecs());
+        for p in &cfg.policies {
+            let tenant = engine.tenant(&p.vhost).ok_or_else(|| {
+                ServerError::Policy(format!("policy '{}': no vhost '{}'", p.name, p.vhost))
+            })?;
+            let wait = tenant
+                .set_policy(p.to_def())
+                .map_err(|e| ServerError::Policy(e.to_string()))?;
+            // Durable before the first client can see it.
+            wait.await
+                .map_err(|_| ServerError::Policy("the store closed".into()))?
+                .map_err(|e| ServerError::Policy(e.to_string()))?;
+        }
         release_recovery_memory();
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %log_cfg.data_dir.display(), "store opened");
         let defaults = ServerConfig::default();

@@ -153,6 +153,27 @@ impl Queue {
         self.args.read().clone()
     }
 
+    /// Replaces the arguments it acts on (a policy was set or removed).
+    /// What shapes a queue at declare (`x-max-priority`, `x-partitions`)
+    /// stays as declared; limits apply at once (a lower max-length drops
+    /// the excess heads), TTLs to messages enqueued from now on.
+    pub(crate) fn set_args(&self, mut args: QueueArgs) {
+        let current = self.args();
+        args.max_priority = current.max_priority;
+        args.partitions = current.partitions;
+        if args == *current {
+            return;
+        }
+        let args = Arc::new(args);
+        *self.args.write() = args.clone();
+        for p in &self.partitions {
+            p.set_args(args.clone());
+        }
+        if args.expires.is_some() {
+            self.touch();
+        }
+    }
+
     /// The queue's name.
     pub fn name(&self) -> &str {
         &self.def.name

@@ -366,6 +366,25 @@ impl Partition {
         }
     }
 
+    /// Applies new queue arguments (see [`super::Queue::set_args`]).
+    pub(crate) fn set_args(self: &Arc<Self>, args: Arc<QueueArgs>) {
+        self.counts_deliveries.store(
+            args.delivery_limit.is_some() || args.queue_type == crate::args::QueueType::Quorum,
+            Ordering::Relaxed,
+        );
+        let wake = {
+            let mut st = self.lock();
+            st.args = args;
+            let wake = self.drop_over_limit(&mut st);
+            self.ready_len
+                .store(st.ready.len() as u64, Ordering::Relaxed);
+            wake
+        };
+        if wake {
+            self.schedule(0);
+        }
+    }
+
     /// Whether returned messages show how often they were delivered.
     pub fn counts_deliveries(&self) -> bool {
         self.counts_deliveries.load(Ordering::Relaxed)
