@@ -176,9 +176,9 @@ impl Partition {
             durable,
             state: Mutex::new(PartitionState {
                 ready: ReadyList::new(args.max_priority.unwrap_or(0)),
+                consumers: ConsumerSet::new(args.single_active_consumer),
                 args,
                 next_seq: 0,
-                consumers: ConsumerSet::default(),
                 deleted: false,
                 leased: HashMap::new(),
             }),
@@ -533,6 +533,7 @@ mod tests {
             1,
             false,
             false,
+            0,
             conn.clone(),
             Credit::new(prefetch, 0),
             None,
