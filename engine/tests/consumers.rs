@@ -472,7 +472,8 @@ fn max_priority_of_the_wrong_type_or_range_is_refused() {
             other => panic!("x-max-priority {bad}: {other:?}"),
         }
     }
-    for good in [1, 10, 255] {
+    // 0 too, as RabbitMQ: one level.
+    for good in [0, 1, 10, 255] {
         try_declare(
             &c,
             &format!("ok{good}"),
