@@ -231,10 +231,8 @@ fn consume_args(args: &FieldTable) -> Result<i32, ArgError> {
                 // for every value a client sends in practice.
                 priority = p.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
             }
-            "x-cancel-on-ha-failover" => {
-                if !matches!(v, AMQPValue::Boolean(_)) {
-                    return Err(unacceptable("x-cancel-on-ha-failover", v));
-                }
+            "x-cancel-on-ha-failover" if !matches!(v, AMQPValue::Boolean(_)) => {
+                return Err(unacceptable("x-cancel-on-ha-failover", v));
             }
             _ => {}
         }
