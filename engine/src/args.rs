@@ -98,7 +98,7 @@ pub struct QueueArgs {
     /// `x-delivery-limit`: deliveries after which a returned message is
     /// dead-lettered (or dropped). None = no limit.
     pub delivery_limit: Option<u32>,
-    /// `x-max-priority` (1–255).
+    /// `x-max-priority` (0–255; 0 is one level, as without it).
     pub max_priority: Option<u8>,
     /// `x-single-active-consumer`.
     pub single_active_consumer: bool,
@@ -254,7 +254,8 @@ impl QueueArgs {
             a.delivery_limit = Some(QUORUM_DEFAULT_DELIVERY_LIMIT);
         }
         if let Some(v) = get("x-max-priority") {
-            a.max_priority = Some(int("x-max-priority", v, 1, 255)? as u8);
+            // 0 is accepted as RabbitMQ does (one level: a plain queue).
+            a.max_priority = Some(int("x-max-priority", v, 0, 255)? as u8);
         }
         if let Some(v) = get("x-single-active-consumer") {
             a.single_active_consumer = boolean("x-single-active-consumer", v)?;
@@ -333,7 +334,6 @@ mod tests {
             json!({"x-max-priority": "10"}),
             json!({"x-max-priority": -1}),
             json!({"x-max-priority": 256}),
-            json!({"x-max-priority": 0}),
             json!({"x-message-ttl": -1}),
             json!({"x-message-ttl": 1.5}),
             json!({"x-expires": 0}),

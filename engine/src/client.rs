@@ -58,7 +58,7 @@ pub enum Published {
 }
 
 /// How a subscription takes deliveries.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SubscribeOptions {
     /// The scope it lives in (its leases and its flow flag are the scope's).
     pub scope: Scope,
@@ -72,6 +72,11 @@ pub struct SubscribeOptions {
     pub prefetch_count: u32,
     /// Unacknowledged bytes it may hold (0 = no limit).
     pub prefetch_bytes: u32,
+    /// Consumer priority (AMQP `x-priority`, default 0): the queue offers
+    /// each message to its highest-priority consumers that can take it,
+    /// round robin among equals; lower ones get messages only while every
+    /// higher one is blocked. Ignored by single-active-consumer queues.
+    pub priority: i32,
 }
 
 /// How a [`Client::get`] settles what it takes.
@@ -463,6 +468,7 @@ impl Client {
             opts.scope,
             opts.no_ack,
             opts.exclusive,
+            opts.priority,
             handle,
             credit,
             window,

@@ -187,6 +187,9 @@ pub struct Consumer {
     no_ack: bool,
     /// Exclusive consumer.
     exclusive: bool,
+    /// Consumer priority (AMQP `x-priority`; default 0): a queue offers a
+    /// message to its highest-priority consumers that can take it.
+    priority: i32,
     /// The owning connection.
     pub(crate) conn: Arc<ConnHandle>,
     /// Per-consumer window (for no-ack consumers: the write window).
@@ -212,6 +215,7 @@ impl Consumer {
         scope: Scope,
         no_ack: bool,
         exclusive: bool,
+        priority: i32,
         conn: Arc<ConnHandle>,
         credit: Arc<Credit>,
         scope_credit: Option<Arc<Credit>>,
@@ -222,6 +226,7 @@ impl Consumer {
             scope,
             no_ack,
             exclusive,
+            priority,
             conn,
             credit,
             scope_credit,
@@ -248,6 +253,11 @@ impl Consumer {
     /// Exclusive consumer.
     pub fn exclusive(&self) -> bool {
         self.exclusive
+    }
+
+    /// Consumer priority (higher first; 0 by default).
+    pub fn priority(&self) -> i32 {
+        self.priority
     }
 
     /// Marks it cancelled; partitions drop it at their next dispatch and its

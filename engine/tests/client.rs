@@ -83,6 +83,7 @@ fn opts(scope: Scope, tag: &'static str, prefetch: u32) -> SubscribeOptions {
         no_ack: false,
         prefetch_count: prefetch,
         prefetch_bytes: 0,
+        priority: 0,
     }
 }
 

@@ -46,7 +46,7 @@ pub enum AttachError {
     /// The queue was deleted.
     NotFound,
     /// The queue has an exclusive consumer, or the new consumer asked for
-    /// exclusivity and the queue has consumers.
+    /// exclusivity and the queue has consumers or single active consumer.
     Exclusive,
 }
 
@@ -219,13 +219,20 @@ impl Queue {
 
     /// Attaches `c` to every partition, checking exclusivity in the same
     /// step: with an exclusive consumer attached nobody else may attach, and
-    /// an exclusive consumer attaches only to a queue without consumers.
+    /// an exclusive consumer attaches only to a queue without consumers and
+    /// without single active consumer (RabbitMQ refuses that too).
+    ///
+    /// One step under the queue's lock also gives every partition the same
+    /// registration order, so under single active consumer all partitions
+    /// pick the same active consumer.
     pub(crate) fn attach_consumer(&self, c: &Arc<Consumer>) -> Result<(), AttachError> {
         let mut a = self.attached.lock();
         if self.is_deleted() {
             return Err(AttachError::NotFound);
         }
-        if a.exclusive || (c.exclusive() && a.count > 0) {
+        if a.exclusive
+            || (c.exclusive() && (a.count > 0 || self.args.read().single_active_consumer))
+        {
             return Err(AttachError::Exclusive);
         }
         for (i, p) in self.partitions.iter().enumerate() {

@@ -254,9 +254,9 @@ impl Partition {
             counts_deliveries,
             state: Mutex::new(PartitionState {
                 ready: ReadyList::new(args.max_priority.unwrap_or(0)),
+                consumers: ConsumerSet::new(args.single_active_consumer),
                 args,
                 next_seq: 0,
-                consumers: ConsumerSet::default(),
                 deleted: false,
                 expiry: BinaryHeap::new(),
                 dead: Vec::new(),
@@ -910,6 +910,7 @@ mod tests {
             1,
             false,
             false,
+            0,
             conn.clone(),
             Credit::new(prefetch, 0),
             None,

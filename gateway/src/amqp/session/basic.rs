@@ -1,13 +1,15 @@
 //! The basic class except publish: qos, consume, cancel, get, ack, nack,
 //! reject, recover.
 
-use super::failure::{hard, Failure};
+use super::failure::{hard, soft, Failure};
 use super::{scope, Session};
+use crate::engine::args::ArgError;
 use crate::engine::client::{GetAck, SubscribeOptions};
 use crate::engine::lease::Settle;
 use bytes::Bytes;
 use std::time::Instant;
 use weir_protocols::amqp::methods::{basic, AMQPClass};
+use weir_protocols::amqp::types::{AMQPValue, FieldTable};
 use weir_protocols::amqp::{codec, reply};
 
 impl Session {
@@ -99,6 +101,18 @@ impl Session {
         };
         let (prefetch_count, prefetch_bytes) = (chan.prefetch_count, chan.prefetch_size);
         let client = self.client()?;
+        let priority = match consume_args(&c.arguments) {
+            Ok(p) => p,
+            Err(e) => {
+                // RabbitMQ looks the queue up before it checks the
+                // arguments: a missing queue is a 404 even then.
+                client.queue(&queue)?;
+                return Err(soft(
+                    reply::PRECONDITION_FAILED,
+                    e.message(&queue, &client.tenant().name),
+                ));
+            }
+        };
         let tag: Bytes = if c.consumer_tag.as_str().is_empty() {
             Bytes::from(format!("amq.ctag-{}-{generated}", client.id()))
         } else {
@@ -115,6 +129,7 @@ impl Session {
                 no_ack: c.no_ack,
                 prefetch_count: u32::from(prefetch_count),
                 prefetch_bytes,
+                priority,
             },
         )?;
         if !c.nowait {
@@ -190,5 +205,109 @@ impl Session {
         }
         self.client()?.settle(scope(ch), 0, true, Settle::Requeue)?;
         Ok(())
+    }
+}
+
+/// Checks basic.consume's arguments as RabbitMQ does and returns the
+/// consumer priority: `x-priority` must be an integer type (406
+/// otherwise; any value, clamped to `i32`), `x-cancel-on-ha-failover` a
+/// boolean. Other arguments are ignored.
+fn consume_args(args: &FieldTable) -> Result<i32, ArgError> {
+    let mut priority = 0;
+    for (k, v) in args.inner() {
+        match k.as_str() {
+            "x-priority" => {
+                let p: i64 = match *v {
+                    AMQPValue::ShortShortInt(i) => i.into(),
+                    AMQPValue::ShortShortUInt(i) => i.into(),
+                    AMQPValue::ShortInt(i) => i.into(),
+                    AMQPValue::ShortUInt(i) => i.into(),
+                    AMQPValue::LongInt(i) => i.into(),
+                    AMQPValue::LongUInt(i) => i.into(),
+                    AMQPValue::LongLongInt(i) => i,
+                    ref other => return Err(unacceptable("x-priority", other)),
+                };
+                // Only the order of priorities matters; clamping keeps it
+                // for every value a client sends in practice.
+                priority = p.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+            }
+            "x-cancel-on-ha-failover" if !matches!(v, AMQPValue::Boolean(_)) => {
+                return Err(unacceptable("x-cancel-on-ha-failover", v));
+            }
+            _ => {}
+        }
+    }
+    Ok(priority)
+}
+
+/// RabbitMQ's `{unacceptable_type,…}` refusal, with its names of the AMQP
+/// field types.
+fn unacceptable(arg: &'static str, v: &AMQPValue) -> ArgError {
+    let t = match v {
+        AMQPValue::Boolean(_) => "bool",
+        AMQPValue::ShortShortInt(_) => "byte",
+        AMQPValue::ShortShortUInt(_) => "unsignedbyte",
+        AMQPValue::ShortInt(_) => "short",
+        AMQPValue::ShortUInt(_) => "unsignedshort",
+        AMQPValue::LongInt(_) => "signedint",
+        AMQPValue::LongUInt(_) => "unsignedint",
+        AMQPValue::LongLongInt(_) => "long",
+        AMQPValue::Float(_) => "float",
+        AMQPValue::Double(_) => "double",
+        AMQPValue::DecimalValue(_) => "decimal",
+        AMQPValue::ShortString(_) | AMQPValue::LongString(_) => "longstr",
+        AMQPValue::ByteArray(_) => "binary",
+        AMQPValue::FieldArray(_) => "array",
+        AMQPValue::FieldTable(_) => "table",
+        AMQPValue::Timestamp(_) => "timestamp",
+        AMQPValue::Void => "void",
+    };
+    ArgError {
+        arg,
+        reason: format!("{{unacceptable_type,{t}}}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_protocols::amqp::types::{LongString, ShortString};
+
+    fn args(k: &str, v: AMQPValue) -> FieldTable {
+        let mut t = FieldTable::default();
+        t.insert(ShortString::from(k.to_string()), v);
+        t
+    }
+
+    #[test]
+    fn x_priority_takes_any_integer_type_and_refuses_the_rest() {
+        assert_eq!(consume_args(&FieldTable::default()), Ok(0));
+        assert_eq!(
+            consume_args(&args("x-priority", AMQPValue::ShortShortInt(-3))),
+            Ok(-3)
+        );
+        assert_eq!(
+            consume_args(&args("x-priority", AMQPValue::LongUInt(7))),
+            Ok(7)
+        );
+        assert_eq!(
+            consume_args(&args("x-priority", AMQPValue::LongLongInt(1 << 40))),
+            Ok(i32::MAX)
+        );
+        let e = consume_args(&args(
+            "x-priority",
+            AMQPValue::LongString(LongString::from("5")),
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.message("q", "/"),
+            "invalid arg 'x-priority' for queue 'q' in vhost '/': {unacceptable_type,longstr}"
+        );
+        assert!(consume_args(&args("x-priority", AMQPValue::Double(1.0))).is_err());
+        assert!(consume_args(&args("x-cancel-on-ha-failover", AMQPValue::LongInt(1))).is_err());
+        assert_eq!(
+            consume_args(&args("x-other", AMQPValue::Double(1.0))),
+            Ok(0)
+        );
     }
 }
