@@ -69,6 +69,7 @@ fn publish_p(c: &mut Client, queue: &str, body: &str, priority: u8, persistent: 
             header_format: HeaderFormat::Amqp091,
             persistent,
             priority,
+            ttl_ms: None,
         })
         .expect("publish");
     assert!(matches!(p, Published::Routed { .. }), "{body} not routed");

@@ -421,8 +421,7 @@ fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
             tag: Bytes::from_static(b"t"),
             exclusive: false,
             no_ack: false,
-            prefetch_count: 0,
-            prefetch_bytes: 0,
+            ..Default::default()
         },
     )
     .expect("subscribe");

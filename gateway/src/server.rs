@@ -659,28 +659,6 @@ pub async fn shutdown_signal() {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn login_delay_grows_and_is_capped() {
-        let t = LoginThrottle::default();
-        let ip: IpAddr = "10.0.0.1".parse().expect("ip");
-        let delays: Vec<u64> = (0..8).map(|_| t.failed(ip).as_millis() as u64).collect();
-        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 3200, 3200]);
-        let other: IpAddr = "10.0.0.2".parse().expect("ip");
-        assert_eq!(t.failed(other), LOGIN_DELAY_BASE);
-    }
-
-    #[test]
-    fn ipv6_clients_are_keyed_by_their_64() {
-        let a: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
-        let b: IpAddr = "2001:db8:1:2::ffff".parse().expect("ip");
-        assert_eq!(throttle_key(a), throttle_key(b));
-    }
-}
-
 /// The engine's timer task: runs expiry and dead-lettering when due, each
 /// round on a blocking thread (it may read the store), sleeping until the
 /// next deadline or until an earlier one is scheduled.
@@ -705,5 +683,27 @@ async fn run_timers(engine: Arc<Engine>) {
             }
             None => engine.timers.changed().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn login_delay_grows_and_is_capped() {
+        let t = LoginThrottle::default();
+        let ip: IpAddr = "10.0.0.1".parse().expect("ip");
+        let delays: Vec<u64> = (0..8).map(|_| t.failed(ip).as_millis() as u64).collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 3200, 3200]);
+        let other: IpAddr = "10.0.0.2".parse().expect("ip");
+        assert_eq!(t.failed(other), LOGIN_DELAY_BASE);
+    }
+
+    #[test]
+    fn ipv6_clients_are_keyed_by_their_64() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
+        let b: IpAddr = "2001:db8:1:2::ffff".parse().expect("ip");
+        assert_eq!(throttle_key(a), throttle_key(b));
     }
 }

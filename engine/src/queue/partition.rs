@@ -507,10 +507,10 @@ impl Partition {
             st.ready.push_back(entry);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
             self.dispatch_locked(&mut st, &mut woken);
-            if st.args.max_length.is_some() || st.args.max_length_bytes.is_some() {
-                if self.drop_over_limit(&mut st) {
-                    wake_timer = Some(0);
-                }
+            if (st.args.max_length.is_some() || st.args.max_length_bytes.is_some())
+                && self.drop_over_limit(&mut st)
+            {
+                wake_timer = Some(0);
             }
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
