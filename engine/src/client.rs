@@ -298,7 +298,7 @@ impl Client {
         targets.clear();
         durable_parts.clear();
         for q in queues {
-            let part = q.partition_for_publish();
+            let part = q.partition_for_publish(route.headers);
             let kept = if message.persistent && part.durable {
                 durable_parts.push(part.id);
                 Kept::Stored
@@ -845,6 +845,9 @@ impl Client {
         if how == Settle::Requeue && !l.partition.is_deleted() {
             let refused = l.partition.requeue(std::iter::once(l.entry));
             self.settle_refused(&l.partition, refused);
+            if l.consumer.is_some() {
+                self.push_dispatch(l.partition);
+            }
             return;
         }
         if how == Settle::Drop && l.partition.dead_letters() {
@@ -894,6 +897,9 @@ impl Client {
         for (p, entries) in requeue {
             let refused = p.requeue(entries);
             self.settle_refused(&p, refused);
+            if p.partitioned {
+                self.push_dispatch(p);
+            }
         }
     }
 
@@ -918,9 +924,18 @@ impl Client {
     fn push_dispatch(&mut self, p: Arc<Partition>) {
         // Consecutive settles are usually of one partition: skip repeats
         // cheaply; `commit` deduplicates the rest.
-        if !self.to_dispatch.last().is_some_and(|x| Arc::ptr_eq(x, &p)) {
-            self.to_dispatch.push(p);
+        if self.to_dispatch.last().is_some_and(|x| Arc::ptr_eq(x, &p)) {
+            return;
         }
+        // The credit a settle gives back is the consumer's, shared by every
+        // partition of its queue: a sibling refused for lack of it must be
+        // offered it again, or it starves while this one runs dry.
+        if let Some(q) = p.partitioned.then(|| p.queue()).flatten() {
+            for sibling in q.partitions.iter().filter(|s| !Arc::ptr_eq(s, &p)) {
+                self.to_dispatch.push(sibling.clone());
+            }
+        }
+        self.to_dispatch.push(p);
     }
 
     // ----- lease expiry -----

@@ -285,6 +285,11 @@ fn republish(
     if queues.is_empty() {
         return None;
     }
+    let targets = queues
+        .iter()
+        .map(|q| q.partition_for_publish(&lookup).clone())
+        .collect();
+    drop(lookup);
     let id: MessageId = engine.store().allocate_ids(1);
     let message = Arc::new(Message {
         id,
@@ -301,10 +306,6 @@ fn republish(
             original.ttl_ms
         },
     });
-    let targets = queues
-        .iter()
-        .map(|q| q.partition_for_publish().clone())
-        .collect();
     Some((message, targets))
 }
 

@@ -502,3 +502,106 @@ fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_resta
         .expect("durable");
     assert_eq!(c.queue("jobs.a").expect("a").args().max_length, None);
 }
+
+/// Headers with just an ordering key.
+struct Key(String);
+impl HeaderLookup for Key {
+    fn header(&self, name: &str) -> Option<Json> {
+        (name == "x-ordering-key").then(|| Json::String(self.0.clone()))
+    }
+}
+
+#[test]
+fn ordering_keys_keep_per_key_order_across_random_nacks() {
+    const KEYS: usize = 16;
+    const PER_KEY: usize = 700; // 11,200 messages
+    let (_e, mut c) = setup();
+    declare(&c, "ordered", json!({"x-partitions": 4})).expect("declare");
+    // Interleave keys as a real producer would.
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            let key = Key(format!("k{k}"));
+            let route = RouteInput {
+                exchange: "",
+                routing_key: "ordered",
+                headers: &key,
+            };
+            c.publish(&route, |id| Message {
+                id,
+                exchange: Bytes::new(),
+                routing_key: Bytes::from_static(b"ordered"),
+                properties: Bytes::new(),
+                body: Bytes::from(format!("{k}:{i}")),
+                header_format: HeaderFormat::Weir,
+                persistent: false,
+                priority: 0,
+                ttl_ms: None,
+            })
+            .expect("publish");
+        }
+    }
+    // Four consumers, each with room for many messages.
+    for scope in 1..=4u32 {
+        c.subscribe(
+            "ordered",
+            weir_engine::client::SubscribeOptions {
+                scope,
+                tag: Bytes::from(format!("c{scope}")),
+                prefetch_count: 50,
+                ..Default::default()
+            },
+        )
+        .expect("subscribe");
+    }
+    let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next_tag = [0u64; 5];
+    let mut processed = vec![Vec::new(); KEYS];
+    let mut nacks = 0;
+    let mut in_flight_max = 0;
+    let total = KEYS * PER_KEY;
+    let mut done = 0;
+    while done < total {
+        c.drain(&mut Vec::new());
+        let mut batch = Vec::new();
+        while let Some(d) = c.next_delivery() {
+            let m = c.message_of(&d).expect("readable");
+            let scope = d.consumer.scope();
+            next_tag[scope as usize] += 1;
+            let tag = next_tag[scope as usize];
+            batch.push((scope, tag, String::from_utf8_lossy(&m.body).into_owned()));
+            c.lease(scope, tag, d, Instant::now());
+        }
+        c.finish_deliveries();
+        assert!(
+            !batch.is_empty(),
+            "stalled with {done} of {total} processed, ready {}, depth {:?}",
+            c.queue("ordered").unwrap().message_count(),
+            c.queue("ordered").unwrap().depth()
+        );
+        in_flight_max = in_flight_max.max(batch.len());
+        for (scope, tag, body) in batch {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            if rng % 10 == 0 {
+                nacks += 1;
+                c.settle(scope, tag, false, Settle::Requeue).expect("nack");
+            } else {
+                let (k, i) = body.split_once(':').expect("key:seq");
+                processed[k.parse::<usize>().expect("key")].push(i.parse::<usize>().expect("seq"));
+                c.settle(scope, tag, false, Settle::Ack).expect("ack");
+                done += 1;
+            }
+        }
+        c.commit();
+    }
+    assert!(nacks > 500, "the test nacked ({nacks})");
+    assert!(in_flight_max > 1, "partitions ran in parallel");
+    for (k, seqs) in processed.iter().enumerate() {
+        assert_eq!(
+            seqs,
+            &(0..PER_KEY).collect::<Vec<_>>(),
+            "key {k} processed out of order"
+        );
+    }
+}

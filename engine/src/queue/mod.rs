@@ -19,11 +19,26 @@ pub use partition::{Counters, Depth, DueWork, Enqueued, Partition, HOT_ENTRIES};
 
 use crate::args::QueueArgs;
 use crate::consumer::Consumer;
+use crate::exchange::HeaderLookup;
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::PartitionId;
+
+/// The header that names a message's ordering key.
+pub const ORDERING_KEY: &str = "x-ordering-key";
+
+/// FNV-1a: stable across processes and versions (a key must keep its
+/// partition after a restart), cheap for short keys.
+pub fn ordering_hash(key: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
 
 /// Definition of a queue, as declared and as persisted.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -271,15 +286,22 @@ impl Queue {
         Some(a.count)
     }
 
-    /// The partition a new message goes to. With one partition, always it;
-    /// with ordering keys (a later feature) a hash of the key picks it.
-    pub fn partition_for_publish(&self) -> &Arc<Partition> {
-        if self.partitions.len() == 1 {
+    /// The partition a new message goes to. With one partition, always
+    /// it; with `x-partitions` > 1, the message's `x-ordering-key` header
+    /// picks it by a stable hash (the same key, the same partition, across
+    /// restarts), and a message without a key goes round robin. The
+    /// headers are only looked at for a partitioned queue.
+    pub fn partition_for_publish(&self, headers: &dyn HeaderLookup) -> &Arc<Partition> {
+        let n = self.partitions.len();
+        if n == 1 {
             return &self.partitions[0];
         }
-        let i =
-            self.next_partition.fetch_add(1, Ordering::Relaxed) as usize % self.partitions.len();
-        &self.partitions[i]
+        let i = match headers.header(ORDERING_KEY) {
+            Some(Value::String(k)) => ordering_hash(k.as_bytes()) % n as u64,
+            Some(Value::Null) | None => self.next_partition.fetch_add(1, Ordering::Relaxed),
+            Some(other) => ordering_hash(other.to_string().as_bytes()) % n as u64,
+        };
+        &self.partitions[i as usize % n]
     }
 
     /// Ready messages over all partitions.

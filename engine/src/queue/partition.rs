@@ -50,6 +50,8 @@ pub struct Partition {
     pub id: PartitionId,
     /// Whether messages here are written to the store.
     pub durable: bool,
+    /// One of several partitions of its queue (`x-partitions` > 1).
+    pub partitioned: bool,
     state: Mutex<PartitionState>,
     /// Counters.
     pub counters: Counters,
@@ -251,6 +253,7 @@ impl Partition {
         Arc::new(Partition {
             id,
             durable,
+            partitioned: args.partitions > 1,
             counts_deliveries,
             state: Mutex::new(PartitionState {
                 ready: ReadyList::new(args.max_priority.unwrap_or(0)),
@@ -725,7 +728,15 @@ impl Partition {
     fn dispatch_locked(self: &Arc<Self>, st: &mut PartitionState, woken: &mut Vec<Arc<Consumer>>) {
         st.consumers.retain_live();
         let mut now = 0;
+        // A partition of a partitioned queue (ordering keys) has one message
+        // out at a time: the next of its keys is delivered only once the
+        // previous one is settled or back in place, so per-key order holds
+        // across nacks and redeliveries whatever the consumers' prefetch.
+        let ordered = st.args.partitions > 1;
         while let Some(front) = st.ready.front() {
+            if ordered && self.counters.leased.load(Ordering::Relaxed) > 0 {
+                break;
+            }
             let (expires_at, size) = (front.expires_at_ms, front.size);
             if expires_at != 0 && self.expired_head(st, &mut now) {
                 continue;
