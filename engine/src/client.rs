@@ -318,6 +318,7 @@ impl Client {
             attrs: MessageAttrs {
                 priority: message.priority,
                 expires_at_ms: 0,
+                deliver_at_ms: 0,
             },
         };
         let mut location = None;
