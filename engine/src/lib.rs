@@ -288,8 +288,8 @@ impl LiveSet for Positions<'_> {
         let partitions = self.partitions.borrow();
         let mut done = vec![false; moves.len()];
         // Grouped per partition: one lock and one pass over its ready list.
-        let mut groups: HashMap<PartitionId, (Vec<usize>, Vec<(MessageId, Location, Location)>)> =
-            HashMap::new();
+        type Swaps = Vec<(MessageId, Location, Location)>;
+        let mut groups: HashMap<PartitionId, (Vec<usize>, Swaps)> = HashMap::new();
         for (i, m) in moves.iter().enumerate() {
             let g = groups.entry(m.partition).or_default();
             g.0.push(i);

@@ -657,40 +657,41 @@ mod tests {
             ..data(b"later")
         };
         let mut buf = Vec::new();
-        let mut lens = Vec::new();
-        lens.push(encode_message(
-            &mut buf,
-            MessageKind::Publish,
-            1,
-            &[PartitionId(1)],
-            &delayed,
-            0,
-        ));
-        lens.push(encode_message(
-            &mut buf,
-            MessageKind::Relocate,
-            2,
-            &[PartitionId(1)],
-            &data(b"again"),
-            7,
-        ));
-        lens.push(encode_message(
-            &mut buf,
-            MessageKind::Page,
-            3,
-            &[PartitionId(4)],
-            &delayed,
-            0,
-        ));
-        lens.push(encode_move(
-            &mut buf,
-            PartitionId(1),
-            2,
-            9,
-            &[PartitionId(2), PartitionId(3)],
-            &data(b"dead"),
-        ));
-        lens.push(encode_requeue(&mut buf, PartitionId(1), 1, 4, 5678));
+        let lens = vec![
+            encode_message(
+                &mut buf,
+                MessageKind::Publish,
+                1,
+                &[PartitionId(1)],
+                &delayed,
+                0,
+            ),
+            encode_message(
+                &mut buf,
+                MessageKind::Relocate,
+                2,
+                &[PartitionId(1)],
+                &data(b"again"),
+                7,
+            ),
+            encode_message(
+                &mut buf,
+                MessageKind::Page,
+                3,
+                &[PartitionId(4)],
+                &delayed,
+                0,
+            ),
+            encode_move(
+                &mut buf,
+                PartitionId(1),
+                2,
+                9,
+                &[PartitionId(2), PartitionId(3)],
+                &data(b"dead"),
+            ),
+            encode_requeue(&mut buf, PartitionId(1), 1, 4, 5678),
+        ];
         assert_eq!(lens.iter().sum::<usize>(), buf.len());
         let mut off = 0;
         let mut recs = Vec::new();
