@@ -180,7 +180,9 @@ pub enum Op<'a> {
     /// `deliver_at_ms` (0 = at once). Recovery reports the last recorded
     /// values ([`RecoveredMessage::attempts`], `attrs.deliver_at_ms`) until
     /// the message is settled; they survive compaction. A small record (no
-    /// body), accepted like a settle while the disk is full.
+    /// body), accepted like a settle while the disk is full. The engine keeps
+    /// the current values in memory: [`crate::Store::read`] may return the
+    /// published `deliver_at_ms` or a later requeue's.
     Requeue {
         /// The partition it is live in.
         partition: PartitionId,

@@ -779,7 +779,13 @@ impl Store for LogStore {
                 }
             }
             let len = encoded_len(op);
-            if len > self.max_record() {
+            // A stored message leaves room for a relocated copy that carries
+            // a delivery state (relocate-ext), so that copy always fits.
+            let room = match op {
+                Op::Publish { .. } | Op::Move { .. } => record::EXT_LEN,
+                _ => 0,
+            };
+            if len + room > self.max_record() {
                 return Err(StoreError::TooLarge(len));
             }
             total += len;

@@ -160,6 +160,9 @@ fn var_len(b: &[u8]) -> usize {
     4 + b.len()
 }
 
+/// Bytes the `-ext` layout adds (deliver_at_ms u64, attempts u32).
+pub(crate) const EXT_LEN: usize = 8 + 4;
+
 /// Whether a message record needs the `-ext` layout.
 fn is_ext(kind: MessageKind, data: &MessageData<'_>, attempts: u32) -> bool {
     kind == MessageKind::Move || data.attrs.deliver_at_ms != 0 || attempts != 0
