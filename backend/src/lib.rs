@@ -35,17 +35,18 @@ pub trait Store: Send + Sync + 'static {
     /// in allocation order.
     fn allocate_ids(&self, n: u64) -> MessageId;
 
-    /// Appends `ops` in order. For every [`Op::Publish`] and [`Op::Page`] one
-    /// [`Location`] is pushed onto `locations`, in order. When `waiter` is
+    /// Appends `ops` in order. For every [`Op::Publish`], [`Op::Page`] and
+    /// [`Op::Move`] one [`Location`] (of the new record) is pushed onto
+    /// `locations`, in order. When `waiter` is
     /// given it is called once all of `ops` (and everything appended before
     /// them) is durable: fsynced on the embedded store.
     ///
     /// Appends from different callers are ordered: if `append` A returns
     /// before `append` B starts, A's records precede B's in the store.
     ///
-    /// While the disk is full, batches holding a publish or page fail with
-    /// [`StoreError::NoSpace`] (nothing of them is appended); settles and
-    /// metadata are still accepted. A waiter may be called with an error
+    /// While the disk is full, batches holding a publish, page or move fail
+    /// with [`StoreError::NoSpace`] (nothing of them is appended); settles,
+    /// requeues and metadata are still accepted. A waiter may be called with an error
     /// without the store failing for good (a write that ran out of space):
     /// its appends were not made durable yet.
     fn append(
@@ -79,12 +80,17 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<RecoveredMessage>, StoreError>;
 
     /// Moves live records so that space can be reclaimed. The store decides
-    /// which positions are worth moving (it can decode its own), walks
-    /// `live`, appends a copy of each record it moves and writes the new
-    /// position back through the `&mut Location` (under the caller's
-    /// partition lock, so a concurrent settle names the new position).
+    /// which positions are worth moving (it can decode its own), in three
+    /// phases: it collects candidates through [`LiveSet::for_each_live`],
+    /// reads them and appends copies with no caller lock held, then hands
+    /// the copies to [`LiveSet::relocate`], which swaps each in where the
+    /// caller still holds the old position. A copy the caller refuses (the
+    /// message was settled or moved meanwhile) is garbage: the store never
+    /// lets it outlive the settle (not in accounting, not at recovery).
     /// Returns how many positions moved; 0 when nothing is worth moving
-    /// (then `live` is not walked at all).
+    /// (then `live` is not walked at all). It may move only part of what is
+    /// worth moving per call: call it again while it returns more than 0.
+    /// Calls to `compact` run one at a time.
     fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError>;
 
     /// Counters for metrics and benchmarks.

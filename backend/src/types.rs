@@ -48,14 +48,41 @@ impl std::fmt::Debug for Location {
     }
 }
 
-/// Every live position the engine holds, walked by [`crate::Store::compact`].
+/// Every live position the engine holds, shown to [`crate::Store::compact`].
+///
+/// Compaction runs in three phases so that no caller lock is held across
+/// disk I/O: [`LiveSet::for_each_live`] collects the positions (under the
+/// caller's locks, quickly), the store then reads the records worth moving
+/// and appends copies with no caller lock held, and [`LiveSet::relocate`]
+/// swaps the positions in (under the caller's locks again) where they did
+/// not change meanwhile.
 pub trait LiveSet {
-    /// Calls `visit` once for every live (partition, message) whose position
-    /// the caller keeps: ready and leased entries alike. The caller holds the
-    /// partition's lock while visiting its entries, so a settle that runs
-    /// concurrently sees the position `visit` wrote back. `visit` may replace
-    /// the position (the store moved the record).
-    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, &mut Location));
+    /// Calls `visit` once for every live (partition, message, position) the
+    /// caller keeps: ready and leased entries alike. `visit` is quick (it
+    /// only collects), so the caller may hold its partition locks around it.
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, Location));
+
+    /// For each of `moves` (in any order): if the caller still holds
+    /// `(partition, id)` at `old`, it replaces that position with `new` and
+    /// reports `true` at the same index of the returned vector. It reports
+    /// `false` when the message left meanwhile (settled, moved, purged): a
+    /// settle or move wins over compaction, and the copy at `new` is garbage
+    /// the store accounts as such. The result has exactly `moves.len()`
+    /// entries.
+    fn relocate(&self, moves: &[Relocation]) -> Vec<bool>;
+}
+
+/// One copy made by compaction, for [`LiveSet::relocate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Relocation {
+    /// The partition the message is live in.
+    pub partition: PartitionId,
+    /// The message.
+    pub id: MessageId,
+    /// Where the caller held it when [`LiveSet::for_each_live`] showed it.
+    pub old: Location,
+    /// Where the copy is.
+    pub new: Location,
 }
 
 /// Attributes of a message that the engine needs without reading the body.
@@ -65,6 +92,10 @@ pub struct MessageAttrs {
     pub priority: u8,
     /// Absolute expiry in milliseconds since the Unix epoch; 0 = never.
     pub expires_at_ms: u64,
+    /// Absolute time in milliseconds since the Unix epoch before which the
+    /// message must not be delivered (a delayed message, or a delayed
+    /// retry after [`Op::Requeue`]); 0 = deliverable at once.
+    pub deliver_at_ms: u64,
 }
 
 /// The content of a message as the engine hands it to the store.
@@ -122,6 +153,48 @@ pub enum Op<'a> {
         /// Its current location.
         location: Location,
     },
+    /// Dead-lettering a stored message, atomically: the message `from_id`
+    /// leaves partition `from` (settled there, as by [`Op::Settle`]) and a
+    /// new message `id` is published to `partitions` (at least one; a
+    /// message dropped for lack of a route is an [`Op::Settle`]). One record
+    /// with one checksum: after a crash it is applied entirely or not at
+    /// all, never in both queues, never in neither. Produces a [`Location`]
+    /// like [`Op::Publish`]. Adds a message, so while the disk is full it is
+    /// refused like a publish ([`StoreError::NoSpace`]).
+    Move {
+        /// The new message's id (from [`crate::Store::allocate_ids`]).
+        id: MessageId,
+        /// Every durable partition the new message is routed to (at least one).
+        partitions: &'a [PartitionId],
+        /// The new message (e.g. with its death headers).
+        data: MessageData<'a>,
+        /// The partition the old message leaves.
+        from: PartitionId,
+        /// The old message.
+        from_id: MessageId,
+        /// The old message's current location (as for [`Op::Settle`]).
+        from_location: Location,
+    },
+    /// The live message `id` of `partition` was returned (requeued) after
+    /// `attempts` deliveries and must not be delivered again before
+    /// `deliver_at_ms` (0 = at once). Recovery reports the last recorded
+    /// values ([`RecoveredMessage::attempts`], `attrs.deliver_at_ms`) until
+    /// the message is settled; they survive compaction. A small record (no
+    /// body), accepted like a settle while the disk is full. The engine keeps
+    /// the current values in memory: [`crate::Store::read`] may return the
+    /// published `deliver_at_ms` or a later requeue's.
+    Requeue {
+        /// The partition it is live in.
+        partition: PartitionId,
+        /// The message.
+        id: MessageId,
+        /// Its current location (informational for the embedded log).
+        location: Location,
+        /// Deliveries so far.
+        attempts: u32,
+        /// Not before this (ms since the Unix epoch); 0 = at once.
+        deliver_at_ms: u64,
+    },
     /// Sets a metadata key.
     PutMeta {
         /// The key (engine-encoded).
@@ -164,7 +237,10 @@ pub struct RecoveredMessage {
     pub location: Location,
     /// Length of header plus body, for byte counters and prefetch-size.
     pub size: u32,
-    /// Attributes.
+    /// Deliveries recorded by the last [`Op::Requeue`]; 0 if never requeued.
+    pub attempts: u32,
+    /// Attributes; `deliver_at_ms` is the last [`Op::Requeue`]'s when there
+    /// was one, else the published one.
     pub attrs: MessageAttrs,
 }
 
@@ -315,7 +391,8 @@ impl std::fmt::Display for Damage {
 /// One record (or unreadable stretch) inside a damaged range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LostRecord {
-    /// A message record (publish, page or relocated copy).
+    /// A message record (publish, page, relocated copy, or the new message
+    /// of a move, which also lists a [`LostRecord::Settle`]).
     Message {
         /// Its id.
         id: MessageId,
@@ -324,6 +401,13 @@ pub enum LostRecord {
     },
     /// A settle: the message may come back after repair (a duplicate, not a loss).
     Settle {
+        /// The partition.
+        partition: PartitionId,
+        /// The message.
+        id: MessageId,
+    },
+    /// A requeue: the message's delivery count and retry delay may go back.
+    Requeue {
         /// The partition.
         partition: PartitionId,
         /// The message.
@@ -357,6 +441,13 @@ impl std::fmt::Display for LostRecord {
                 write!(
                     f,
                     "settle of message {id} in partition {} (it may be delivered again)",
+                    partition.0
+                )
+            }
+            LostRecord::Requeue { partition, id } => {
+                write!(
+                    f,
+                    "requeue of message {id} in partition {} (its delivery count may go back)",
                     partition.0
                 )
             }

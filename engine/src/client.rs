@@ -336,6 +336,7 @@ impl Client {
             attrs: MessageAttrs {
                 priority: message.priority,
                 expires_at_ms,
+                deliver_at_ms: 0,
             },
         };
         let mut location = None;

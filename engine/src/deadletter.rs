@@ -123,32 +123,48 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
     let mut n_located = 0usize;
     for (o, parts) in out.iter().zip(&publish_parts) {
         let mut at = None;
-        if let (Some((m, _)), false) = (&o.republish, parts.is_empty()) {
-            let data = MessageData {
-                exchange: std::str::from_utf8(&m.exchange).unwrap_or(""),
-                routing_key: std::str::from_utf8(&m.routing_key).unwrap_or(""),
-                header_format: m.header_format.to_u8(),
-                header: &m.properties,
-                body: &m.body,
-                attrs: MessageAttrs {
-                    priority: m.priority,
-                    expires_at_ms: 0,
-                },
-            };
-            ops.push(Op::Publish {
-                id: m.id,
-                partitions: parts,
-                data,
-            });
-            at = Some(n_located);
-            n_located += 1;
-        }
-        if let Some(l) = o.location {
-            ops.push(Op::Settle {
+        match (&o.republish, parts.is_empty(), o.location) {
+            (Some((m, _)), false, from_location) => {
+                let data = MessageData {
+                    exchange: std::str::from_utf8(&m.exchange).unwrap_or(""),
+                    routing_key: std::str::from_utf8(&m.routing_key).unwrap_or(""),
+                    header_format: m.header_format.to_u8(),
+                    header: &m.properties,
+                    body: &m.body,
+                    attrs: MessageAttrs {
+                        priority: m.priority,
+                        // Its own TTL counts again from here; stored, so it
+                        // holds across a restart.
+                        expires_at_ms: m.ttl_ms.map_or(0, |t| now.saturating_add(u64::from(t))),
+                        deliver_at_ms: 0,
+                    },
+                };
+                // Out of a durable queue into durable ones: one record, so
+                // a crash never leaves it in both or in neither.
+                ops.push(match from_location {
+                    Some(l) => Op::Move {
+                        id: m.id,
+                        partitions: parts,
+                        data,
+                        from: from.id,
+                        from_id: o.entry.id,
+                        from_location: l,
+                    },
+                    None => Op::Publish {
+                        id: m.id,
+                        partitions: parts,
+                        data,
+                    },
+                });
+                at = Some(n_located);
+                n_located += 1;
+            }
+            (_, _, Some(l)) => ops.push(Op::Settle {
                 partition: from.id,
                 id: o.entry.id,
                 location: l,
-            });
+            }),
+            (_, _, None) => {}
         }
         stored_at.push(at);
     }

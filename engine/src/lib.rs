@@ -40,7 +40,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::oneshot;
-use weir_backend::{LiveSet, Location, MessageId, Op, PartitionId, Store, StoreError};
+use weir_backend::{LiveSet, Location, MessageId, Op, PartitionId, Relocation, Store, StoreError};
 
 /// The default tenant (AMQP vhost `/`).
 pub const DEFAULT_TENANT: &str = "/";
@@ -276,7 +276,10 @@ impl Engine {
     /// queues' partitions whose leases are still out. Returns how many
     /// entries moved.
     pub fn compact(&self) -> Result<usize> {
-        Ok(self.store.compact(&Positions(self))?)
+        Ok(self.store.compact(&Positions {
+            engine: self,
+            partitions: Default::default(),
+        })?)
     }
 
     /// Every tenant.
@@ -285,24 +288,71 @@ impl Engine {
     }
 }
 
-/// Every position the engine holds, for [`Store::compact`].
-struct Positions<'a>(&'a Engine);
+/// Every position the engine holds, for [`Store::compact`]. The store reads
+/// and copies records between [`LiveSet::for_each_live`] and
+/// [`LiveSet::relocate`], with no partition lock held.
+struct Positions<'a> {
+    engine: &'a Engine,
+    /// The partitions walked by `for_each_live`, for the swap (a deleted
+    /// queue's partition is still reachable through them).
+    partitions: std::cell::RefCell<HashMap<PartitionId, Arc<queue::Partition>>>,
+}
 
-impl LiveSet for Positions<'_> {
-    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, &mut Location)) {
-        let mut partitions: Vec<Arc<queue::Partition>> = Vec::new();
-        for t in self.0.tenants.read().values() {
+impl Positions<'_> {
+    /// Every partition of every queue, and those of deleted queues whose
+    /// leases are still out.
+    fn collect(&self) -> HashMap<PartitionId, Arc<queue::Partition>> {
+        let mut partitions = HashMap::new();
+        for t in self.engine.tenants.read().values() {
             for q in t.queues() {
-                partitions.extend(q.partitions.iter().cloned());
+                partitions.extend(q.partitions.iter().map(|p| (p.id, p.clone())));
             }
         }
-        {
-            let mut retired = self.0.retired.lock();
-            retired.retain(|w| w.upgrade().is_some_and(|p| p.has_leases()));
-            partitions.extend(retired.iter().filter_map(|w| w.upgrade()));
+        let mut retired = self.engine.retired.lock();
+        retired.retain(|w| w.upgrade().is_some_and(|p| p.has_leases()));
+        partitions.extend(
+            retired
+                .iter()
+                .filter_map(|w| w.upgrade())
+                .map(|p| (p.id, p)),
+        );
+        partitions
+    }
+}
+
+impl LiveSet for Positions<'_> {
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, Location)) {
+        let partitions = self.collect();
+        for p in partitions.values() {
+            // Under the partition's lock: only collects.
+            p.for_each_location(|id, location| visit(p.id, id, *location));
         }
-        for p in &partitions {
-            p.for_each_location(|id, location| visit(p.id, id, location));
+        *self.partitions.borrow_mut() = partitions;
+    }
+
+    fn relocate(&self, moves: &[Relocation]) -> Vec<bool> {
+        if self.partitions.borrow().is_empty() {
+            *self.partitions.borrow_mut() = self.collect();
         }
+        let partitions = self.partitions.borrow();
+        let mut done = vec![false; moves.len()];
+        // Grouped per partition: one lock and one pass over its ready list.
+        type Swaps = Vec<(MessageId, Location, Location)>;
+        let mut groups: HashMap<PartitionId, (Vec<usize>, Swaps)> = HashMap::new();
+        for (i, m) in moves.iter().enumerate() {
+            let g = groups.entry(m.partition).or_default();
+            g.0.push(i);
+            g.1.push((m.id, m.old, m.new));
+        }
+        for (pid, (idx, swaps)) in groups {
+            // A partition gone meanwhile holds nothing: its copies are refused.
+            let Some(p) = partitions.get(&pid) else {
+                continue;
+            };
+            for (i, ok) in idx.into_iter().zip(p.swap_locations(&swaps)) {
+                done[i] = ok;
+            }
+        }
+        done
     }
 }

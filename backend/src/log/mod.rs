@@ -77,13 +77,13 @@ mod tests;
 
 use crate::{
     LiveSet, Location, MessageData, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta,
-    SegmentId, Store, StoreError, StoreStats, StoredMessage, Waiter,
+    Relocation, SegmentId, Store, StoreError, StoreStats, StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use record::{MessageKind, Record, FRAME_HEADER};
 use segment::{ReadCache, SegmentInfo};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,6 +96,9 @@ const WAKE_PENDING_BYTES: usize = 1 << 20;
 const MAX_COMPACTION_CANDIDATES: usize = 4;
 /// How many of the oldest sealed segments it looks at.
 const COMPACTION_WINDOW: usize = 16;
+/// How many records one [`Store::compact`] copies at most (bounds the
+/// memory of its candidate list; the next call continues).
+const MAX_RELOCATIONS: usize = 1 << 17;
 
 /// Options of [`LogStore::open`].
 #[derive(Clone, Debug)]
@@ -165,6 +168,16 @@ pub(crate) struct State {
     no_space: bool,
     /// Recycled chunk buffers.
     spare: Vec<Vec<u8>>,
+    /// Delivery state (attempts, deliver_at_ms) of every live (partition,
+    /// id) whose last requeue record is newer than its message record: what
+    /// a relocated copy must carry, since requeue records are not kept
+    /// alive. Only requeued messages have an entry.
+    requeued: HashMap<(PartitionId, MessageId), (u32, u64)>,
+    /// While a compaction runs: every (partition, id) settled or moved away
+    /// since it started collecting. Its copy of such a message is not
+    /// written: a copy after the settle would bring the message back at
+    /// recovery.
+    compacting: Option<HashSet<(PartitionId, MessageId)>>,
 }
 
 #[derive(Default)]
@@ -235,6 +248,8 @@ pub struct LogStore {
     truncated_bytes: u64,
     /// The data directory lock, released by `close`.
     lock: Mutex<Option<crate::lock::DirLock>>,
+    /// Held by a running [`Store::compact`]: one at a time.
+    compaction: Mutex<()>,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -338,6 +353,8 @@ impl LogStore {
                 failed: false,
                 no_space,
                 spare: Vec::new(),
+                requeued: rec.requeued,
+                compacting: None,
             }),
             wake: Condvar::new(),
             next_id: AtomicU64::new(rec.next_id),
@@ -362,6 +379,7 @@ impl LogStore {
             recovered_partitions,
             truncated_bytes: rec.truncated_bytes,
             lock: Mutex::new(Some(lock)),
+            compaction: Mutex::new(()),
         }))
     }
 
@@ -436,6 +454,7 @@ impl LogStore {
                 let idx = MessageIndex {
                     kind: m.kind,
                     id: m.id,
+                    attempts: m.attempts,
                     exchange: range_of(&raw, d.exchange.as_bytes()),
                     routing_key: range_of(&raw, d.routing_key.as_bytes()),
                     header_format: d.header_format,
@@ -467,6 +486,7 @@ impl LogStore {
 struct MessageIndex {
     kind: MessageKind,
     id: MessageId,
+    attempts: u32,
     exchange: std::ops::Range<usize>,
     routing_key: std::ops::Range<usize>,
     header_format: u8,
@@ -501,11 +521,15 @@ fn encoded_len(op: &Op<'_>) -> usize {
         + match op {
             Op::Publish {
                 partitions, data, ..
-            }
-            | Op::Page {
+            } => record::message_payload_len(MessageKind::Publish, partitions.len(), data, 0),
+            Op::Page {
                 partitions, data, ..
-            } => record::message_payload_len(partitions.len(), data),
+            } => record::message_payload_len(MessageKind::Page, partitions.len(), data, 0),
+            Op::Move {
+                partitions, data, ..
+            } => record::message_payload_len(MessageKind::Move, partitions.len(), data, 0),
             Op::Settle { .. } => record::SETTLE_PAYLOAD_LEN,
+            Op::Requeue { .. } => record::REQUEUE_PAYLOAD_LEN,
             Op::PutMeta { key, value } => record::put_meta_payload_len(key, value),
             Op::DeleteMeta { key } => record::del_meta_payload_len(key),
         }
@@ -581,6 +605,17 @@ impl State {
         }
     }
 
+    /// The message `id` leaves `partition` (settled or moved away): its
+    /// delivery state is dropped, and a running compaction must not copy it.
+    fn forget(&mut self, partition: PartitionId, id: MessageId) {
+        if !self.requeued.is_empty() {
+            self.requeued.remove(&(partition, id));
+        }
+        if let Some(c) = self.compacting.as_mut() {
+            c.insert((partition, id));
+        }
+    }
+
     /// Sealed segments whose survivors are worth relocating so the segment
     /// can be reclaimed. Empty when there is nothing worth compacting.
     fn compaction_candidates(&self, threshold: f64) -> Vec<SegmentId> {
@@ -614,17 +649,30 @@ impl State {
 
 impl LogStore {
     /// Copies the live message `id` of `partition` from `from` to the head of
-    /// the log; the old copy no longer counts as live for `partition`. A
-    /// paged record stays paged: relocation must not make transient data
-    /// survive a restart. Returns the new location.
-    pub(crate) fn relocate(
+    /// the log, with its current delivery state, and returns the copy's
+    /// location; `None` when the message was settled or moved away since the
+    /// running compaction started (then nothing is written). The copy counts
+    /// as live; the caller accounts either `from` or the copy as freed once
+    /// it knows which one the engine keeps. A paged record stays paged:
+    /// relocation must not make transient data survive a restart.
+    fn copy_for_compaction(
         &self,
         partition: PartitionId,
         id: MessageId,
         from: Location,
-    ) -> Result<Location, StoreError> {
-        // Read the source before taking the append lock: that may mean disk I/O.
-        let (raw, idx) = self.read_message(from)?;
+    ) -> Result<Option<Location>, StoreError> {
+        let gone = |st: &State| {
+            st.compacting
+                .as_ref()
+                .is_some_and(|c| c.contains(&(partition, id)))
+        };
+        // Read the source with no lock held: that may mean disk I/O.
+        let (raw, idx) = match self.read_message(from) {
+            Ok(found) => found,
+            // Settled meanwhile and its segment reclaimed already.
+            Err(_) if gone(&self.shared.state.lock()) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         if idx.id != id {
             return Err(StoreError::Corrupt {
                 segment: from.segment(),
@@ -632,12 +680,11 @@ impl LogStore {
                 reason: format!("relocate of {id} found message {}", idx.id),
             });
         }
-        let data = idx.data(&raw);
+        let mut data = idx.data(&raw);
         let kind = match idx.kind {
             MessageKind::Page => MessageKind::Page,
             _ => MessageKind::Relocate,
         };
-        let len = FRAME_HEADER + record::message_payload_len(1, &data);
         let mut st = self.shared.state.lock();
         if st.closing || st.failed {
             return Err(StoreError::Closed);
@@ -645,14 +692,26 @@ impl LogStore {
         if st.no_space {
             return Err(StoreError::NoSpace);
         }
+        if gone(&st) {
+            return Ok(None);
+        }
+        // Under the append lock, so no requeue can slip between reading the
+        // state and writing the copy that carries it.
+        let attempts = match st.requeued.get(&(partition, id)) {
+            Some(&(attempts, deliver_at_ms)) if kind != MessageKind::Page => {
+                data.attrs.deliver_at_ms = deliver_at_ms;
+                attempts
+            }
+            _ => idx.attempts,
+        };
+        let len = FRAME_HEADER + record::message_payload_len(kind, 1, &data, attempts);
         let (loc, buf) = st.place(len, self.shared.opts.segment_size);
-        let n = record::encode_message(buf, kind, id, &[partition], &data);
+        let n = record::encode_message(buf, kind, id, &[partition], &data, attempts);
         debug_assert_eq!(n, len);
         let info = st.head_info();
         info.live += 1;
         info.placed += 1;
         info.max_id = info.max_id.max(id);
-        st.unlive(from);
         let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
         drop(st);
         self.shared
@@ -662,7 +721,32 @@ impl LogStore {
         if pending_bytes >= WAKE_PENDING_BYTES {
             self.shared.wake.notify_one();
         }
+        Ok(Some(loc))
+    }
+
+    /// Copies one partition's message and frees the source at once, as if
+    /// the engine took the copy: for tests of the record paths.
+    #[cfg(test)]
+    pub(crate) fn relocate(
+        &self,
+        partition: PartitionId,
+        id: MessageId,
+        from: Location,
+    ) -> Result<Location, StoreError> {
+        let loc = self
+            .copy_for_compaction(partition, id, from)?
+            .expect("no compaction is running");
+        self.shared.state.lock().unlive(from);
         Ok(loc)
+    }
+}
+
+/// Stops tracking settles for a compaction when it ends, however it ends.
+struct CompactionDone<'a>(&'a Shared);
+
+impl Drop for CompactionDone<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().compacting = None;
     }
 }
 
@@ -680,7 +764,10 @@ impl Store for LogStore {
         // Validate the whole batch first so a rejected op leaves nothing behind.
         let mut total = 0usize;
         for op in ops {
-            if let Op::Publish { partitions, .. } | Op::Page { partitions, .. } = op {
+            if let Op::Publish { partitions, .. }
+            | Op::Page { partitions, .. }
+            | Op::Move { partitions, .. } = op
+            {
                 if partitions.is_empty() || partitions.len() > u32::MAX as usize {
                     return Err(StoreError::io(
                         "append",
@@ -692,7 +779,13 @@ impl Store for LogStore {
                 }
             }
             let len = encoded_len(op);
-            if len > self.max_record() {
+            // A stored message leaves room for a relocated copy that carries
+            // a delivery state (relocate-ext), so that copy always fits.
+            let room = match op {
+                Op::Publish { .. } | Op::Move { .. } => record::EXT_LEN,
+                _ => 0,
+            };
+            if len + room > self.max_record() {
                 return Err(StoreError::TooLarge(len));
             }
             total += len;
@@ -706,7 +799,7 @@ impl Store for LogStore {
         if st.no_space
             && ops
                 .iter()
-                .any(|op| matches!(op, Op::Publish { .. } | Op::Page { .. }))
+                .any(|op| matches!(op, Op::Publish { .. } | Op::Page { .. } | Op::Move { .. }))
         {
             return Err(StoreError::NoSpace);
         }
@@ -730,7 +823,7 @@ impl Store for LogStore {
                     };
                     let len = encoded_len(op);
                     let (loc, buf) = st.place(len, segment_size);
-                    let n = record::encode_message(buf, kind, *id, partitions, data);
+                    let n = record::encode_message(buf, kind, *id, partitions, data, 0);
                     debug_assert_eq!(n, len);
                     let info = st.head_info();
                     info.live += partitions.len() as u64;
@@ -741,6 +834,28 @@ impl Store for LogStore {
                     self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(loc);
                 }
+                Op::Move {
+                    id,
+                    partitions,
+                    data,
+                    from,
+                    from_id,
+                    from_location,
+                } => {
+                    let len = encoded_len(op);
+                    let (loc, buf) = st.place(len, segment_size);
+                    let n = record::encode_move(buf, *from, *from_id, *id, partitions, data);
+                    debug_assert_eq!(n, len);
+                    let info = st.head_info();
+                    info.live += partitions.len() as u64;
+                    info.placed += partitions.len() as u64;
+                    info.max_id = info.max_id.max(*id);
+                    self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    // The source is settled by the same record.
+                    st.unlive(*from_location);
+                    st.forget(*from, *from_id);
+                    locations.push(loc);
+                }
                 Op::Settle {
                     partition,
                     id,
@@ -749,6 +864,20 @@ impl Store for LogStore {
                     let (_, buf) = st.place(encoded_len(op), segment_size);
                     record::encode_settle(buf, *partition, *id);
                     st.unlive(*location);
+                    st.forget(*partition, *id);
+                }
+                Op::Requeue {
+                    partition,
+                    id,
+                    attempts,
+                    deliver_at_ms,
+                    ..
+                } => {
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
+                    record::encode_requeue(buf, *partition, *id, *attempts, *deliver_at_ms);
+                    // Never live itself: the next relocated copy carries it.
+                    st.requeued
+                        .insert((*partition, *id), (*attempts, *deliver_at_ms));
                 }
                 Op::PutMeta { key, value } => {
                     let version = st.meta_version + 1;
@@ -824,28 +953,67 @@ impl Store for LogStore {
     }
 
     fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
-        let candidates = self
-            .shared
-            .state
-            .lock()
-            .compaction_candidates(self.shared.opts.compact_below);
-        if candidates.is_empty() {
-            return Ok(0);
-        }
-        let mut moved = 0;
-        let mut err = None;
-        live.for_each_live(&mut |partition, id, location| {
-            if err.is_some() || !candidates.contains(&location.segment()) {
-                return;
+        let _one = self.compaction.lock();
+        let candidates = {
+            let mut st = self.shared.state.lock();
+            let c = st.compaction_candidates(self.shared.opts.compact_below);
+            if c.is_empty() {
+                return Ok(0);
             }
-            match self.relocate(partition, id, *location) {
-                Ok(new) => {
-                    *location = new;
-                    moved += 1;
-                }
-                Err(e) => err = Some(e),
+            // From now on settles are noted, before anything is collected:
+            // a settle appended after the engine showed us the message must
+            // stop its copy.
+            st.compacting = Some(HashSet::new());
+            c
+        };
+        let _done = CompactionDone(&self.shared);
+        // Phase 1, under the engine's locks: only collect.
+        let mut todo = Vec::new();
+        live.for_each_live(&mut |partition, id, location| {
+            if todo.len() < MAX_RELOCATIONS && candidates.contains(&location.segment()) {
+                todo.push((partition, id, location));
             }
         });
+        // Phase 2, no engine lock held: read and copy.
+        let mut copies = Vec::with_capacity(todo.len());
+        let mut err = None;
+        for (partition, id, old) in todo {
+            match self.copy_for_compaction(partition, id, old) {
+                Ok(Some(new)) => copies.push(Relocation {
+                    partition,
+                    id,
+                    old,
+                    new,
+                }),
+                Ok(None) => {}
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        // Phase 3, under the engine's locks again: swap in what is still
+        // where it was. Also after an error: the copies made are accounted.
+        let swapped = if copies.is_empty() {
+            Vec::new()
+        } else {
+            live.relocate(&copies)
+        };
+        debug_assert_eq!(swapped.len(), copies.len());
+        let mut moved = 0;
+        let mut st = self.shared.state.lock();
+        for (i, c) in copies.iter().enumerate() {
+            if swapped.get(i).copied().unwrap_or(false) {
+                // The engine names the copy from now on.
+                st.unlive(c.old);
+                moved += 1;
+            } else {
+                // Settled or moved meanwhile: the settle (naming `old`)
+                // frees the source, and the copy is garbage.
+                st.unlive(c.new);
+            }
+        }
+        drop(st);
         match err {
             Some(e) => Err(e),
             None => Ok(moved),

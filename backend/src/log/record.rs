@@ -17,11 +17,35 @@
 //! | 4 put-meta | version u64, key, value |
 //! | 5 del-meta | version u64, key |
 //! | 6 page     | same layout as publish; ignored by recovery (paged transient data) |
+//! | 7 publish-ext  | id u64, priority u8, expires_at_ms u64, deliver_at_ms u64, attempts u32, header_format u8, n u32, n × partition u64, exchange, routing key, header, body |
+//! | 8 relocate-ext | same layout as publish-ext, with exactly one partition |
+//! | 9 page-ext     | same layout as publish-ext; ignored by recovery |
+//! | 10 move    | from partition u64, from id u64, then the publish-ext layout (n ≥ 1) |
+//! | 11 requeue | partition u64, id u64, attempts u32, deliver_at_ms u64 |
 //!
 //! `header_format` tags the encoding of `header` (opaque to the store, defined
 //! by the engine). This is log format 1 (see `segment.rs` for the segment
 //! header that carries the format version); format 0 had no `header_format`
 //! and no segment header.
+//!
+//! Types 7 to 11 were added within format 1 without changing types 1 to 6:
+//! the `-ext` variants are written only when `deliver_at_ms` or `attempts` is
+//! not 0, so a plain publish is byte-identical to before, and a log written
+//! by an older build reads the same. (An older build refuses a log holding
+//! the new types as damaged rather than misreading it.)
+//!
+//! * A *move* (dead-lettering) is one record with one checksum: recovery
+//!   applies it as a publish of the new message to its partitions plus a
+//!   settle of `from id` in `from partition`, or (torn) not at all.
+//! * A *requeue* sets the delivery count (`attempts`) and `deliver_at_ms` of
+//!   a live message; recovery keeps the last one per (partition, id) and
+//!   ignores it once the message is settled. Requeue records are never live
+//!   (they pin nothing): the store keeps the current values of every
+//!   requeued live message in memory, and a relocated copy carries them (a
+//!   relocate-ext record; a plain relocate means 0 and 0). A requeue record
+//!   is only reclaimed once every segment before it is, so by then the
+//!   message's record (if live) is a copy written after it, carrying its
+//!   values or newer ones. A message record resets the values to its own.
 //!
 //! Decoding is bounds-checked everywhere and never panics on bad input: a
 //! torn or corrupt record must be reported, not crash recovery.
@@ -37,6 +61,11 @@ const T_RELOCATE: u8 = 3;
 const T_PUT_META: u8 = 4;
 const T_DEL_META: u8 = 5;
 const T_PAGE: u8 = 6;
+const T_PUBLISH_EXT: u8 = 7;
+const T_RELOCATE_EXT: u8 = 8;
+const T_PAGE_EXT: u8 = 9;
+const T_MOVE: u8 = 10;
+const T_REQUEUE: u8 = 11;
 
 /// Whether a message record is the original publish or a relocated copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +74,8 @@ pub(crate) enum MessageKind {
     Relocate,
     /// Paged transient data: readable, never recovered.
     Page,
+    /// The new message of a move (see [`MessageRecord::moved_from`]).
+    Move,
 }
 
 /// A decoded payload, borrowing from the buffer it was decoded from.
@@ -65,6 +96,12 @@ pub(crate) enum Record<'a> {
         version: u64,
         key: &'a [u8],
     },
+    Requeue {
+        partition: PartitionId,
+        id: MessageId,
+        attempts: u32,
+        deliver_at_ms: u64,
+    },
 }
 
 /// The fields of a publish or relocate record.
@@ -80,6 +117,10 @@ pub(crate) struct MessageRecord<'a> {
     pub header: &'a [u8],
     pub body: &'a [u8],
     pub attrs: MessageAttrs,
+    /// Deliveries so far (a relocated copy of a requeued message); else 0.
+    pub attempts: u32,
+    /// For a move: the (partition, id) it settles.
+    pub moved_from: Option<(PartitionId, MessageId)>,
 }
 
 impl<'a> MessageRecord<'a> {
@@ -119,11 +160,32 @@ fn var_len(b: &[u8]) -> usize {
     4 + b.len()
 }
 
-/// Payload length of a message record with `n` partitions.
-pub(crate) fn message_payload_len(n: usize, data: &MessageData<'_>) -> usize {
-    1 + 8
+/// Bytes the `-ext` layout adds (deliver_at_ms u64, attempts u32).
+pub(crate) const EXT_LEN: usize = 8 + 4;
+
+/// Whether a message record needs the `-ext` layout.
+fn is_ext(kind: MessageKind, data: &MessageData<'_>, attempts: u32) -> bool {
+    kind == MessageKind::Move || data.attrs.deliver_at_ms != 0 || attempts != 0
+}
+
+/// Payload length of a message record of `kind` with `n` partitions.
+pub(crate) fn message_payload_len(
+    kind: MessageKind,
+    n: usize,
+    data: &MessageData<'_>,
+    attempts: u32,
+) -> usize {
+    let ext = if is_ext(kind, data, attempts) {
+        8 + 4
+    } else {
+        0
+    };
+    let moved = if kind == MessageKind::Move { 8 + 8 } else { 0 };
+    1 + moved
+        + 8
         + 1
         + 8
+        + ext
         + 1
         + 4
         + 8 * n
@@ -135,6 +197,9 @@ pub(crate) fn message_payload_len(n: usize, data: &MessageData<'_>) -> usize {
 
 /// Payload length of a settle record.
 pub(crate) const SETTLE_PAYLOAD_LEN: usize = 1 + 8 + 8;
+
+/// Payload length of a requeue record.
+pub(crate) const REQUEUE_PAYLOAD_LEN: usize = 1 + 8 + 8 + 4 + 8;
 
 /// Payload length of a put-meta record.
 pub(crate) fn put_meta_payload_len(key: &[u8], value: &[u8]) -> usize {
@@ -171,25 +236,78 @@ fn framed(buf: &mut Vec<u8>, expected_payload: usize, f: impl FnOnce(&mut Vec<u8
     FRAME_HEADER + payload_len
 }
 
-/// Appends a framed publish (or relocate) record to `buf`.
+/// Appends a framed publish, relocate or page record to `buf`. `attempts`
+/// is a relocated copy's delivery count (0 otherwise).
 pub(crate) fn encode_message(
     buf: &mut Vec<u8>,
     kind: MessageKind,
     id: MessageId,
     partitions: &[PartitionId],
     data: &MessageData<'_>,
+    attempts: u32,
+) -> usize {
+    debug_assert!(
+        kind != MessageKind::Move,
+        "moves are encoded by encode_move"
+    );
+    encode_any(buf, kind, None, id, partitions, data, attempts)
+}
+
+/// Appends a framed move record to `buf`: `from_id` leaves `from`, and `id`
+/// is published to `partitions`.
+pub(crate) fn encode_move(
+    buf: &mut Vec<u8>,
+    from: PartitionId,
+    from_id: MessageId,
+    id: MessageId,
+    partitions: &[PartitionId],
+    data: &MessageData<'_>,
+) -> usize {
+    debug_assert!(!partitions.is_empty());
+    encode_any(
+        buf,
+        MessageKind::Move,
+        Some((from, from_id)),
+        id,
+        partitions,
+        data,
+        0,
+    )
+}
+
+fn encode_any(
+    buf: &mut Vec<u8>,
+    kind: MessageKind,
+    moved_from: Option<(PartitionId, MessageId)>,
+    id: MessageId,
+    partitions: &[PartitionId],
+    data: &MessageData<'_>,
+    attempts: u32,
 ) -> usize {
     debug_assert!(kind != MessageKind::Relocate || partitions.len() == 1);
-    let expected = message_payload_len(partitions.len(), data);
+    let ext = is_ext(kind, data, attempts);
+    let expected = message_payload_len(kind, partitions.len(), data, attempts);
     framed(buf, expected, |buf| {
-        buf.push(match kind {
-            MessageKind::Publish => T_PUBLISH,
-            MessageKind::Relocate => T_RELOCATE,
-            MessageKind::Page => T_PAGE,
+        buf.push(match (kind, ext) {
+            (MessageKind::Publish, false) => T_PUBLISH,
+            (MessageKind::Relocate, false) => T_RELOCATE,
+            (MessageKind::Page, false) => T_PAGE,
+            (MessageKind::Publish, true) => T_PUBLISH_EXT,
+            (MessageKind::Relocate, true) => T_RELOCATE_EXT,
+            (MessageKind::Page, true) => T_PAGE_EXT,
+            (MessageKind::Move, _) => T_MOVE,
         });
+        if let Some((from, from_id)) = moved_from {
+            buf.extend_from_slice(&from.0.to_le_bytes());
+            buf.extend_from_slice(&from_id.to_le_bytes());
+        }
         buf.extend_from_slice(&id.to_le_bytes());
         buf.push(data.attrs.priority);
         buf.extend_from_slice(&data.attrs.expires_at_ms.to_le_bytes());
+        if ext {
+            buf.extend_from_slice(&data.attrs.deliver_at_ms.to_le_bytes());
+            buf.extend_from_slice(&attempts.to_le_bytes());
+        }
         buf.push(data.header_format);
         buf.extend_from_slice(&(partitions.len() as u32).to_le_bytes());
         for p in partitions {
@@ -208,6 +326,23 @@ pub(crate) fn encode_settle(buf: &mut Vec<u8>, partition: PartitionId, id: Messa
         buf.push(T_SETTLE);
         buf.extend_from_slice(&partition.0.to_le_bytes());
         buf.extend_from_slice(&id.to_le_bytes());
+    })
+}
+
+/// Appends a framed requeue record to `buf`.
+pub(crate) fn encode_requeue(
+    buf: &mut Vec<u8>,
+    partition: PartitionId,
+    id: MessageId,
+    attempts: u32,
+    deliver_at_ms: u64,
+) -> usize {
+    framed(buf, REQUEUE_PAYLOAD_LEN, |buf| {
+        buf.push(T_REQUEUE);
+        buf.extend_from_slice(&partition.0.to_le_bytes());
+        buf.extend_from_slice(&id.to_le_bytes());
+        buf.extend_from_slice(&attempts.to_le_bytes());
+        buf.extend_from_slice(&deliver_at_ms.to_le_bytes());
     })
 }
 
@@ -319,15 +454,23 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
     let mut r = Reader { buf: payload };
     let t = r.u8()?;
     let rec = match t {
-        T_PUBLISH | T_RELOCATE | T_PAGE => {
+        T_PUBLISH | T_RELOCATE | T_PAGE | T_PUBLISH_EXT | T_RELOCATE_EXT | T_PAGE_EXT | T_MOVE => {
             let kind = match t {
-                T_PUBLISH => MessageKind::Publish,
-                T_RELOCATE => MessageKind::Relocate,
+                T_PUBLISH | T_PUBLISH_EXT => MessageKind::Publish,
+                T_RELOCATE | T_RELOCATE_EXT => MessageKind::Relocate,
+                T_MOVE => MessageKind::Move,
                 _ => MessageKind::Page,
+            };
+            let ext = t >= T_PUBLISH_EXT;
+            let moved_from = if kind == MessageKind::Move {
+                Some((PartitionId(r.u64()?), r.u64()?))
+            } else {
+                None
             };
             let id = r.u64()?;
             let priority = r.u8()?;
             let expires_at_ms = r.u64()?;
+            let (deliver_at_ms, attempts) = if ext { (r.u64()?, r.u32()?) } else { (0, 0) };
             let header_format = r.u8()?;
             let n = r.u32()? as usize;
             let partitions_raw = r.take(
@@ -356,7 +499,10 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
                 attrs: MessageAttrs {
                     priority,
                     expires_at_ms,
+                    deliver_at_ms,
                 },
+                attempts,
+                moved_from,
             })
         }
         T_SETTLE => Record::Settle {
@@ -371,6 +517,12 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
         T_DEL_META => Record::DeleteMeta {
             version: r.u64()?,
             key: r.var()?,
+        },
+        T_REQUEUE => Record::Requeue {
+            partition: PartitionId(r.u64()?),
+            id: r.u64()?,
+            attempts: r.u32()?,
+            deliver_at_ms: r.u64()?,
         },
         other => return Err(format!("unknown record type {other}")),
     };
@@ -392,6 +544,7 @@ mod tests {
             attrs: MessageAttrs {
                 priority: 3,
                 expires_at_ms: 99,
+                deliver_at_ms: 0,
             },
         }
     }
@@ -400,7 +553,14 @@ mod tests {
     fn roundtrip_all_types() {
         let mut buf = Vec::new();
         let parts = [PartitionId(1), PartitionId(7)];
-        let l1 = encode_message(&mut buf, MessageKind::Publish, 42, &parts, &data(b"hello"));
+        let l1 = encode_message(
+            &mut buf,
+            MessageKind::Publish,
+            42,
+            &parts,
+            &data(b"hello"),
+            0,
+        );
         let l2 = encode_settle(&mut buf, PartitionId(7), 42);
         let l3 = encode_put_meta(&mut buf, 5, b"k", b"v");
         let l4 = encode_del_meta(&mut buf, 6, b"k");
@@ -450,6 +610,158 @@ mod tests {
         ));
     }
 
+    /// A plain publish (no delay) is still the original type-1 record, byte
+    /// for byte: built here by hand from the documented layout.
+    #[test]
+    fn plain_publish_layout_is_unchanged() {
+        let mut buf = Vec::new();
+        encode_message(
+            &mut buf,
+            MessageKind::Publish,
+            0x0102,
+            &[PartitionId(5)],
+            &data(b"B"),
+            0,
+        );
+        let mut want = vec![1u8];
+        want.extend_from_slice(&0x0102u64.to_le_bytes());
+        want.push(3);
+        want.extend_from_slice(&99u64.to_le_bytes());
+        want.push(2);
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&5u64.to_le_bytes());
+        for f in [&b"ex"[..], b"rk.1", b"hdr", b"B"] {
+            want.extend_from_slice(&(f.len() as u32).to_le_bytes());
+            want.extend_from_slice(f);
+        }
+        assert_eq!(&buf[FRAME_HEADER..], &want[..]);
+        assert_eq!(&buf[..4], &(want.len() as u32).to_le_bytes());
+        // The same with a relocate: type 3, same layout.
+        let mut reloc = Vec::new();
+        encode_message(
+            &mut reloc,
+            MessageKind::Relocate,
+            0x0102,
+            &[PartitionId(5)],
+            &data(b"B"),
+            0,
+        );
+        want[0] = 3;
+        assert_eq!(&reloc[FRAME_HEADER..], &want[..]);
+    }
+
+    #[test]
+    fn new_record_types_roundtrip() {
+        let delayed = MessageData {
+            attrs: MessageAttrs {
+                deliver_at_ms: 1234,
+                ..data(b"").attrs
+            },
+            ..data(b"later")
+        };
+        let mut buf = Vec::new();
+        let lens = vec![
+            encode_message(
+                &mut buf,
+                MessageKind::Publish,
+                1,
+                &[PartitionId(1)],
+                &delayed,
+                0,
+            ),
+            encode_message(
+                &mut buf,
+                MessageKind::Relocate,
+                2,
+                &[PartitionId(1)],
+                &data(b"again"),
+                7,
+            ),
+            encode_message(
+                &mut buf,
+                MessageKind::Page,
+                3,
+                &[PartitionId(4)],
+                &delayed,
+                0,
+            ),
+            encode_move(
+                &mut buf,
+                PartitionId(1),
+                2,
+                9,
+                &[PartitionId(2), PartitionId(3)],
+                &data(b"dead"),
+            ),
+            encode_requeue(&mut buf, PartitionId(1), 1, 4, 5678),
+        ];
+        assert_eq!(lens.iter().sum::<usize>(), buf.len());
+        let mut off = 0;
+        let mut recs = Vec::new();
+        for len in &lens {
+            let (p, n) = split_frame(&buf[off..]).unwrap();
+            assert_eq!(n, *len);
+            recs.push(decode_payload(p).unwrap());
+            off += n;
+        }
+        let Record::Message(m) = &recs[0] else {
+            panic!("{:?}", recs[0])
+        };
+        assert_eq!(m.kind, MessageKind::Publish);
+        assert_eq!((m.attrs.deliver_at_ms, m.attempts), (1234, 0));
+        assert_eq!(m.attrs.expires_at_ms, 99);
+        assert_eq!(m.body, b"later");
+        let Record::Message(m) = &recs[1] else {
+            panic!("{:?}", recs[1])
+        };
+        assert_eq!(m.kind, MessageKind::Relocate);
+        assert_eq!((m.attrs.deliver_at_ms, m.attempts), (0, 7));
+        let Record::Message(m) = &recs[2] else {
+            panic!("{:?}", recs[2])
+        };
+        assert_eq!(m.kind, MessageKind::Page);
+        assert_eq!(m.attrs.deliver_at_ms, 1234);
+        let Record::Message(m) = &recs[3] else {
+            panic!("{:?}", recs[3])
+        };
+        assert_eq!(m.kind, MessageKind::Move);
+        assert_eq!(m.id, 9);
+        assert_eq!(m.moved_from, Some((PartitionId(1), 2)));
+        assert_eq!(
+            m.partitions().collect::<Vec<_>>(),
+            vec![PartitionId(2), PartitionId(3)]
+        );
+        assert_eq!(m.data().unwrap().body, b"dead");
+        assert!(matches!(
+            recs[4],
+            Record::Requeue {
+                partition: PartitionId(1),
+                id: 1,
+                attempts: 4,
+                deliver_at_ms: 5678
+            }
+        ));
+        // A move without target partitions is refused by the decoder.
+        let mut bad = Vec::new();
+        encode_move(
+            &mut bad,
+            PartitionId(1),
+            2,
+            9,
+            &[PartitionId(2)],
+            &data(b""),
+        );
+        // n sits after type, from, from id, id, priority, expiry, deliver_at,
+        // attempts and header_format.
+        let n_at = FRAME_HEADER + 1 + 8 + 8 + 8 + 1 + 8 + 8 + 4 + 1;
+        assert_eq!(&bad[n_at..n_at + 4], &1u32.to_le_bytes());
+        let mut payload = bad[FRAME_HEADER..].to_vec();
+        let n_at = n_at - FRAME_HEADER;
+        payload[n_at..n_at + 4].copy_from_slice(&0u32.to_le_bytes());
+        payload.drain(n_at + 4..n_at + 12);
+        assert!(decode_payload(&payload).is_err());
+    }
+
     #[test]
     fn truncated_and_corrupt_frames_are_reported() {
         let mut buf = Vec::new();
@@ -459,6 +771,7 @@ mod tests {
             1,
             &[PartitionId(1)],
             &data(b"x"),
+            0,
         );
         for cut in 0..buf.len() {
             assert_eq!(
@@ -485,7 +798,7 @@ mod tests {
             let n = rng.gen_range(0..64);
             let mut b: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
             if !b.is_empty() {
-                b[0] = rng.gen_range(0..7);
+                b[0] = rng.gen_range(0..12);
             }
             let _ = decode_payload(&b);
             let _ = split_frame(&b);

@@ -33,10 +33,21 @@ pub(crate) fn damage_info(
     }
 }
 
+/// A live message during the scan.
+struct Live {
+    rm: RecoveredMessage,
+    /// A requeue record changed its delivery state after its record.
+    requeued: bool,
+}
+
 /// What open needs to continue where the previous run stopped.
 pub(crate) struct RecoveryOutput {
     /// Live messages per partition, in id order (handed out per partition).
     pub partitions: HashMap<PartitionId, Vec<RecoveredMessage>>,
+    /// Delivery state (attempts, deliver_at_ms) of the live messages whose
+    /// state differs from what their current record says (a requeue record
+    /// came after it): what a relocated copy must carry.
+    pub requeued: HashMap<(PartitionId, MessageId), (u32, u64)>,
     /// Bytes of a torn tail dropped.
     pub truncated_bytes: u64,
     /// The metadata map (the store's own copy, for checkpoints and the engine).
@@ -80,7 +91,7 @@ pub(crate) fn recover(
     let mut meta = std::mem::take(&mut ckpt.meta);
     let mut meta_version = ckpt.version;
     let mut max_id: Option<MessageId> = None;
-    let mut live: HashMap<PartitionId, BTreeMap<MessageId, RecoveredMessage>> = HashMap::new();
+    let mut live: HashMap<PartitionId, BTreeMap<MessageId, Live>> = HashMap::new();
     let mut segments = BTreeMap::new();
     let mut truncated_bytes = 0u64;
     let mut continued_head = None;
@@ -153,18 +164,45 @@ pub(crate) fn recover(
                         id: m.id,
                         location: loc,
                         size: (m.header.len() + m.body.len()) as u32,
+                        attempts: m.attempts,
                         attrs: m.attrs,
                     };
                     // A relocate record re-inserts even when the publish is
                     // gone: its original segment may already be reclaimed.
-                    debug_assert!(m.kind == MessageKind::Publish || m.partition_count() == 1);
+                    // It carries the delivery state as of its writing.
+                    debug_assert!(m.kind != MessageKind::Relocate || m.partition_count() == 1);
                     for p in m.partitions() {
-                        live.entry(p).or_default().insert(m.id, rm);
+                        live.entry(p).or_default().insert(
+                            m.id,
+                            Live {
+                                rm,
+                                requeued: false,
+                            },
+                        );
+                    }
+                    // A move settles its source in the same record.
+                    if let Some((from, from_id)) = m.moved_from {
+                        if let Some(map) = live.get_mut(&from) {
+                            map.remove(&from_id);
+                        }
                     }
                 }
                 Record::Settle { partition, id } => {
                     if let Some(map) = live.get_mut(&partition) {
                         map.remove(&id);
+                    }
+                }
+                Record::Requeue {
+                    partition,
+                    id,
+                    attempts,
+                    deliver_at_ms,
+                } => {
+                    // Ignored once settled: it must not resurrect anything.
+                    if let Some(l) = live.get_mut(&partition).and_then(|m| m.get_mut(&id)) {
+                        l.rm.attempts = attempts;
+                        l.rm.attrs.deliver_at_ms = deliver_at_ms;
+                        l.requeued = true;
                     }
                 }
                 Record::PutMeta {
@@ -248,22 +286,27 @@ pub(crate) fn recover(
 
     // Live counts come from the final index, not from replaying decrements.
     let mut partitions = HashMap::with_capacity(live.len());
+    let mut requeued = HashMap::new();
     for (p, map) in live {
         if map.is_empty() {
             continue;
         }
-        for rm in map.values() {
-            if let Some(info) = segments.get_mut(&rm.location.segment()) {
+        for l in map.values() {
+            if let Some(info) = segments.get_mut(&l.rm.location.segment()) {
                 info.live += 1;
             }
+            if l.requeued || l.rm.attempts != 0 {
+                requeued.insert((p, l.rm.id), (l.rm.attempts, l.rm.attrs.deliver_at_ms));
+            }
         }
-        partitions.insert(p, map.into_values().collect::<Vec<_>>());
+        partitions.insert(p, map.into_values().map(|l| l.rm).collect::<Vec<_>>());
     }
 
     let next_id = ckpt.next_id.max(max_id.map_or(0, |m| m + 1)).max(1);
     ckpt.meta = BTreeMap::new();
     Ok(RecoveryOutput {
         partitions,
+        requeued,
         truncated_bytes,
         meta,
         meta_version,

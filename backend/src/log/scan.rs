@@ -86,20 +86,29 @@ pub(crate) fn describe(range: &[u8], base_offset: u64) -> Vec<LostRecord> {
                 let total = record::FRAME_HEADER.checked_add(len)?;
                 let payload = rest.get(record::FRAME_HEADER..total)?;
                 let lost = match record::decode_payload(payload).ok()? {
-                    Record::Message(m) => LostRecord::Message {
-                        id: m.id,
-                        partitions: m.partitions().collect(),
-                    },
-                    Record::Settle { partition, id } => LostRecord::Settle { partition, id },
+                    Record::Message(m) => {
+                        let mut v = vec![LostRecord::Message {
+                            id: m.id,
+                            partitions: m.partitions().collect(),
+                        }];
+                        if let Some((partition, id)) = m.moved_from {
+                            v.push(LostRecord::Settle { partition, id });
+                        }
+                        v
+                    }
+                    Record::Settle { partition, id } => vec![LostRecord::Settle { partition, id }],
+                    Record::Requeue { partition, id, .. } => {
+                        vec![LostRecord::Requeue { partition, id }]
+                    }
                     Record::PutMeta { version, .. } | Record::DeleteMeta { version, .. } => {
-                        LostRecord::Meta { version }
+                        vec![LostRecord::Meta { version }]
                     }
                 };
                 Some((lost, total))
             });
         match parsed {
             Some((lost, total)) => {
-                out.push(lost);
+                out.extend(lost);
                 off += total;
             }
             None => {
@@ -149,6 +158,7 @@ mod tests {
                     body: &body,
                     attrs: MessageAttrs::default(),
                 },
+                0,
             );
         }
         (buf, starts)

@@ -54,6 +54,7 @@ fn data(body: &[u8]) -> MessageData<'_> {
         attrs: MessageAttrs {
             priority: 1,
             expires_at_ms: 7,
+            deliver_at_ms: 0,
         },
     }
 }
@@ -304,9 +305,11 @@ fn restart_recovers_meta_and_live_messages() {
             id: a.0,
             location: a.1,
             size: 2,
+            attempts: 0,
             attrs: MessageAttrs {
                 priority: 1,
-                expires_at_ms: 7
+                expires_at_ms: 7,
+                deliver_at_ms: 0,
             }
         }
     );
@@ -344,6 +347,219 @@ fn relocation_moves_one_partition() {
         assert_eq!(rec.partitions[&P1][0].location, rec_loc);
         assert!(!rec.partitions.contains_key(&P2));
     }
+}
+
+/// A move cut anywhere at the tail (a crash mid-write) is not applied at
+/// all: the message is still in its source partition and not in the
+/// targets. Whole, it is applied entirely.
+#[test]
+fn torn_move_leaves_the_message_in_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, old_loc, new, move_loc);
+    {
+        let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        (old, old_loc) = publish(&store, &[P1], b"poison");
+        new = store.allocate_ids(1);
+        move_loc = append_sync(
+            &store,
+            &[Op::Move {
+                id: new,
+                partitions: &[P2, P3],
+                data: data(b"dead-lettered"),
+                from: P1,
+                from_id: old,
+                from_location: old_loc,
+            }],
+        )[0];
+        store.close().unwrap();
+    }
+    let path = segment::segment_path(&dir.path().join("log"), move_loc.segment());
+    let whole = std::fs::read(&path).unwrap();
+    let end = move_loc.offset() as usize + move_loc.len() as usize;
+    assert_eq!(whole.len(), end, "the move is the last record");
+    for cut in [
+        1,
+        FRAME_HEADER,
+        move_loc.len() as usize / 2,
+        move_loc.len() as usize - 1,
+    ] {
+        let at = move_loc.offset() as usize + cut;
+        std::fs::write(&path, &whole[..at]).unwrap();
+        let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        let rec = take_recovered(&store);
+        assert_eq!(rec.truncated_bytes, cut as u64, "cut {cut}");
+        assert_eq!(ids_of(&rec, P1), vec![old], "cut {cut}: source lost");
+        assert!(ids_of(&rec, P2).is_empty(), "cut {cut}: in the target");
+        assert!(ids_of(&rec, P3).is_empty(), "cut {cut}: in the target");
+        assert_eq!(&store.read(old_loc).unwrap().body[..], b"poison");
+        store.close().unwrap();
+    }
+    // Whole again: applied entirely.
+    std::fs::write(&path, &whole).unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let rec = take_recovered(&store);
+    assert!(ids_of(&rec, P1).is_empty());
+    assert_eq!(ids_of(&rec, P2), vec![new]);
+    assert_eq!(ids_of(&rec, P3), vec![new]);
+    assert_eq!(rec.partitions[&P2][0].location, move_loc);
+}
+
+/// Requeue records pin nothing: once the messages they name are settled
+/// (or relocated) their segments are reclaimed like any other, and the
+/// relocated copies carry the state.
+#[test]
+fn requeue_records_do_not_pin_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let mut msgs = Vec::new();
+    for i in 0..40u32 {
+        msgs.push(publish(&store, &[P1], &[i as u8; 200]));
+    }
+    // Requeue all of them repeatedly, spreading requeue records over the log.
+    for round in 1..=3u32 {
+        let ops: Vec<_> = msgs
+            .iter()
+            .map(|(id, loc)| Op::Requeue {
+                partition: P1,
+                id: *id,
+                location: *loc,
+                attempts: round,
+                deliver_at_ms: u64::from(round) * 1000 + id,
+            })
+            .collect();
+        append_sync(&store, &ops);
+    }
+    // Keep one message, settle the others, then compact until quiet.
+    let (kept, kept_loc) = msgs[0];
+    let ops: Vec<_> = msgs[1..]
+        .iter()
+        .map(|(id, loc)| Op::Settle {
+            partition: P1,
+            id: *id,
+            location: *loc,
+        })
+        .collect();
+    append_sync(&store, &ops);
+    let live = Live(std::cell::RefCell::new(
+        [(kept, kept_loc)].into_iter().collect(),
+    ));
+    for _ in 0..20 {
+        let moved = store.compact(&live).unwrap();
+        barrier(&store);
+        if moved == 0 {
+            break;
+        }
+    }
+    let now = live.0.borrow()[&kept];
+    assert_ne!(now, kept_loc, "the survivor was relocated");
+    // Everything before the copy's segment went, requeue records included.
+    let files = seg_files(dir.path());
+    assert_eq!(files[0], now.segment(), "{files:?}");
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let rec = take_recovered(&store);
+    assert_eq!(rec.partitions.len(), 1);
+    let m = rec.partitions[&P1][0];
+    assert_eq!((m.id, m.location), (kept, now));
+    assert_eq!((m.attempts, m.attrs.deliver_at_ms), (3, 3000 + kept));
+    // Settle it: the rest of the log goes too.
+    settle(&store, P1, kept, now);
+    barrier(&store);
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert!(take_recovered(&store).partitions.is_empty());
+    barrier(&store);
+    assert!(seg_files(dir.path()).is_empty());
+}
+
+/// Settles that race a compaction (between collecting and swapping) leave
+/// the accounting exact: once everything is settled every segment goes.
+#[test]
+fn settles_racing_compaction_keep_accounting_exact() {
+    struct Racing<'a> {
+        live: Live,
+        store: &'a LogStore,
+    }
+    impl Racing<'_> {
+        fn settle_first(&self) {
+            let first = self.live.0.borrow().iter().next().map(|(i, l)| (*i, *l));
+            if let Some((id, loc)) = first {
+                self.live.0.borrow_mut().remove(&id);
+                settle(self.store, P1, id, loc);
+            }
+        }
+    }
+    impl crate::LiveSet for Racing<'_> {
+        fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, Location)) {
+            self.live.for_each_live(visit);
+            self.settle_first();
+        }
+        fn relocate(&self, moves: &[crate::Relocation]) -> Vec<bool> {
+            self.settle_first();
+            self.live.relocate(moves)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let mut live = BTreeMap::new();
+    let mut ops = Vec::new();
+    for i in 0..80u32 {
+        let (id, loc) = publish(&store, &[P1], &[i as u8; 200]);
+        if i % 4 == 0 {
+            live.insert(id, loc);
+        } else {
+            ops.push(Op::Settle {
+                partition: P1,
+                id,
+                location: loc,
+            });
+        }
+    }
+    append_sync(&store, &ops);
+    let racing = Racing {
+        live: Live(std::cell::RefCell::new(live)),
+        store: &store,
+    };
+    let mut moved_total = 0;
+    for _ in 0..20 {
+        let moved = store.compact(&racing).unwrap();
+        barrier(&store);
+        moved_total += moved;
+        if moved == 0 {
+            break;
+        }
+    }
+    assert!(moved_total > 0, "nothing was compacted");
+    let left = racing.live.0.into_inner();
+    for (id, loc) in &left {
+        assert_eq!(store.read(*loc).unwrap().id, *id);
+    }
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let rec = take_recovered(&store);
+    assert_eq!(
+        ids_of(&rec, P1),
+        left.keys().copied().collect::<Vec<_>>(),
+        "a settled message came back"
+    );
+    let ops: Vec<_> = left
+        .iter()
+        .map(|(id, loc)| Op::Settle {
+            partition: P1,
+            id: *id,
+            location: *loc,
+        })
+        .collect();
+    append_sync(&store, &ops);
+    barrier(&store);
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    barrier(&store);
+    assert!(
+        seg_files(dir.path()).is_empty(),
+        "a live count leaked: {:?}",
+        seg_files(dir.path())
+    );
 }
 
 /// Writes three messages, closes, and returns the last record's location.
@@ -550,10 +766,24 @@ fn ids_keep_increasing_after_everything_is_reclaimed() {
 struct Live(std::cell::RefCell<BTreeMap<MessageId, Location>>);
 
 impl crate::LiveSet for Live {
-    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, &mut Location)) {
-        for (id, loc) in self.0.borrow_mut().iter_mut() {
-            visit(P1, *id, loc);
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, Location)) {
+        for (id, loc) in self.0.borrow().iter() {
+            visit(P1, *id, *loc);
         }
+    }
+
+    fn relocate(&self, moves: &[crate::Relocation]) -> Vec<bool> {
+        let mut live = self.0.borrow_mut();
+        moves
+            .iter()
+            .map(|m| match live.get_mut(&m.id) {
+                Some(l) if m.partition == P1 && *l == m.old => {
+                    *l = m.new;
+                    true
+                }
+                _ => false,
+            })
+            .collect()
     }
 }
 

@@ -9,7 +9,8 @@
 //! 4 KiB segments, small enough that compaction and reclamation take part).
 
 use crate::{
-    LiveSet, Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, Store, StoreError,
+    LiveSet, Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, RecoveredMessage,
+    Relocation, Store, StoreError,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
@@ -48,6 +49,11 @@ pub fn run_all(h: &mut dyn Harness) {
     recovery_is_per_partition(h);
     compaction_keeps_every_message_readable(h);
     closed_store_refuses_appends(h);
+    delayed_publish_keeps_deliver_at(h);
+    move_is_atomic_and_recovered_only_in_its_targets(h);
+    requeue_state_survives_restart_and_compaction(h);
+    settled_requeued_message_stays_settled(h);
+    settles_during_compaction_win(h);
     for seed in 0..4 {
         randomized_against_a_model(h, seed);
     }
@@ -68,6 +74,7 @@ fn data(body: &[u8]) -> MessageData<'_> {
         attrs: MessageAttrs {
             priority: 3,
             expires_at_ms: 77,
+            deliver_at_ms: 0,
         },
     }
 }
@@ -188,7 +195,8 @@ pub fn append_read_roundtrip(h: &mut dyn Harness) {
         m.attrs,
         MessageAttrs {
             priority: 3,
-            expires_at_ms: 77
+            expires_at_ms: 77,
+            deliver_at_ms: 0,
         }
     );
     let p = store.read(locs[1]).expect("read paged");
@@ -318,7 +326,8 @@ pub fn recovery_is_per_partition(h: &mut dyn Harness) {
         p2[1].attrs,
         MessageAttrs {
             priority: 3,
-            expires_at_ms: 77
+            expires_at_ms: 77,
+            deliver_at_ms: 0,
         }
     );
     let p1 = store.recover_partition(P1).expect("recover");
@@ -348,13 +357,43 @@ struct Kept {
     loc: Location,
     body: Vec<u8>,
     paged: bool,
+    /// Last requeue's attempts.
+    attempts: u32,
+    /// Last requeue's deliver_at_ms (or the published one).
+    deliver_at: u64,
+}
+
+impl Kept {
+    fn new(loc: Location, body: Vec<u8>, paged: bool) -> Self {
+        Kept {
+            loc,
+            body,
+            paged,
+            attempts: 0,
+            deliver_at: 0,
+        }
+    }
 }
 
 impl LiveSet for Model {
-    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, &mut Location)) {
-        for ((p, id), k) in self.live.borrow_mut().iter_mut() {
-            visit(*p, *id, &mut k.loc);
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, Location)) {
+        for ((p, id), k) in self.live.borrow().iter() {
+            visit(*p, *id, k.loc);
         }
+    }
+
+    fn relocate(&self, moves: &[Relocation]) -> Vec<bool> {
+        let mut live = self.live.borrow_mut();
+        moves
+            .iter()
+            .map(|m| match live.get_mut(&(m.partition, m.id)) {
+                Some(k) if k.loc == m.old => {
+                    k.loc = m.new;
+                    true
+                }
+                _ => false,
+            })
+            .collect()
     }
 }
 
@@ -369,14 +408,10 @@ pub fn compaction_keeps_every_message_readable(h: &mut dyn Harness) {
         let body = vec![i as u8; 200];
         let (id, loc) = publish(&*store, &[P1], &body);
         if i % 8 == 0 {
-            model.live.borrow_mut().insert(
-                (P1, id),
-                Kept {
-                    loc,
-                    body,
-                    paged: false,
-                },
-            );
+            model
+                .live
+                .borrow_mut()
+                .insert((P1, id), Kept::new(loc, body, false));
         } else {
             settles.push(Op::Settle {
                 partition: P1,
@@ -522,14 +557,71 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
             store.append(&[op], &mut locs, None).expect("append");
             assert_eq!(locs.len(), 1);
             for p in ps {
-                model.live.borrow_mut().insert(
-                    (p, id),
-                    Kept {
-                        loc: locs[0],
-                        body: body.clone(),
-                        paged,
-                    },
-                );
+                model
+                    .live
+                    .borrow_mut()
+                    .insert((p, id), Kept::new(locs[0], body.clone(), paged));
+            }
+        } else if (65..72).contains(&r) && model.live.borrow().values().any(|k| !k.paged) {
+            // A move (dead-lettering) of a stored message, or a requeue.
+            let mut live = model.live.borrow_mut();
+            let stored: Vec<_> = live
+                .iter()
+                .filter(|(_, k)| !k.paged)
+                .map(|(k, _)| *k)
+                .collect();
+            let (p, from_id) = stored[rng.below(stored.len() as u64) as usize];
+            if r < 69 {
+                let mut ps: Vec<PartitionId> = parts.to_vec();
+                for i in (1..ps.len()).rev() {
+                    ps.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                ps.truncate(1 + rng.below(3) as usize);
+                let kept = live.remove(&(p, from_id)).expect("present");
+                let body: Vec<u8> = (0..rng.below(300)).map(|_| rng.next() as u8).collect();
+                let id = store.allocate_ids(1);
+                assert!(id > last_id);
+                last_id = id;
+                let mut locs = Vec::new();
+                store
+                    .append(
+                        &[Op::Move {
+                            id,
+                            partitions: &ps,
+                            data: data(&body),
+                            from: p,
+                            from_id,
+                            from_location: kept.loc,
+                        }],
+                        &mut locs,
+                        None,
+                    )
+                    .expect("move");
+                assert_eq!(locs.len(), 1);
+                for q in ps {
+                    live.insert((q, id), Kept::new(locs[0], body.clone(), false));
+                }
+            } else {
+                let k = live.get_mut(&(p, from_id)).expect("present");
+                k.attempts += 1 + rng.below(3) as u32;
+                k.deliver_at = if rng.below(2) == 0 {
+                    0
+                } else {
+                    rng.next() >> 20
+                };
+                store
+                    .append(
+                        &[Op::Requeue {
+                            partition: p,
+                            id: from_id,
+                            location: k.loc,
+                            attempts: k.attempts,
+                            deliver_at_ms: k.deliver_at,
+                        }],
+                        &mut Vec::new(),
+                        None,
+                    )
+                    .expect("requeue");
             }
         } else if r < 72 && !model.live.borrow().is_empty() {
             let mut live = model.live.borrow_mut();
@@ -618,9 +710,12 @@ fn check(
         "seed {seed}: version at step {step}"
     );
     assert_eq!(m.truncated_bytes, 0);
-    let mut want: BTreeMap<PartitionId, Vec<(MessageId, Location)>> = BTreeMap::new();
+    type Want = (MessageId, Location, u32, u64);
+    let mut want: BTreeMap<PartitionId, Vec<Want>> = BTreeMap::new();
     for ((p, id), k) in model.live.borrow().iter() {
-        want.entry(*p).or_default().push((*id, k.loc));
+        want.entry(*p)
+            .or_default()
+            .push((*id, k.loc, k.attempts, k.deliver_at));
     }
     let listed: BTreeSet<PartitionId> = store
         .recovered_partitions()
@@ -637,11 +732,396 @@ fn check(
             .recover_partition(*p)
             .expect("recover")
             .into_iter()
-            .map(|m| (m.id, m.location))
+            .map(|m| (m.id, m.location, m.attempts, m.attrs.deliver_at_ms))
             .collect();
         assert_eq!(&got, msgs, "seed {seed}: partition {p:?} at step {step}");
     }
     for ((_, id), k) in model.live.borrow().iter() {
         check_read(store, k.loc, *id, &k.body);
     }
+}
+
+fn delayed(body: &[u8], deliver_at_ms: u64) -> MessageData<'_> {
+    let mut d = data(body);
+    d.attrs.deliver_at_ms = deliver_at_ms;
+    d
+}
+
+/// The recovered messages of `p` by id.
+fn recovered(store: &dyn Store, p: PartitionId) -> BTreeMap<MessageId, RecoveredMessage> {
+    store
+        .recover_partition(p)
+        .expect("recover")
+        .into_iter()
+        .map(|m| (m.id, m))
+        .collect()
+}
+
+/// A delayed message's `deliver_at_ms` is stored with it: reads and
+/// recovery return it; a plain one has 0.
+pub fn delayed_publish_keeps_deliver_at(h: &mut dyn Harness) {
+    let store = h.create();
+    let id = store.allocate_ids(2);
+    let locs = append_wait(
+        &*store,
+        &[
+            Op::Publish {
+                id,
+                partitions: &[P1],
+                data: delayed(b"later", 1_700_000_123_456),
+            },
+            Op::Publish {
+                id: id + 1,
+                partitions: &[P1],
+                data: data(b"now"),
+            },
+        ],
+    );
+    let m = store.read(locs[0]).expect("read");
+    assert_eq!(m.attrs.deliver_at_ms, 1_700_000_123_456);
+    assert_eq!((m.attrs.priority, m.attrs.expires_at_ms), (3, 77));
+    assert_eq!(store.read(locs[1]).expect("read").attrs.deliver_at_ms, 0);
+    let store = match restart(h, store) {
+        Ok(s) => s,
+        Err(s) => return s.close().expect("close"),
+    };
+    let got = recovered(&*store, P1);
+    assert_eq!(got[&id].attrs.deliver_at_ms, 1_700_000_123_456);
+    assert_eq!(got[&id].attempts, 0);
+    assert_eq!(got[&(id + 1)].attrs.deliver_at_ms, 0);
+    check_read(&*store, locs[0], id, b"later");
+    store.close().expect("close");
+}
+
+/// A move settles the source and publishes the new message in one step:
+/// after a restart the message is only in the target partitions, readable
+/// at the location the move returned, and other partitions of the source
+/// keep their copy.
+pub fn move_is_atomic_and_recovered_only_in_its_targets(h: &mut dyn Harness) {
+    let store = h.create();
+    let (old, old_loc) = publish(&*store, &[P1, P2], b"poison");
+    // A move needs at least one target; a bad batch leaves nothing behind.
+    let new = store.allocate_ids(1);
+    let r = store.append(
+        &[
+            Op::Settle {
+                partition: P2,
+                id: old,
+                location: old_loc,
+            },
+            Op::Move {
+                id: new,
+                partitions: &[],
+                data: data(b"dead"),
+                from: P1,
+                from_id: old,
+                from_location: old_loc,
+            },
+        ],
+        &mut Vec::new(),
+        None,
+    );
+    assert!(r.is_err());
+    let locs = append_wait(
+        &*store,
+        &[Op::Move {
+            id: new,
+            partitions: &[P3, P4],
+            data: delayed(b"dead", 42),
+            from: P1,
+            from_id: old,
+            from_location: old_loc,
+        }],
+    );
+    assert_eq!(locs.len(), 1, "a move returns the new record's location");
+    let m = store.read(locs[0]).expect("read");
+    assert_eq!(
+        (m.id, &m.body[..], m.attrs.deliver_at_ms),
+        (new, &b"dead"[..], 42)
+    );
+    // The source is still readable where P2 holds it.
+    check_read(&*store, old_loc, old, b"poison");
+    let store = match restart(h, store) {
+        Ok(s) => s,
+        Err(s) => return s.close().expect("close"),
+    };
+    let parts: BTreeSet<_> = store
+        .recovered_partitions()
+        .expect("list")
+        .into_iter()
+        .collect();
+    assert_eq!(parts, [P2, P3, P4].into_iter().collect());
+    assert!(recovered(&*store, P1).is_empty(), "the source came back");
+    let p2 = recovered(&*store, P2);
+    assert_eq!(p2.keys().copied().collect::<Vec<_>>(), vec![old]);
+    for p in [P3, P4] {
+        let got = recovered(&*store, p);
+        assert_eq!(got.len(), 1);
+        let m = got[&new];
+        assert_eq!(
+            (m.location, m.attempts, m.attrs.deliver_at_ms),
+            (locs[0], 0, 42)
+        );
+    }
+    check_read(&*store, locs[0], new, b"dead");
+    assert!(store.allocate_ids(1) > new);
+    // Settle everything: nothing comes back.
+    append_wait(
+        &*store,
+        &[
+            Op::Settle {
+                partition: P2,
+                id: old,
+                location: old_loc,
+            },
+            Op::Settle {
+                partition: P3,
+                id: new,
+                location: locs[0],
+            },
+            Op::Settle {
+                partition: P4,
+                id: new,
+                location: locs[0],
+            },
+        ],
+    );
+    let store = h.reopen(store);
+    assert!(store.recovered_partitions().expect("list").is_empty());
+    store.close().expect("close");
+}
+
+/// The last requeue's attempts and deliver_at survive restarts and
+/// compaction (whatever the store does with the records), per partition.
+pub fn requeue_state_survives_restart_and_compaction(h: &mut dyn Harness) {
+    let store = h.create();
+    let model = Model::default();
+    let mut settles = Vec::new();
+    let mut requeues = Vec::new();
+    for i in 0..80u32 {
+        let body = vec![i as u8; 200];
+        let parts: &[PartitionId] = if i % 16 == 0 { &[P1, P2] } else { &[P1] };
+        let (id, loc) = publish(&*store, parts, &body);
+        // Every message is requeued; the survivors twice.
+        requeues.push(Op::Requeue {
+            partition: P1,
+            id,
+            location: loc,
+            attempts: 1,
+            deliver_at_ms: 500,
+        });
+        if i % 8 == 0 {
+            let mut k = Kept::new(loc, body.clone(), false);
+            (k.attempts, k.deliver_at) = (2 + i, 1000 + u64::from(i));
+            requeues.push(Op::Requeue {
+                partition: P1,
+                id,
+                location: loc,
+                attempts: k.attempts,
+                deliver_at_ms: k.deliver_at,
+            });
+            model.live.borrow_mut().insert((P1, id), k);
+        } else {
+            settles.push(Op::Settle {
+                partition: P1,
+                id,
+                location: loc,
+            });
+        }
+        if parts.len() == 2 {
+            // Never requeued in P2: its state there stays 0.
+            model
+                .live
+                .borrow_mut()
+                .insert((P2, id), Kept::new(loc, body, false));
+        }
+    }
+    append_wait(&*store, &requeues);
+    append_wait(&*store, &settles);
+    for _ in 0..10 {
+        let moved = store.compact(&model).expect("compact");
+        append_wait(&*store, &[]);
+        append_wait(&*store, &[]);
+        if moved == 0 {
+            break;
+        }
+    }
+    // One more requeue after compaction: the newest wins.
+    let (p, id, loc) = model
+        .live
+        .borrow()
+        .iter()
+        .next()
+        .map(|((p, id), k)| (*p, *id, k.loc))
+        .expect("live");
+    append_wait(
+        &*store,
+        &[Op::Requeue {
+            partition: p,
+            id,
+            location: loc,
+            attempts: 99,
+            deliver_at_ms: 0,
+        }],
+    );
+    if let Some(kept) = model.live.borrow_mut().get_mut(&(p, id)) {
+        (kept.attempts, kept.deliver_at) = (99, 0);
+    }
+    let mut store = store;
+    for round in 0..2 {
+        store = match restart(h, store) {
+            Ok(s) => s,
+            Err(s) => return s.close().expect("close"),
+        };
+        for part in [P1, P2] {
+            let got: Vec<_> = recovered(&*store, part)
+                .into_values()
+                .map(|m| (m.id, m.location, m.attempts, m.attrs.deliver_at_ms))
+                .collect();
+            let want: Vec<_> = model
+                .live
+                .borrow()
+                .iter()
+                .filter(|((q, _), _)| *q == part)
+                .map(|((_, id), k)| (*id, k.loc, k.attempts, k.deliver_at))
+                .collect();
+            assert_eq!(got, want, "partition {part:?} after restart {round}");
+        }
+        // Compact again after the restart: the state is carried from there too.
+        for _ in 0..10 {
+            let moved = store.compact(&model).expect("compact");
+            append_wait(&*store, &[]);
+            if moved == 0 {
+                break;
+            }
+        }
+    }
+    store.close().expect("close");
+}
+
+/// Requeue records of a settled message do not bring it back.
+pub fn settled_requeued_message_stays_settled(h: &mut dyn Harness) {
+    let store = h.create();
+    let (a, a_loc) = publish(&*store, &[P1], b"a");
+    let (b, b_loc) = publish(&*store, &[P1], b"b");
+    let requeue = |id, location, attempts| Op::Requeue {
+        partition: P1,
+        id,
+        location,
+        attempts,
+        deliver_at_ms: 7,
+    };
+    append_wait(&*store, &[requeue(a, a_loc, 1), requeue(b, b_loc, 1)]);
+    settle(&*store, P1, a, a_loc);
+    append_wait(&*store, &[requeue(b, b_loc, 2)]);
+    let store = match restart(h, store) {
+        Ok(s) => s,
+        Err(s) => return s.close().expect("close"),
+    };
+    let got = recovered(&*store, P1);
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![b]);
+    assert_eq!((got[&b].attempts, got[&b].attrs.deliver_at_ms), (2, 7));
+    store.close().expect("close");
+}
+
+/// A [`Model`] that settles one message right after compaction collected
+/// the positions, and another just before the swap: both settles win, their
+/// copies are refused, and neither message comes back after a restart.
+struct SettlingModel<'a> {
+    model: Model,
+    store: &'a dyn Store,
+    victims: [(PartitionId, MessageId); 2],
+}
+
+impl SettlingModel<'_> {
+    fn settle_victim(&self, i: usize) {
+        let key = self.victims[i];
+        let Some(k) = self.model.live.borrow_mut().remove(&key) else {
+            return;
+        };
+        append_wait(
+            self.store,
+            &[Op::Settle {
+                partition: key.0,
+                id: key.1,
+                location: k.loc,
+            }],
+        );
+    }
+}
+
+impl LiveSet for SettlingModel<'_> {
+    fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, Location)) {
+        self.model.for_each_live(visit);
+        self.settle_victim(0);
+    }
+
+    fn relocate(&self, moves: &[Relocation]) -> Vec<bool> {
+        self.settle_victim(1);
+        let swapped = self.model.relocate(moves);
+        for (m, s) in moves.iter().zip(&swapped) {
+            if self.victims.contains(&(m.partition, m.id)) {
+                assert!(!s, "a settled message's copy was swapped in");
+            }
+        }
+        swapped
+    }
+}
+
+/// Settles racing a compaction win over it (see [`SettlingModel`]).
+pub fn settles_during_compaction_win(h: &mut dyn Harness) {
+    let store = h.create();
+    let model = Model::default();
+    let mut settles = Vec::new();
+    for i in 0..80u32 {
+        let body = vec![i as u8; 200];
+        let (id, loc) = publish(&*store, &[P1], &body);
+        if i % 8 == 0 {
+            model
+                .live
+                .borrow_mut()
+                .insert((P1, id), Kept::new(loc, body, false));
+        } else {
+            settles.push(Op::Settle {
+                partition: P1,
+                id,
+                location: loc,
+            });
+        }
+    }
+    append_wait(&*store, &settles);
+    let victims = {
+        let live = model.live.borrow();
+        let mut keys = live.keys();
+        [*keys.next().expect("live"), *keys.next().expect("live")]
+    };
+    let racing = SettlingModel {
+        model,
+        store: &*store,
+        victims,
+    };
+    store.compact(&racing).expect("compact");
+    append_wait(&*store, &[]);
+    let model = racing.model;
+    for ((_, id), k) in model.live.borrow().iter() {
+        check_read(&*store, k.loc, *id, &k.body);
+    }
+    let store = match restart(h, store) {
+        Ok(s) => s,
+        Err(s) => return s.close().expect("close"),
+    };
+    let got: Vec<_> = store
+        .recover_partition(P1)
+        .expect("recover")
+        .into_iter()
+        .map(|m| (m.id, m.location))
+        .collect();
+    let want: Vec<_> = model
+        .live
+        .borrow()
+        .iter()
+        .map(|((_, id), k)| (*id, k.loc))
+        .collect();
+    assert_eq!(got, want, "a message settled during compaction came back");
+    store.close().expect("close");
 }

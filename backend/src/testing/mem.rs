@@ -1,8 +1,8 @@
 //! [`MemStore`]: everything in memory, durability on a manual switch.
 
 use crate::{
-    LiveSet, Location, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta, Store,
-    StoreError, StoreStats, StoredMessage, Waiter,
+    LiveSet, Location, MessageData, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta,
+    Relocation, Store, StoreError, StoreStats, StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -36,6 +36,9 @@ struct State {
     next_slot: u64,
     /// Current slot of every live (partition, id).
     live: HashMap<PartitionId, BTreeMap<MessageId, u64>>,
+    /// Last requeue (attempts, deliver_at_ms) of every live (partition, id)
+    /// requeued since it was published.
+    requeued: HashMap<(PartitionId, MessageId), (u32, u64)>,
     meta: BTreeMap<Vec<u8>, Vec<u8>>,
     meta_version: u64,
     recovered: HashMap<PartitionId, Vec<RecoveredMessage>>,
@@ -69,6 +72,56 @@ impl State {
         self.next_slot += 1;
         self.records.insert(slot, rec);
         slot
+    }
+
+    /// Stores a new message record live in `partitions`; returns its slot.
+    fn publish(
+        &mut self,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: &MessageData<'_>,
+        paged: bool,
+    ) -> u64 {
+        let msg = StoredMessage {
+            id,
+            exchange: data.exchange.to_string(),
+            routing_key: data.routing_key.to_string(),
+            header_format: data.header_format,
+            header: Bytes::copy_from_slice(data.header),
+            body: Bytes::copy_from_slice(data.body),
+            attrs: data.attrs,
+        };
+        self.appended_bytes += (data.header.len() + data.body.len()) as u64;
+        let slot = self.insert(Record {
+            msg,
+            paged,
+            live: 0,
+        });
+        for p in partitions {
+            let old = self.live.entry(*p).or_default().insert(id, slot);
+            if let Some(old) = old {
+                self.unlive(old);
+            }
+            self.requeued.remove(&(*p, id));
+            if let Some(r) = self.records.get_mut(&slot) {
+                r.live += 1;
+            }
+        }
+        slot
+    }
+
+    /// The message `id` leaves `partition` (settled or moved away).
+    fn settle(&mut self, partition: PartitionId, id: MessageId) {
+        // The live map knows the current slot; the location the caller
+        // names is only a hint for stores that need it.
+        let slot = self.live.get_mut(&partition).and_then(|m| m.remove(&id));
+        if self.live.get(&partition).is_some_and(|m| m.is_empty()) {
+            self.live.remove(&partition);
+        }
+        if let Some(slot) = slot {
+            self.unlive(slot);
+        }
+        self.requeued.remove(&(partition, id));
     }
 
     /// One partition stops living at `slot`; drops the record when none does.
@@ -155,11 +208,18 @@ impl MemStore {
                 });
                 kept.live += 1;
                 next.live.entry(*p).or_default().insert(id, slot);
+                let mut attrs = r.msg.attrs;
+                let mut attempts = 0;
+                if let Some(&(a, d)) = st.requeued.get(&(*p, id)) {
+                    (attempts, attrs.deliver_at_ms) = (a, d);
+                    next.requeued.insert((*p, id), (a, d));
+                }
                 msgs.push(RecoveredMessage {
                     id,
                     location: location_of(slot),
                     size: (r.msg.header.len() + r.msg.body.len()) as u32,
-                    attrs: r.msg.attrs,
+                    attempts,
+                    attrs,
                 });
             }
             if !msgs.is_empty() {
@@ -187,7 +247,10 @@ impl Store for MemStore {
         waiter: Option<Waiter>,
     ) -> Result<(), StoreError> {
         for op in ops {
-            if let Op::Publish { partitions, .. } | Op::Page { partitions, .. } = op {
+            if let Op::Publish { partitions, .. }
+            | Op::Page { partitions, .. }
+            | Op::Move { partitions, .. } = op
+            {
                 if partitions.is_empty() {
                     return Err(StoreError::io(
                         "append",
@@ -215,42 +278,36 @@ impl Store for MemStore {
                     partitions,
                     data,
                 } => {
-                    let msg = StoredMessage {
-                        id: *id,
-                        exchange: data.exchange.to_string(),
-                        routing_key: data.routing_key.to_string(),
-                        header_format: data.header_format,
-                        header: Bytes::copy_from_slice(data.header),
-                        body: Bytes::copy_from_slice(data.body),
-                        attrs: data.attrs,
-                    };
-                    st.appended_bytes += (data.header.len() + data.body.len()) as u64;
-                    let slot = st.insert(Record {
-                        msg,
-                        paged: matches!(op, Op::Page { .. }),
-                        live: 0,
-                    });
-                    for p in partitions.iter() {
-                        let old = st.live.entry(*p).or_default().insert(*id, slot);
-                        if let Some(old) = old {
-                            st.unlive(old);
-                        }
-                        if let Some(r) = st.records.get_mut(&slot) {
-                            r.live += 1;
-                        }
-                    }
+                    let slot = st.publish(*id, partitions, data, matches!(op, Op::Page { .. }));
                     self.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(location_of(slot));
                 }
-                Op::Settle { partition, id, .. } => {
-                    // The live map knows the current slot; the location the
-                    // caller names is only a hint for stores that need it.
-                    let slot = st.live.get_mut(partition).and_then(|m| m.remove(id));
-                    if st.live.get(partition).is_some_and(|m| m.is_empty()) {
-                        st.live.remove(partition);
-                    }
-                    if let Some(slot) = slot {
-                        st.unlive(slot);
+                Op::Move {
+                    id,
+                    partitions,
+                    data,
+                    from,
+                    from_id,
+                    ..
+                } => {
+                    // One step under the lock: atomic, as the contract asks.
+                    st.settle(*from, *from_id);
+                    let slot = st.publish(*id, partitions, data, false);
+                    self.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    locations.push(location_of(slot));
+                }
+                Op::Settle { partition, id, .. } => st.settle(*partition, *id),
+                Op::Requeue {
+                    partition,
+                    id,
+                    attempts,
+                    deliver_at_ms,
+                    ..
+                } => {
+                    // Only a live message has a delivery state to keep.
+                    if st.live.get(partition).is_some_and(|m| m.contains_key(id)) {
+                        st.requeued
+                            .insert((*partition, *id), (*attempts, *deliver_at_ms));
                     }
                 }
                 Op::PutMeta { key, value } => {
@@ -313,32 +370,49 @@ impl Store for MemStore {
     }
 
     fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
-        let mut moved = 0;
-        let mut closed = false;
-        live.for_each_live(&mut |partition, id, location| {
+        // Collect first, with no lock of ours held: the caller's locks are
+        // held around `visit`, and its appends take ours.
+        let mut todo = Vec::new();
+        live.for_each_live(&mut |partition, id, location| todo.push((partition, id, location)));
+        let mut copies = Vec::new();
+        {
             let mut st = self.state.lock();
             if st.closed {
-                closed = true;
-                return;
+                return Err(StoreError::Closed);
             }
-            let Some(slot) = st.live.get(&partition).and_then(|m| m.get(&id)).copied() else {
-                return;
-            };
-            let Some(rec) = st.records.get(&slot).cloned() else {
-                return;
-            };
-            let new = st.insert(Record { live: 1, ..rec });
-            st.unlive(slot);
-            if let Some(m) = st.live.get_mut(&partition) {
-                m.insert(id, new);
+            for (partition, id, old) in todo {
+                // Only what is still live where the caller saw it: a settle
+                // since then wins.
+                let Some(slot) = st.live.get(&partition).and_then(|m| m.get(&id)).copied() else {
+                    continue;
+                };
+                if slot_of(old) != Some(slot) {
+                    continue;
+                }
+                let Some(rec) = st.records.get(&slot).cloned() else {
+                    continue;
+                };
+                let new = st.insert(Record { live: 1, ..rec });
+                st.unlive(slot);
+                if let Some(m) = st.live.get_mut(&partition) {
+                    m.insert(id, new);
+                }
+                copies.push(Relocation {
+                    partition,
+                    id,
+                    old,
+                    new: location_of(new),
+                });
             }
-            *location = location_of(new);
-            moved += 1;
-        });
-        if closed {
-            return Err(StoreError::Closed);
         }
-        Ok(moved)
+        if copies.is_empty() {
+            return Ok(0);
+        }
+        // The live map already names the copies: a settle the caller appends
+        // later, whichever position it names, frees the right slot.
+        let swapped = live.relocate(&copies);
+        debug_assert_eq!(swapped.len(), copies.len());
+        Ok(swapped.into_iter().filter(|s| *s).count())
     }
 
     fn stats(&self) -> StoreStats {

@@ -885,6 +885,45 @@ impl Partition {
             f(*id, l);
         }
     }
+
+    /// Compaction's swap: for each `(id, old, new)`, if the ready or leased
+    /// entry `id` is still at `old`, it moves to `new`; the result says
+    /// which did (a settle or move since the store collected `old` wins).
+    /// One pass over the ready list for the whole batch.
+    pub fn swap_locations(&self, swaps: &[(MessageId, Location, Location)]) -> Vec<bool> {
+        let mut done = vec![false; swaps.len()];
+        let mut st = self.lock();
+        let mut ready: HashMap<MessageId, usize> = HashMap::new();
+        for (i, &(id, old, new)) in swaps.iter().enumerate() {
+            match st.leased.get_mut(&id) {
+                Some(l) if *l == old => {
+                    *l = new;
+                    done[i] = true;
+                }
+                Some(_) => {}
+                None => {
+                    ready.insert(id, i);
+                }
+            }
+        }
+        if !ready.is_empty() {
+            for e in st.ready.iter_mut() {
+                let Some(i) = ready.get(&e.id).copied() else {
+                    continue;
+                };
+                let (_, old, new) = swaps[i];
+                if e.location == Some(old) {
+                    e.location = Some(new);
+                    done[i] = true;
+                }
+                ready.remove(&e.id);
+                if ready.is_empty() {
+                    break;
+                }
+            }
+        }
+        done
+    }
 }
 
 fn wake_all(woken: Vec<Arc<Consumer>>) {
