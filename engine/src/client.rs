@@ -764,6 +764,22 @@ impl Client {
         self.scopes.get(&scope).map_or(0, |st| st.leases.len())
     }
 
+    /// Whether `tag` is an outstanding lease of `scope`.
+    pub fn is_leased(&self, scope: Scope, tag: u64) -> bool {
+        self.scopes
+            .get(&scope)
+            .is_some_and(|st| st.leases.contains(tag))
+    }
+
+    /// Appends the outstanding tags of `scope` up to and including `tag`
+    /// (0 = all) to `out`, in order: what a `multiple` settle would take
+    /// now (an AMQP transaction resolves its acks when they arrive).
+    pub fn leased_tags(&self, scope: Scope, tag: u64, out: &mut Vec<u64>) {
+        if let Some(st) = self.scopes.get(&scope) {
+            st.leases.tags_up_to(tag, out);
+        }
+    }
+
     fn settle_one(&mut self, l: Lease, how: Settle) {
         if let Some(c) = &l.consumer {
             c.release(l.entry.size);
@@ -965,6 +981,9 @@ impl Client {
                 header_format,
                 persistent: true,
                 priority: m.attrs.priority,
+                // A read-back only serves a delivery: its expiry is the
+                // entry's (`expires_at_ms`), fixed at enqueue.
+                ttl_ms: None,
             })),
             Err(err) => {
                 tracing::error!(error = %err, id = e.id, "cannot read a queued message back from the store");

@@ -28,6 +28,10 @@ pub struct Message {
     pub persistent: bool,
     /// Priority.
     pub priority: u8,
+    /// The publisher's own time to live in ms, relative to its enqueue in
+    /// each queue (AMQP's `expiration` property, already checked as
+    /// RabbitMQ checks it); None when it has none.
+    pub ttl_ms: Option<u32>,
 }
 
 impl Message {

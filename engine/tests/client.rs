@@ -70,6 +70,7 @@ fn publish(c: &mut Client, queue: &str, body: &str, persistent: bool) -> Publish
         header_format: HeaderFormat::Amqp091,
         persistent,
         priority: 0,
+        ttl_ms: None,
     })
     .expect("publish")
 }

@@ -640,6 +640,7 @@ mod tests {
             header_format: crate::properties::HeaderFormat::Amqp091,
             persistent: durable,
             priority: 0,
+            ttl_ms: None,
         });
         for id in 0..n {
             let mut e = entry(id);
