@@ -31,7 +31,7 @@ pub struct Message {
     /// The publisher's own time to live in ms, relative to its enqueue in
     /// each queue (AMQP's `expiration` property, already checked as
     /// RabbitMQ checks it); None when it has none.
-    pub ttl_ms: Option<u32>,
+    pub ttl_ms: Option<u64>,
 }
 
 impl Message {

@@ -165,9 +165,10 @@ pub fn parse_expiration(s: &[u8]) -> Option<u64> {
     (!negative || n == 0).then_some(n)
 }
 
-/// RabbitMQ's largest `expiration` (and `x-message-ttl`): Erlang's timer
-/// limit.
-pub const MAX_EXPIRATION_MS: u64 = u32::MAX as u64;
+/// RabbitMQ's largest `expiration`: ten years in ms (3.10's
+/// `MAX_EXPIRY_TIMER`, measured against it; newer versions lowered it to
+/// 2^32-1).
+pub const MAX_EXPIRATION_MS: u64 = 315_360_000_000;
 
 /// Why a publish's `expiration` is refused, in RabbitMQ's terms (its
 /// `rabbit_basic:parse_expiration`: Erlang's `string:to_integer`, then a
@@ -181,7 +182,7 @@ pub enum ExpirationError {
     /// Below zero.
     ValueNegative(i128),
     /// Above [`MAX_EXPIRATION_MS`].
-    ValueTooBig(i128),
+    ValueTooLarge(i128),
 }
 
 impl std::fmt::Display for ExpirationError {
@@ -191,7 +192,7 @@ impl std::fmt::Display for ExpirationError {
             ExpirationError::NoInteger => f.write_str("no_integer"),
             ExpirationError::LeftoverString(s) => write!(f, "{{leftover_string,{s:?}}}"),
             ExpirationError::ValueNegative(n) => write!(f, "{{value_negative,{n}}}"),
-            ExpirationError::ValueTooBig(n) => write!(f, "{{value_too_big,{n}}}"),
+            ExpirationError::ValueTooLarge(n) => write!(f, "{{value_too_large,{n}}}"),
         }
     }
 }
@@ -199,7 +200,7 @@ impl std::fmt::Display for ExpirationError {
 /// Checks a publish's `expiration` as RabbitMQ does: an integer (optional
 /// sign, decimal digits) with nothing after it, from 0 to
 /// [`MAX_EXPIRATION_MS`]. Returns the TTL in ms.
-pub fn check_expiration(s: &[u8]) -> Result<u32, ExpirationError> {
+pub fn check_expiration(s: &[u8]) -> Result<u64, ExpirationError> {
     let (negative, rest) = match s.split_first() {
         Some((b'+', rest)) => (false, rest),
         Some((b'-', rest)) => (true, rest),
@@ -224,7 +225,10 @@ pub fn check_expiration(s: &[u8]) -> Result<u32, ExpirationError> {
     if n < 0 {
         return Err(ExpirationError::ValueNegative(n));
     }
-    u32::try_from(n).map_err(|_| ExpirationError::ValueTooBig(n))
+    match u64::try_from(n) {
+        Ok(ms) if ms <= MAX_EXPIRATION_MS => Ok(ms),
+        _ => Err(ExpirationError::ValueTooLarge(n)),
+    }
 }
 
 /// The raw `expiration` of an AMQP basic property block, if it has one.
@@ -970,7 +974,8 @@ mod tests {
         assert_eq!(check_expiration(b"60000"), Ok(60_000));
         assert_eq!(check_expiration(b"+5"), Ok(5));
         assert_eq!(check_expiration(b"-0"), Ok(0));
-        assert_eq!(check_expiration(b"4294967295"), Ok(u32::MAX));
+        assert_eq!(check_expiration(b"4294967296"), Ok(1 << 32));
+        assert_eq!(check_expiration(b"315360000000"), Ok(MAX_EXPIRATION_MS));
         let e = |s: &[u8]| check_expiration(s).unwrap_err().to_string();
         assert_eq!(e(b""), "no_integer");
         assert_eq!(e(b"abc"), "no_integer");
@@ -979,9 +984,9 @@ mod tests {
         assert_eq!(e(b"10s"), "{leftover_string,\"s\"}");
         assert_eq!(e(b"1.5"), "{leftover_string,\".5\"}");
         assert_eq!(e(b"-1"), "{value_negative,-1}");
-        assert_eq!(e(b"4294967296"), "{value_too_big,4294967296}");
+        assert_eq!(e(b"315360000001"), "{value_too_large,315360000001}");
         // Far past any integer type: still refused, never wrapped.
-        assert!(e(&[b'9'; 60]).starts_with("{value_too_big,"));
+        assert!(e(&[b'9'; 60]).starts_with("{value_too_large,"));
     }
 
     #[test]

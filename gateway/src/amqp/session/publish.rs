@@ -79,7 +79,7 @@ impl Session {
         p: &Publish,
         exchange: &str,
         routing_key: &str,
-    ) -> Result<Option<u32>, Failure> {
+    ) -> Result<Option<u64>, Failure> {
         let raw = match amqp_expiration(&p.properties) {
             Ok(None) => return Ok(None),
             Ok(Some(raw)) => raw,
@@ -126,7 +126,7 @@ impl Session {
     pub(super) fn store_publish(
         &mut self,
         p: &Publish,
-        ttl_ms: Option<u32>,
+        ttl_ms: Option<u64>,
     ) -> Result<Published, Failure> {
         let (exchange, routing_key) = names(p)?;
         let headers = LazyHeaders::new(&p.properties);

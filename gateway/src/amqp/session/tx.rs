@@ -41,7 +41,7 @@ const PUBLISH_OVERHEAD: usize = 64;
 #[derive(Default)]
 pub(super) struct Tx {
     /// Publishes, in order, with their checked `expiration`.
-    publishes: Vec<(Publish, Option<u32>)>,
+    publishes: Vec<(Publish, Option<u64>)>,
     /// Settles, one per delivery tag, in order.
     settles: Vec<(u64, Settle)>,
     /// The tags in `settles`: no longer unacked as far as the client's
@@ -155,7 +155,7 @@ impl Session {
         &mut self,
         ch: u16,
         p: Publish,
-        ttl: Option<u32>,
+        ttl: Option<u64>,
     ) -> Result<(), Failure> {
         let cost = publish_cost(&p);
         let total = self.tx_bytes + cost;
