@@ -324,9 +324,7 @@ impl Client {
         let now = now_ms();
         // The message's own TTL counts from now in every queue; stored, so
         // the deadline holds across a restart.
-        let expires_at_ms = message
-            .ttl_ms
-            .map_or(0, |t| now.saturating_add(u64::from(t)).max(1));
+        let expires_at_ms = message.ttl_ms.map_or(0, |t| now.saturating_add(t).max(1));
         let data = MessageData {
             exchange: route.exchange,
             routing_key: route.routing_key,
@@ -839,6 +837,22 @@ impl Client {
         self.scopes.get(&scope).map_or(0, |st| st.leases.len())
     }
 
+    /// Whether `tag` is an outstanding lease of `scope`.
+    pub fn is_leased(&self, scope: Scope, tag: u64) -> bool {
+        self.scopes
+            .get(&scope)
+            .is_some_and(|st| st.leases.contains(tag))
+    }
+
+    /// Appends the outstanding tags of `scope` up to and including `tag`
+    /// (0 = all) to `out`, in order: what a `multiple` settle would take
+    /// now (an AMQP transaction resolves its acks when they arrive).
+    pub fn leased_tags(&self, scope: Scope, tag: u64, out: &mut Vec<u64>) {
+        if let Some(st) = self.scopes.get(&scope) {
+            st.leases.tags_up_to(tag, out);
+        }
+    }
+
     fn settle_one(&mut self, l: Lease, how: Settle) {
         if let Some(c) = &l.consumer {
             c.release(l.entry.size);
@@ -1062,6 +1076,8 @@ impl Client {
                 header_format,
                 persistent: true,
                 priority: m.attrs.priority,
+                // A read-back only serves a delivery: its expiry is the
+                // entry's (`expires_at_ms`), fixed at enqueue.
                 ttl_ms: None,
             })),
             Err(err) => {

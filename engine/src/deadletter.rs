@@ -135,7 +135,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
                         priority: m.priority,
                         // Its own TTL counts again from here; stored, so it
                         // holds across a restart.
-                        expires_at_ms: m.ttl_ms.map_or(0, |t| now.saturating_add(u64::from(t))),
+                        expires_at_ms: m.ttl_ms.map_or(0, |t| now.saturating_add(t)),
                         deliver_at_ms: 0,
                     },
                 };
@@ -200,7 +200,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
                 priority: m.priority,
                 dead: false,
                 enqueued_ms: now,
-                expires_at_ms: m.ttl_ms.map_or(0, |t| now.saturating_add(u64::from(t))),
+                expires_at_ms: m.ttl_ms.map_or(0, |t| now.saturating_add(t)),
                 message: Some(m.clone()),
             };
             // Deleted meanwhile, or full with reject-publish: the copy is

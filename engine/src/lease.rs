@@ -72,6 +72,18 @@ impl Leases {
         Some(taken.into_values().collect())
     }
 
+    /// Appends the outstanding tags up to and including `tag` (0 = all) to
+    /// `out`, in order.
+    pub(crate) fn tags_up_to(&self, tag: u64, out: &mut Vec<u64>) {
+        let end = if tag == 0 { u64::MAX } else { tag };
+        out.extend(self.by_tag.range(..=end).map(|(t, _)| *t));
+    }
+
+    /// Whether `tag` is outstanding.
+    pub(crate) fn contains(&self, tag: u64) -> bool {
+        self.by_tag.contains_key(&tag)
+    }
+
     /// Removes every lease.
     pub(crate) fn take_all(&mut self) -> Vec<Lease> {
         std::mem::take(&mut self.by_tag).into_values().collect()

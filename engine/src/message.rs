@@ -28,9 +28,10 @@ pub struct Message {
     pub persistent: bool,
     /// Priority.
     pub priority: u8,
-    /// Its own time to live in ms (AMQP `expiration`), counted from when it
-    /// enters each queue; the queue's `x-message-ttl` may be lower.
-    pub ttl_ms: Option<u32>,
+    /// The publisher's own time to live in ms, relative to its enqueue in
+    /// each queue (AMQP's `expiration` property, already checked as
+    /// RabbitMQ checks it); None when it has none.
+    pub ttl_ms: Option<u64>,
 }
 
 impl Message {

@@ -69,7 +69,7 @@ fn publish(c: &mut Client, queue: &str, body: &str, ttl_ms: Option<u32>) -> Publ
             header_format: HeaderFormat::Weir,
             persistent: true,
             priority: 0,
-            ttl_ms,
+            ttl_ms: ttl_ms.map(u64::from),
         })
         .expect("publish");
     c.commit();
@@ -583,7 +583,7 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            if rng % 10 == 0 {
+            if rng.is_multiple_of(10) {
                 nacks += 1;
                 c.settle(scope, tag, false, Settle::Requeue).expect("nack");
             } else {

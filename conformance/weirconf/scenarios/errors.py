@@ -101,3 +101,43 @@ def wrong_vhost(ctx):
         return {"result": "connected"}
     except px.AMQPConnectionError as e:
         return {"result": error_record(e)}
+
+
+@scenario
+def unknown_exchange_type(ctx):
+    """An unknown exchange type is a connection error (503 COMMAND_INVALID);
+    a passive declare does not look at the type."""
+    out = {}
+    for label, kind in (("bogus", "bogus"), ("x_foo", "x-foo")):
+        conn = ctx.connect()
+        out[label] = expect_error(conn.channel().exchange_declare, ctx.xname(label), kind)
+        out[f"{label}_connection_open"] = conn.is_open
+        if conn.is_open:
+            conn.close()
+    conn = ctx.connect()
+    out["passive_existing"] = expect_error(
+        lambda: conn.channel().exchange_declare("amq.direct", "bogus", passive=True) and "ok")
+    conn.close()
+    return out
+
+
+@scenario
+def invalid_expiration(ctx):
+    """A publish whose `expiration` is not a non-negative integer (at most
+    ten years in ms in RabbitMQ 3.10) closes its channel with 406; the
+    exchange is checked first."""
+    conn = ctx.connect()
+    q = ctx.name("q")
+    conn.channel().queue_declare(q)
+    out = {}
+    for value in ("abc", "-1", "1.5", "10s", "", "0", "+5", "-0",
+                  "4294967296", "315360000000", "315360000001"):
+        ch = conn.channel()
+        ch.basic_publish("", q, b"x", pika.BasicProperties(expiration=value))
+        out[repr(value)] = expect_error(lambda: ch.queue_declare(q, passive=True) and "ok")
+    ch = conn.channel()
+    ch.basic_publish(ctx.xname("missing"), "k", b"x", pika.BasicProperties(expiration="abc"))
+    out["missing_exchange_first"] = expect_error(ch.queue_declare, q, passive=True)
+    out["connection_open"] = conn.is_open
+    conn.close()
+    return out

@@ -507,9 +507,20 @@ impl Partition {
                 }
                 st.expiry.push(Reverse((at, entry.seq, entry.priority)));
             }
+            // TTL 0: delivered now to a consumer that can take it, or
+            // expired now (RabbitMQ's rule), never left to the timer.
+            let immediate = (entry.expires_at_ms != 0 && entry.expires_at_ms <= entry.enqueued_ms)
+                .then_some((entry.seq, entry.priority));
             st.ready.push_back(entry);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
             self.dispatch_locked(&mut st, &mut woken);
+            if let Some((seq, priority)) = immediate {
+                if let Some(e) = st.ready.remove_if(seq, priority, |_| true) {
+                    if self.push_dead(&mut st, e, DeadReason::Expired) {
+                        wake_timer = Some(0);
+                    }
+                }
+            }
             if (st.args.max_length.is_some() || st.args.max_length_bytes.is_some())
                 && self.drop_over_limit(&mut st)
             {
@@ -781,7 +792,10 @@ impl Partition {
         if *now == 0 {
             *now = now_ms();
         }
-        if front.expires_at_ms > *now {
+        // Deliverable up to and including its deadline's millisecond: a
+        // message with TTL 0 still reaches a consumer waiting for it at
+        // once (RabbitMQ's rule); the timer drops it otherwise.
+        if front.expires_at_ms >= *now {
             return false;
         }
         let Some(e) = st.ready.pop_front() else {

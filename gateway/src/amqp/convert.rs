@@ -20,8 +20,9 @@
 //! * a boolean byte other than 0 is written back as 1;
 //! * a long string (`S`) that is not UTF-8 becomes a byte array (`x`);
 //! * delivery-mode other than 1 or 2 becomes 1 (only 2 means persistent);
-//! * `expiration` must be decimal digits (RabbitMQ refuses anything else at
-//!   publish; [`parse_expiration`]) and is written back without leading zeros.
+//! * `expiration` must be an integer, as RabbitMQ checks it at publish
+//!   ([`check_expiration`]; [`parse_expiration`] reads what it admitted),
+//!   and is written back without a sign or leading zeros.
 //!
 //! Properties → AMQP (a message from another protocol delivered to an AMQP
 //! consumer) also has to fit AMQP's limits: a short-string property longer
@@ -160,15 +161,120 @@ fn shared_codecs_ref() -> &'static HeaderCodecs {
     CODECS.get_or_init(shared_codecs)
 }
 
-/// A relative TTL in ms from AMQP's `expiration`, by RabbitMQ's rule: a
-/// non-negative decimal integer (digits only). None if it is not one; the
-/// publish path answers such a message with 406 PRECONDITION_FAILED.
+/// A relative TTL in ms from a stored AMQP `expiration`: an optional sign
+/// and decimal digits, as [`check_expiration`] admitted it at publish (a
+/// negative value is refused there, so only `-0` is). None if it is not one.
 pub fn parse_expiration(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || !s.iter().all(u8::is_ascii_digit) {
+    let (negative, digits) = match s.split_first() {
+        Some((b'+', rest)) => (false, rest),
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
     // Digits only, so this fails only on overflow.
-    std::str::from_utf8(s).ok()?.parse().ok()
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    (!negative || n == 0).then_some(n)
+}
+
+/// RabbitMQ's largest `expiration`: ten years in ms (3.10's
+/// `MAX_EXPIRY_TIMER`, measured against it; newer versions lowered it to
+/// 2^32-1).
+pub const MAX_EXPIRATION_MS: u64 = 315_360_000_000;
+
+/// Why a publish's `expiration` is refused, in RabbitMQ's terms (its
+/// `rabbit_basic:parse_expiration`: Erlang's `string:to_integer`, then a
+/// range check).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpirationError {
+    /// It does not start with an integer.
+    NoInteger,
+    /// Text after the integer.
+    LeftoverString(String),
+    /// Below zero.
+    ValueNegative(i128),
+    /// Above [`MAX_EXPIRATION_MS`].
+    ValueTooLarge(i128),
+}
+
+impl std::fmt::Display for ExpirationError {
+    /// As RabbitMQ prints the reason (`~tp` of its error term).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExpirationError::NoInteger => f.write_str("no_integer"),
+            ExpirationError::LeftoverString(s) => write!(f, "{{leftover_string,{s:?}}}"),
+            ExpirationError::ValueNegative(n) => write!(f, "{{value_negative,{n}}}"),
+            ExpirationError::ValueTooLarge(n) => write!(f, "{{value_too_large,{n}}}"),
+        }
+    }
+}
+
+/// Checks a publish's `expiration` as RabbitMQ does: an integer (optional
+/// sign, decimal digits) with nothing after it, from 0 to
+/// [`MAX_EXPIRATION_MS`]. Returns the TTL in ms.
+pub fn check_expiration(s: &[u8]) -> Result<u64, ExpirationError> {
+    let (negative, rest) = match s.split_first() {
+        Some((b'+', rest)) => (false, rest),
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    let n_digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if n_digits == 0 {
+        return Err(ExpirationError::NoInteger);
+    }
+    let (digits, tail) = rest.split_at(n_digits);
+    if !tail.is_empty() {
+        return Err(ExpirationError::LeftoverString(
+            String::from_utf8_lossy(tail).into_owned(),
+        ));
+    }
+    // Saturates far above the limit: only "too big" needs the value, and
+    // then only to print it.
+    let magnitude = digits.iter().fold(0i128, |n, d| {
+        n.saturating_mul(10).saturating_add(i128::from(d - b'0'))
+    });
+    let n = if negative { -magnitude } else { magnitude };
+    if n < 0 {
+        return Err(ExpirationError::ValueNegative(n));
+    }
+    match u64::try_from(n) {
+        Ok(ms) if ms <= MAX_EXPIRATION_MS => Ok(ms),
+        _ => Err(ExpirationError::ValueTooLarge(n)),
+    }
+}
+
+/// The raw `expiration` of an AMQP basic property block, if it has one.
+/// Only the fields before it are walked (and only when its flag is set), so
+/// a publish without one costs two byte reads.
+pub fn amqp_expiration(raw: &[u8]) -> Result<Option<&[u8]>, PropertiesError> {
+    let mut c = Cur::new(raw);
+    let flags = read_flags(&mut c)?;
+    if flags & P_EXPIRATION == 0 {
+        return Ok(None);
+    }
+    if flags & P_CONTENT_TYPE != 0 {
+        c.short_bytes()?;
+    }
+    if flags & P_CONTENT_ENCODING != 0 {
+        c.short_bytes()?;
+    }
+    if flags & P_HEADERS != 0 {
+        c.long_bytes()?;
+    }
+    if flags & P_DELIVERY_MODE != 0 {
+        c.u8()?;
+    }
+    if flags & P_PRIORITY != 0 {
+        c.u8()?;
+    }
+    if flags & P_CORRELATION_ID != 0 {
+        c.short_bytes()?;
+    }
+    if flags & P_REPLY_TO != 0 {
+        c.short_bytes()?;
+    }
+    c.short_bytes().map(Some)
 }
 
 // Property flag bits of basic's property block, most significant first.
@@ -852,10 +958,15 @@ mod tests {
             round_trip(&Block::default().short(P_EXPIRATION, b"007").bytes()),
             Block::default().short(P_EXPIRATION, b"7").bytes()
         );
+        // A sign, as RabbitMQ's parser takes it: written back without it.
+        assert_eq!(
+            round_trip(&Block::default().short(P_EXPIRATION, b"+5").bytes()),
+            Block::default().short(P_EXPIRATION, b"5").bytes()
+        );
         for bad in [
             &b""[..],
             b"-1",
-            b"+5",
+            b"+",
             b"1.5",
             b" 1",
             b"abc",
@@ -868,6 +979,38 @@ mod tests {
             );
         }
         assert_eq!(parse_expiration(b"18446744073709551615"), Some(u64::MAX));
+    }
+
+    #[test]
+    fn publish_expiration_is_checked_as_rabbitmq_does() {
+        assert_eq!(check_expiration(b"0"), Ok(0));
+        assert_eq!(check_expiration(b"60000"), Ok(60_000));
+        assert_eq!(check_expiration(b"+5"), Ok(5));
+        assert_eq!(check_expiration(b"-0"), Ok(0));
+        assert_eq!(check_expiration(b"4294967296"), Ok(1 << 32));
+        assert_eq!(check_expiration(b"315360000000"), Ok(MAX_EXPIRATION_MS));
+        let e = |s: &[u8]| check_expiration(s).unwrap_err().to_string();
+        assert_eq!(e(b""), "no_integer");
+        assert_eq!(e(b"abc"), "no_integer");
+        assert_eq!(e(b" 1"), "no_integer");
+        assert_eq!(e(b"+"), "no_integer");
+        assert_eq!(e(b"10s"), "{leftover_string,\"s\"}");
+        assert_eq!(e(b"1.5"), "{leftover_string,\".5\"}");
+        assert_eq!(e(b"-1"), "{value_negative,-1}");
+        assert_eq!(e(b"315360000001"), "{value_too_large,315360000001}");
+        // Far past any integer type: still refused, never wrapped.
+        assert!(e(&[b'9'; 60]).starts_with("{value_too_large,"));
+    }
+
+    #[test]
+    fn expiration_is_found_behind_every_earlier_field() {
+        assert_eq!(amqp_expiration(&Block::default().bytes()), Ok(None));
+        let all = amq_protocol_block(FieldTable::default());
+        let props = amqp_to_properties(&all).expect("decodes");
+        let raw = amqp_expiration(&all).expect("walks").expect("present");
+        assert_eq!(parse_expiration(raw), props.ttl_ms);
+        // Cut short: an error, not a panic or a wrong field.
+        assert!(amqp_expiration(&all[..all.len() / 2]).is_err());
     }
 
     /// Builds `amq-protocol` properties with every field set.

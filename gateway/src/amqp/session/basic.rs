@@ -195,6 +195,9 @@ impl Session {
         multiple: bool,
         how: Settle,
     ) -> Result<(), Failure> {
+        if self.is_transacted(ch) {
+            return self.tx_settle(ch, tag, multiple, how);
+        }
         self.client()?.settle(scope(ch), tag, multiple, how)?;
         Ok(())
     }
@@ -202,6 +205,9 @@ impl Session {
     fn recover(&mut self, ch: u16, requeue: bool) -> Result<(), Failure> {
         if !requeue {
             return Err(hard(reply::NOT_IMPLEMENTED, "requeue=false".into()));
+        }
+        if self.is_transacted(ch) {
+            return self.tx_recover(ch);
         }
         self.client()?.settle(scope(ch), 0, true, Settle::Requeue)?;
         Ok(())

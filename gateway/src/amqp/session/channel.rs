@@ -12,6 +12,8 @@ pub(super) struct Channel {
     pub(super) epoch: u64,
     /// Publisher confirms are on.
     pub(super) confirm: bool,
+    /// The channel is transacted (tx.select): its uncommitted work.
+    pub(super) tx: Option<super::tx::Tx>,
     /// Tag of the last publish (confirm mode).
     pub(super) publish_tag: u64,
     /// A publish in the current input batch needs the store's confirmation.
@@ -49,8 +51,13 @@ impl Session {
     /// return to their queues; its queued replies and confirms are dropped
     /// (the epoch no longer matches).
     pub(super) fn release_channel(&mut self, ch: u16) {
-        if self.channels.remove(&ch).is_none() {
+        let Some(c) = self.channels.remove(&ch) else {
             return;
+        };
+        // Its uncommitted transaction is dropped (its acks' leases return
+        // to their queues below, as every lease of the channel does).
+        if let Some(t) = c.tx {
+            self.tx_bytes -= t.bytes();
         }
         if let Some(c) = self.client.as_mut() {
             c.release_scope(scope(ch));
@@ -62,6 +69,7 @@ impl Session {
     pub(super) fn release_all(&mut self) {
         self.replies.clear();
         self.channels.clear();
+        self.tx_bytes = 0;
         debug_assert!(
             self.held.is_empty(),
             "held deliveries live within one batch"

@@ -20,13 +20,17 @@ impl Session {
         let conn_id = client.id();
         match m {
             exchange::AMQPMethod::Declare(d) => {
+                // Checked before anything else, as RabbitMQ does (its
+                // `rabbit_exchange:check_type`): an unknown type closes the
+                // connection with 503. A passive declare names no type
+                // (RabbitMQ ignores it): the kind given here is unused.
                 let kind = match ExchangeKind::parse(d.kind.as_str()) {
                     Some(k) => k,
                     None if d.passive => ExchangeKind::Direct,
                     None => {
                         return Err(hard(
                             reply::COMMAND_INVALID,
-                            format!("invalid exchange type '{}'", d.kind.as_str()),
+                            format!("unknown exchange type '{}'", d.kind.as_str()),
                         ))
                     }
                 };

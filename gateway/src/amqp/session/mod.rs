@@ -15,6 +15,7 @@
 //! * [`publish`]: basic.publish (routing, storing, returns).
 //! * [`deliver`]: delivery encoding, consumer cancel notices, confirms.
 //! * [`replies`]: method replies waiting for durability, in order.
+//! * [`tx`]: transactions (tx.select, tx.commit, tx.rollback).
 //! * [`failure`]: how an error closes a channel or the connection.
 
 mod basic;
@@ -25,6 +26,7 @@ mod failure;
 mod publish;
 mod queue;
 mod replies;
+mod tx;
 
 use self::channel::Channel;
 use self::deliver::StoreConfirm;
@@ -81,6 +83,7 @@ pub async fn serve(
         alarm: Alarms::default(),
         blocked_sent: false,
         blocked: false,
+        tx_bytes: 0,
     };
     tracing::debug!(%peer, "AMQP connection accepted");
     let result = s.run(stream, confirm_rx, shutdown).await;
@@ -130,6 +133,9 @@ struct Session {
     /// clears. (As in RabbitMQ, a connection that only consumes, acks,
     /// purges or deletes is never blocked: that is what frees resources.)
     blocked: bool,
+    /// Bytes held by the uncommitted transactions of every channel
+    /// (bounded by [`tx::MAX_TX_BYTES`]).
+    tx_bytes: usize,
 }
 
 /// The engine scope of an AMQP channel.
@@ -553,6 +559,12 @@ impl Session {
             AMQPClass::Basic(m) => self.on_basic(ch, m),
             AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
                 if let Some(c) = self.channels.get_mut(&ch) {
+                    if c.tx.is_some() {
+                        return Err(failure::soft(
+                            reply::PRECONDITION_FAILED,
+                            "cannot switch from tx to confirm mode".into(),
+                        ));
+                    }
                     c.confirm = true;
                 }
                 if !s.nowait {
@@ -571,10 +583,7 @@ impl Session {
                 );
                 Ok(())
             }
-            AMQPClass::Tx(_) => Err(hard(
-                reply::NOT_IMPLEMENTED,
-                "transactions (tx.*) are not supported; use publisher confirms".into(),
-            )),
+            AMQPClass::Tx(m) => self.on_tx(ch, m, ids),
             other => Err(hard(
                 reply::COMMAND_INVALID,
                 format!(

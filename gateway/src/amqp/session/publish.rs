@@ -1,41 +1,40 @@
-//! basic.publish: routing and storing through the engine client, mandatory
-//! returns, and the bookkeeping publisher confirms need.
+//! basic.publish: the checks RabbitMQ makes, routing and storing through
+//! the engine client, mandatory returns, and the bookkeeping publisher
+//! confirms need. A transacted channel's publishes are held instead
+//! ([`super::tx`]) and go through [`Session::store_publish`] at commit.
 
-use super::failure::{hard, Failure};
+use super::failure::{hard, soft, Failure};
 use super::Session;
-use crate::amqp::convert::LazyHeaders;
+use crate::amqp::convert::{amqp_expiration, check_expiration, LazyHeaders};
 use crate::engine::client::Published;
 use crate::engine::message::Message;
 use crate::engine::properties::HeaderFormat;
 use crate::engine::tenant::RouteInput;
 use weir_protocols::amqp::{codec, reply, Publish};
 
+/// The exchange name and routing key of `p` as text.
+fn names(p: &Publish) -> Result<(&str, &str), Failure> {
+    let exchange = std::str::from_utf8(&p.exchange)
+        .map_err(|_| hard(reply::SYNTAX_ERROR, "exchange name is not UTF-8".into()))?;
+    let routing_key = std::str::from_utf8(&p.routing_key)
+        .map_err(|_| hard(reply::SYNTAX_ERROR, "routing key is not UTF-8".into()))?;
+    Ok((exchange, routing_key))
+}
+
 impl Session {
     pub(super) fn on_publish(&mut self, ch: u16, p: Publish) -> Result<(), Failure> {
         if p.immediate {
             return Err(hard(reply::NOT_IMPLEMENTED, "immediate=true".into()));
         }
-        let exchange = std::str::from_utf8(&p.exchange)
-            .map_err(|_| hard(reply::SYNTAX_ERROR, "exchange name is not UTF-8".into()))?;
-        let routing_key = std::str::from_utf8(&p.routing_key)
-            .map_err(|_| hard(reply::SYNTAX_ERROR, "routing key is not UTF-8".into()))?;
-        let headers = LazyHeaders::new(&p.properties);
-        let route = RouteInput {
-            exchange,
-            routing_key,
-            headers: &headers,
-        };
-        let published = self.client()?.publish(&route, |id| Message {
-            id,
-            exchange: p.exchange.clone(),
-            routing_key: p.routing_key.clone(),
-            properties: p.properties.clone(),
-            body: p.body.clone(),
-            header_format: HeaderFormat::Amqp091,
-            persistent: p.persistent,
-            priority: p.priority.unwrap_or(0),
-            ttl_ms: None,
-        })?;
+        let (exchange, routing_key) = names(&p)?;
+        let ttl = self.publish_ttl(&p, exchange, routing_key)?;
+        if self.is_transacted(ch) {
+            // Routed at commit; its exchange is checked now, as RabbitMQ
+            // does (which routes now and delivers at commit).
+            self.check_route(&p, exchange, routing_key)?;
+            return self.tx_publish(ch, p, ttl);
+        }
+        let published = self.store_publish(&p, ttl)?;
         let Some(c) = self.channels.get_mut(&ch) else {
             return Ok(());
         };
@@ -61,17 +60,7 @@ impl Session {
             }
             Published::Unroutable => {
                 if p.mandatory {
-                    let frame_max = self.conn.frame_max();
-                    let out = self.conn.out();
-                    codec::write_return(
-                        out,
-                        ch,
-                        reply::NO_ROUTE,
-                        "NO_ROUTE",
-                        &p.exchange,
-                        &p.routing_key,
-                    );
-                    codec::write_content(out, ch, &p.properties, &p.body, frame_max);
+                    self.write_return(ch, &p, false);
                 }
             }
             Published::NoSpace => {
@@ -93,5 +82,106 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// The message's own TTL from its `expiration`, refused with 406 as
+    /// RabbitMQ refuses it. RabbitMQ looks the exchange up first, so a
+    /// refused expiration on a missing exchange is a 404 (checked only on
+    /// that path: a valid publish is routed once, by the engine).
+    fn publish_ttl(
+        &mut self,
+        p: &Publish,
+        exchange: &str,
+        routing_key: &str,
+    ) -> Result<Option<u64>, Failure> {
+        let raw = match amqp_expiration(&p.properties) {
+            Ok(None) => return Ok(None),
+            Ok(Some(raw)) => raw,
+            // The adapter parsed this block already: not reached.
+            Err(e) => {
+                return Err(hard(
+                    reply::SYNTAX_ERROR,
+                    format!("content header properties: {e}"),
+                ))
+            }
+        };
+        match check_expiration(raw) {
+            Ok(ttl) => Ok(Some(ttl)),
+            Err(e) => {
+                self.check_route(p, exchange, routing_key)?;
+                Err(soft(
+                    reply::PRECONDITION_FAILED,
+                    format!("invalid expiration '{}': {e}", String::from_utf8_lossy(raw)),
+                ))
+            }
+        }
+    }
+
+    /// The routing errors a publish to `exchange` would meet (404 missing,
+    /// 403 internal), without publishing.
+    pub(super) fn check_route(
+        &mut self,
+        p: &Publish,
+        exchange: &str,
+        routing_key: &str,
+    ) -> Result<(), Failure> {
+        let headers = LazyHeaders::new(&p.properties);
+        let route = RouteInput {
+            exchange,
+            routing_key,
+            headers: &headers,
+        };
+        let mut scratch = Vec::new();
+        self.client()?.tenant().route(&route, &mut scratch)?;
+        Ok(())
+    }
+
+    /// Routes and stores `p` through the engine client.
+    pub(super) fn store_publish(
+        &mut self,
+        p: &Publish,
+        ttl_ms: Option<u64>,
+    ) -> Result<Published, Failure> {
+        let (exchange, routing_key) = names(p)?;
+        let headers = LazyHeaders::new(&p.properties);
+        let route = RouteInput {
+            exchange,
+            routing_key,
+            headers: &headers,
+        };
+        Ok(self.client()?.publish(&route, |id| Message {
+            id,
+            exchange: p.exchange.clone(),
+            routing_key: p.routing_key.clone(),
+            properties: p.properties.clone(),
+            body: p.body.clone(),
+            header_format: HeaderFormat::Amqp091,
+            persistent: p.persistent,
+            priority: p.priority.unwrap_or(0),
+            ttl_ms,
+        })?)
+    }
+
+    /// basic.return of an unroutable mandatory publish. `in_order`: behind
+    /// any queued replies (a transaction's returns precede its commit-ok
+    /// and follow the replies before it); otherwise written at once.
+    pub(super) fn write_return(&mut self, ch: u16, p: &Publish, in_order: bool) {
+        let frame_max = self.conn.frame_max();
+        let encode = |out: &mut bytes::BytesMut| {
+            codec::write_return(
+                out,
+                ch,
+                reply::NO_ROUTE,
+                "NO_ROUTE",
+                &p.exchange,
+                &p.routing_key,
+            );
+            codec::write_content(out, ch, &p.properties, &p.body, frame_max);
+        };
+        if in_order {
+            self.reply_frames(ch, encode);
+        } else {
+            encode(self.conn.out());
+        }
     }
 }
