@@ -235,7 +235,8 @@ pub struct RecoveredMessage {
     pub id: MessageId,
     /// Where it lives now.
     pub location: Location,
-    /// Length of header plus body, for byte counters and prefetch-size.
+    /// Length of the body, for byte counters (`x-max-length-bytes` counts
+    /// bodies, as RabbitMQ does) and prefetch-size.
     pub size: u32,
     /// Deliveries recorded by the last [`Op::Requeue`]; 0 if never requeued.
     pub attempts: u32,

@@ -398,7 +398,6 @@ impl Client {
                 redelivered: false,
                 attempts: 0,
                 priority: message.priority,
-                dead: false,
                 enqueued_ms: now,
                 expires_at_ms,
                 message: Some(message.clone()),

@@ -131,7 +131,6 @@ impl Engine {
                     redelivered: true,
                     attempts: 0,
                     priority: m.attrs.priority,
-                    dead: false,
                     enqueued_ms: now_ms(),
                     expires_at_ms: m.attrs.expires_at_ms,
                     message: None,

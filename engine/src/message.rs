@@ -35,9 +35,10 @@ pub struct Message {
 }
 
 impl Message {
-    /// Bytes counted against prefetch-size and queue byte counters.
+    /// Bytes counted against prefetch-size, queue byte counters and
+    /// `x-max-length-bytes`: the body only, as RabbitMQ counts them.
     pub fn size(&self) -> u32 {
-        (self.properties.len() + self.body.len()).min(u32::MAX as usize) as u32
+        self.body.len().min(u32::MAX as usize) as u32
     }
 }
 
@@ -55,7 +56,7 @@ pub struct Entry {
     pub id: MessageId,
     /// Where the store keeps it (durable queue, persistent message).
     pub location: Option<Location>,
-    /// Size (properties + body).
+    /// Size (the body's length, as RabbitMQ counts queue bytes).
     pub size: u32,
     /// Delivered before (or possibly before: recovered after a restart).
     pub redelivered: bool,
@@ -63,9 +64,6 @@ pub struct Entry {
     pub attempts: u16,
     /// Priority level in its partition (0 unless the queue has `x-max-priority`).
     pub priority: u8,
-    /// A tombstone: removed from the middle of a ready list (expired) and
-    /// skipped until the list sheds it. Only [`crate::queue`] sets it.
-    pub dead: bool,
     /// When it entered the queue (ms since epoch), for oldest-message age.
     pub enqueued_ms: u64,
     /// When it expires (ms since epoch; 0 = never): the lower of the
@@ -73,6 +71,21 @@ pub struct Entry {
     pub expires_at_ms: u64,
     /// The message, while it is kept in memory.
     pub message: Option<Arc<Message>>,
+}
+
+// A million queued messages must cost well under 100 B each (DESIGN §6).
+const _: () = assert!(std::mem::size_of::<Entry>() <= 64);
+
+impl Entry {
+    /// The id a tombstone carries: an entry removed from the middle of a
+    /// ready list (expired) and skipped until the list sheds it. Store ids
+    /// count up from 1 and never reach it.
+    pub(crate) const TOMBSTONE_ID: u64 = u64::MAX;
+
+    /// Whether this is a tombstone (see [`Entry::TOMBSTONE_ID`]).
+    pub(crate) fn is_tombstone(&self) -> bool {
+        self.id == Self::TOMBSTONE_ID
+    }
 }
 
 /// Milliseconds since the Unix epoch.

@@ -163,7 +163,7 @@ pub(crate) fn recover(
                     let rm = RecoveredMessage {
                         id: m.id,
                         location: loc,
-                        size: (m.header.len() + m.body.len()) as u32,
+                        size: m.body.len() as u32,
                         attempts: m.attempts,
                         attrs: m.attrs,
                     };

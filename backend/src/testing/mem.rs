@@ -217,7 +217,7 @@ impl MemStore {
                 msgs.push(RecoveredMessage {
                     id,
                     location: location_of(slot),
-                    size: (r.msg.header.len() + r.msg.body.len()) as u32,
+                    size: r.msg.body.len() as u32,
                     attempts,
                     attrs,
                 });

@@ -961,7 +961,6 @@ mod tests {
             redelivered: false,
             attempts: 0,
             priority: 0,
-            dead: false,
             enqueued_ms: now_ms(),
             expires_at_ms: 0,
             message: None,

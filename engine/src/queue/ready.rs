@@ -30,7 +30,7 @@ impl Level {
 
     /// Drops tombstones from the front so `front()` is live.
     fn trim_front(&mut self) {
-        while self.q.front().is_some_and(|e| e.dead) {
+        while self.q.front().is_some_and(|e| e.is_tombstone()) {
             self.q.pop_front();
             self.dead -= 1;
         }
@@ -89,7 +89,7 @@ impl ReadyList {
     /// Appends a new entry at the tail of its level. Its `seq` must be
     /// larger than any in the list.
     pub(crate) fn push_back(&mut self, mut e: Entry) {
-        debug_assert!(!e.dead);
+        debug_assert!(!e.is_tombstone());
         e.priority = self.level_of(e.priority);
         let level = &mut self.levels[e.priority as usize];
         debug_assert!(level.q.back().is_none_or(|x| x.seq < e.seq));
@@ -100,7 +100,7 @@ impl ReadyList {
 
     /// Puts an entry back at its place (by `seq`) in its level.
     pub(crate) fn put_back(&mut self, mut e: Entry) {
-        debug_assert!(!e.dead);
+        debug_assert!(!e.is_tombstone());
         e.priority = self.level_of(e.priority);
         let level = &mut self.levels[e.priority as usize];
         // Requeues usually go back to the front; search from there.
@@ -123,7 +123,7 @@ impl ReadyList {
     pub(crate) fn pop_front(&mut self) -> Option<Entry> {
         let level = self.levels.iter_mut().rev().find(|l| !l.q.is_empty())?;
         let e = level.q.pop_front()?;
-        debug_assert!(!e.dead, "a tombstone at the front of a level");
+        debug_assert!(!e.is_tombstone(), "a tombstone at the front of a level");
         level.trim_front();
         self.len -= 1;
         self.bytes -= u64::from(e.size);
@@ -148,18 +148,17 @@ impl ReadyList {
         let at = self.level_of(priority) as usize;
         let level = &mut self.levels[at];
         let i = level.find(seq)?;
-        if level.q[i].dead || !pred(&level.q[i]) {
+        if level.q[i].is_tombstone() || !pred(&level.q[i]) {
             return None;
         }
         let tomb = Entry {
             seq,
-            id: 0,
+            id: Entry::TOMBSTONE_ID,
             location: None,
             size: 0,
             redelivered: false,
             attempts: 0,
             priority: 0,
-            dead: true,
             enqueued_ms: 0,
             expires_at_ms: 0,
             message: None,
@@ -168,7 +167,7 @@ impl ReadyList {
         level.dead += 1;
         level.trim_front();
         if level.dead > level.live() / 2 + TOMBSTONE_SLACK {
-            level.q.retain(|e| !e.dead);
+            level.q.retain(|e| !e.is_tombstone());
             level.dead = 0;
         }
         self.len -= 1;
@@ -180,7 +179,7 @@ impl ReadyList {
     pub(crate) fn drain(&mut self) -> Vec<Entry> {
         let mut out = Vec::with_capacity(self.len);
         for l in self.levels.iter_mut().rev() {
-            out.extend(l.q.drain(..).filter(|e| !e.dead));
+            out.extend(l.q.drain(..).filter(|e| !e.is_tombstone()));
             l.dead = 0;
         }
         self.len = 0;
@@ -193,7 +192,7 @@ impl ReadyList {
         self.levels
             .iter()
             .flat_map(|l| l.q.iter())
-            .filter(|e| !e.dead)
+            .filter(|e| !e.is_tombstone())
     }
 
     /// Every live entry, mutably (compaction rewrites locations).
@@ -201,7 +200,7 @@ impl ReadyList {
         self.levels
             .iter_mut()
             .flat_map(|l| l.q.iter_mut())
-            .filter(|e| !e.dead)
+            .filter(|e| !e.is_tombstone())
     }
 
     /// Slots in use, tombstones included (what the list costs in memory).
@@ -217,7 +216,7 @@ impl ReadyList {
         for (p, l) in self.levels.iter().enumerate() {
             let mut prev: Option<u64> = None;
             let mut dead = 0;
-            if l.q.front().is_some_and(|e| e.dead) {
+            if l.q.front().is_some_and(|e| e.is_tombstone()) {
                 return Err(format!("level {p}: a tombstone at the front"));
             }
             for e in &l.q {
@@ -225,7 +224,7 @@ impl ReadyList {
                     return Err(format!("level {p}: out of seq order"));
                 }
                 prev = Some(e.seq);
-                if e.dead {
+                if e.is_tombstone() {
                     dead += 1;
                     continue;
                 }
@@ -262,7 +261,6 @@ mod tests {
             redelivered: false,
             attempts: 0,
             priority,
-            dead: false,
             enqueued_ms: 0,
             expires_at_ms: 0,
             message: None,
