@@ -65,6 +65,15 @@ pub struct RouteInput<'a> {
     pub headers: &'a dyn HeaderLookup,
 }
 
+/// How [`Tenant::route`] routed a message, beyond where to.
+#[derive(Clone, Copy, Debug, Default)]
+#[must_use]
+pub struct Routed {
+    /// Through an `x-delayed-message` exchange: `x-delay` holds it back in
+    /// every queue it reaches.
+    pub delayed: bool,
+}
+
 /// A tenant.
 pub struct Tenant {
     /// Name.
@@ -109,6 +118,7 @@ impl Tenant {
                     durable: true,
                     auto_delete: false,
                     internal: false,
+                    delayed: false,
                     arguments: Value::Object(Default::default()),
                 }),
             );
@@ -326,6 +336,12 @@ impl Tenant {
                 &def.internal,
                 &cur.internal,
             )?;
+            same(
+                "type",
+                cur.delayed == def.delayed,
+                &def.type_name(),
+                &cur.type_name(),
+            )?;
             return self.barrier(x.def.durable);
         }
         if passive {
@@ -491,6 +507,25 @@ impl Tenant {
         }
         let args = crate::args::QueueArgs::parse(&req.arguments)
             .map_err(|e| EngineError::PreconditionFailed(e.message(&name, &self.name)))?;
+        if args.queue_type == crate::args::QueueType::Quorum {
+            // RabbitMQ's checks, in its order: a quorum queue is replicated
+            // and durable by nature.
+            let bad = if req.auto_delete {
+                Some("auto-delete")
+            } else if req.exclusive {
+                Some("exclusive-owner")
+            } else if !req.durable {
+                Some("non-durable")
+            } else {
+                None
+            };
+            if let Some(prop) = bad {
+                return Err(EngineError::PreconditionFailed(format!(
+                    "invalid property '{prop}' for queue '{name}' in vhost '{}'",
+                    self.name
+                )));
+            }
+        }
         let mut w = self.queues.write();
         if w.contains_key(&name) {
             // Raced with another declare: answer as for an existing queue.
@@ -793,13 +828,14 @@ impl Tenant {
         }
     }
 
-    /// The queues a message reaches. Missing exchange → 404; internal → 403.
-    pub fn route(&self, input: &RouteInput<'_>, out: &mut Vec<Arc<Queue>>) -> Result<()> {
+    /// The queues a message reaches, and how it is routed. Missing
+    /// exchange → 404; internal → 403.
+    pub fn route(&self, input: &RouteInput<'_>, out: &mut Vec<Arc<Queue>>) -> Result<Routed> {
         if input.exchange.is_empty() {
             if let Some(q) = self.queues.read().get(input.routing_key) {
                 out.push(q.clone());
             }
-            return Ok(());
+            return Ok(Routed::default());
         }
         let x = self.exchange(input.exchange)?;
         if x.def.internal {
@@ -809,7 +845,9 @@ impl Tenant {
             )));
         }
         x.route(input.routing_key, input.headers, out);
-        Ok(())
+        Ok(Routed {
+            delayed: x.def.delayed,
+        })
     }
 
     /// Deletes `q` if it is still unused past its `x-expires` at `now_ms`

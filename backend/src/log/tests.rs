@@ -304,7 +304,7 @@ fn restart_recovers_meta_and_live_messages() {
         RecoveredMessage {
             id: a.0,
             location: a.1,
-            size: 2,
+            size: 1,
             attempts: 0,
             attrs: MessageAttrs {
                 priority: 1,

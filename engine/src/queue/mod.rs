@@ -15,7 +15,7 @@ mod consumers;
 mod partition;
 mod ready;
 
-pub use partition::{Counters, Depth, DueWork, Enqueued, Partition, HOT_ENTRIES};
+pub use partition::{Counters, Depth, DueWork, Enqueued, Partition, Return, HOT_ENTRIES};
 
 use crate::args::QueueArgs;
 use crate::consumer::Consumer;
@@ -28,6 +28,10 @@ use weir_backend::PartitionId;
 
 /// The header that names a message's ordering key.
 pub const ORDERING_KEY: &str = "x-ordering-key";
+
+/// The header holding a message's delay in ms, honoured by queues declared
+/// `x-delayed: true` and by `x-delayed-message` exchanges.
+pub const DELAY_HEADER: &str = "x-delay";
 
 /// FNV-1a: stable across processes and versions (a key must keep its
 /// partition after a restart), cheap for short keys.
@@ -99,6 +103,12 @@ pub struct Queue {
     next_partition: AtomicU64,
     /// The exchanges with a binding to this queue.
     pub sources: super::exchange::Sources,
+    /// Declared `x-delayed: true`: honours `x-delay` (fixed at declare; not
+    /// a policy key), read per publish without a lock.
+    pub delayed: bool,
+    /// The effective `x-message-ttl` (argument or policy), u64::MAX for
+    /// none: read per publish without a lock.
+    message_ttl: AtomicU64,
 }
 
 impl Queue {
@@ -132,6 +142,8 @@ impl Queue {
             QueueArgs::parse(&Value::Null).unwrap_or_default()
         });
         let args = Arc::new(args);
+        let delayed = args.delayed;
+        let message_ttl = args.message_ttl.unwrap_or(u64::MAX);
         Arc::new_cyclic(|me| Queue {
             partitions: def
                 .partitions
@@ -155,6 +167,8 @@ impl Queue {
             last_used_ms: AtomicU64::new(crate::message::now_ms()),
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
+            delayed,
+            message_ttl: AtomicU64::new(message_ttl),
         })
     }
 
@@ -180,6 +194,8 @@ impl Queue {
             return;
         }
         let args = Arc::new(args);
+        self.message_ttl
+            .store(args.message_ttl.unwrap_or(u64::MAX), Ordering::Relaxed);
         *self.args.write() = args.clone();
         for p in &self.partitions {
             p.set_args(args.clone());
@@ -190,6 +206,11 @@ impl Queue {
     }
 
     /// The queue's name.
+    /// The queue's message TTL in ms (argument or policy), if any.
+    pub fn message_ttl(&self) -> Option<u64> {
+        Some(self.message_ttl.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX)
+    }
+
     pub fn name(&self) -> &str {
         &self.def.name
     }

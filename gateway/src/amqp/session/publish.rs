@@ -132,7 +132,7 @@ impl Session {
             headers: &headers,
         };
         let mut scratch = Vec::new();
-        self.client()?.tenant().route(&route, &mut scratch)?;
+        let _how = self.client()?.tenant().route(&route, &mut scratch)?;
         Ok(())
     }
 
