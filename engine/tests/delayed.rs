@@ -46,7 +46,9 @@ fn declare(c: &Client, name: &str, args: Json) {
 struct Delay(Option<u64>);
 impl HeaderLookup for Delay {
     fn header(&self, name: &str) -> Option<Json> {
-        (name == "x-delay").then(|| self.0.map(Json::from)).flatten()
+        (name == "x-delay")
+            .then(|| self.0.map(Json::from))
+            .flatten()
     }
 }
 
@@ -164,7 +166,14 @@ fn a_delayed_message_exchange_routes_as_its_delayed_type() {
     assert!(err.to_string().contains("x-delayed-message"), "{err}");
     declare(&c, "q", json!({}));
     c.tenant()
-        .bind("delays", DestinationKind::Queue, "q", "k", json!({}), c.id())
+        .bind(
+            "delays",
+            DestinationKind::Queue,
+            "q",
+            "k",
+            json!({}),
+            c.id(),
+        )
         .expect("bind");
     publish(&mut c, "delays", "k", "held", Some(2_000));
     publish(&mut c, "delays", "other-key", "unrouted", Some(1));
@@ -217,10 +226,7 @@ fn retry_type_failed_delays_nacks_but_not_returns_of_a_closed_channel() {
     c.settle(1, 1, false, Settle::Requeue).expect("nack");
     c.commit();
     assert!(lease(&mut c, "failed", 2).is_none(), "a failure waits");
-    assert_eq!(
-        c.queue("failed").expect("q").partitions[0].delayed_len(),
-        1
-    );
+    assert_eq!(c.queue("failed").expect("q").partitions[0].delayed_len(), 1);
 }
 
 #[test]

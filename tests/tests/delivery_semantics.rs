@@ -759,3 +759,82 @@ async fn delayed_messages_and_delayed_retries_survive_kill9() {
     r.ack(BasicAckOptions::default()).await.unwrap();
     conn.close(200, "bye".into()).await.unwrap();
 }
+
+// --- ordering keys ---------------------------------------------------------
+
+/// Issue 7 item 9 through lapin: 16 ordering keys over 4 partitions, 4
+/// consumers (one connection each) that nack 10% at random: every key's
+/// messages are processed (acked) in publish order, 10,240 messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_keys_keep_per_key_order_with_four_consumers_and_random_nacks() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::{Arc, Mutex};
+    const KEYS: usize = 16;
+    const PER_KEY: usize = 640;
+    let broker = Broker::start();
+    let conn = connect(&broker.url()).await;
+    let ch = confirm_channel(&conn).await;
+    declare(&ch, "ordered", true, table(&[("x-partitions", n(4))])).await;
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            let props = BasicProperties::default()
+                .with_headers(table(&[("x-ordering-key", s(&format!("key-{k}")))]));
+            ch.basic_publish(
+                "".into(),
+                "ordered".into(),
+                BasicPublishOptions::default(),
+                format!("{k}:{i}").as_bytes(),
+                props,
+            )
+            .await
+            .expect("publish");
+        }
+    }
+    assert!(ch.wait_for_confirms().await.expect("confirms").is_empty());
+    let processed = Arc::new(Mutex::new(vec![Vec::new(); KEYS]));
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut conns = Vec::new();
+    for c in 0..4u64 {
+        let conn = connect(&broker.url()).await;
+        let cch = conn.create_channel().await.unwrap();
+        cch.basic_qos(20, BasicQosOptions::default()).await.unwrap();
+        let mut src = consume(&cch, "ordered", &format!("c{c}")).await;
+        let processed = processed.clone();
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(c);
+            while let Some(Ok(d)) = futures_lite::StreamExt::next(&mut src).await {
+                if rng.gen_range(0..10) == 0 {
+                    let _ = d
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..Default::default()
+                        })
+                        .await;
+                    continue;
+                }
+                let b = body(&d);
+                let (k, i) = b.split_once(':').expect("key:seq");
+                processed.lock().unwrap()[k.parse::<usize>().unwrap()]
+                    .push(i.parse::<usize>().unwrap());
+                let _ = d.ack(BasicAckOptions::default()).await;
+                let _ = done_tx.send(());
+            }
+        });
+        conns.push(conn);
+    }
+    for _ in 0..KEYS * PER_KEY {
+        within("all messages processed", done_rx.recv())
+            .await
+            .expect("consumers alive");
+    }
+    let processed = processed.lock().unwrap();
+    for (k, seqs) in processed.iter().enumerate() {
+        assert_eq!(seqs.len(), PER_KEY, "key {k}: each message once");
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "key {k} out of order: {:?}",
+            &seqs[..seqs.len().min(40)]
+        );
+    }
+}
