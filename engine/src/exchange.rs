@@ -662,7 +662,24 @@ impl Trie {
 pub trait HeaderLookup {
     /// The header `name` as a JSON value, if present.
     fn header(&self, name: &str) -> Option<Value>;
+
+    /// Whether the headers may hold `name`: a cheap check before
+    /// [`Self::header`] parses anything, for headers looked up on every
+    /// publish (`CC`, `BCC`). False only when certainly absent.
+    fn may_have(&self, _name: &str) -> bool {
+        true
+    }
 }
+
+/// The routing keys of a `CC` or `BCC` header (AMQP sender-selected
+/// distribution): an array of strings; anything else names none.
+pub fn header_routing_keys(v: &Value) -> impl Iterator<Item = &str> {
+    v.as_array().into_iter().flatten().filter_map(Value::as_str)
+}
+
+/// The headers whose routing keys a message is routed with, besides its
+/// own (RabbitMQ's sender-selected distribution).
+pub const SENDER_SELECTED: [&str; 2] = ["CC", "BCC"];
 
 impl Exchange {
     /// A new exchange with no bindings.

@@ -65,6 +65,21 @@ pub struct RouteInput<'a> {
     pub headers: &'a dyn HeaderLookup,
 }
 
+/// Calls `f` with each routing key of the message's `CC` and `BCC`
+/// headers. A byte scan rules them out for most messages without parsing.
+fn for_sender_selected(headers: &dyn HeaderLookup, mut f: impl FnMut(&str)) {
+    for name in crate::exchange::SENDER_SELECTED {
+        if !headers.may_have(name) {
+            continue;
+        }
+        if let Some(v) = headers.header(name) {
+            for key in crate::exchange::header_routing_keys(&v) {
+                f(key);
+            }
+        }
+    }
+}
+
 /// How [`Tenant::route`] routed a message, beyond where to.
 #[derive(Clone, Copy, Debug, Default)]
 #[must_use]
@@ -832,8 +847,20 @@ impl Tenant {
     /// exchange → 404; internal → 403.
     pub fn route(&self, input: &RouteInput<'_>, out: &mut Vec<Arc<Queue>>) -> Result<Routed> {
         if input.exchange.is_empty() {
-            if let Some(q) = self.queues.read().get(input.routing_key) {
+            let queues = self.queues.read();
+            if let Some(q) = queues.get(input.routing_key) {
                 out.push(q.clone());
+            }
+            let mut extra = false;
+            for_sender_selected(input.headers, |key| {
+                if let Some(q) = queues.get(key) {
+                    extra = true;
+                    out.push(q.clone());
+                }
+            });
+            if extra {
+                out.sort_unstable_by_key(Arc::as_ptr);
+                out.dedup_by(|a, b| Arc::ptr_eq(a, b));
             }
             return Ok(Routed::default());
         }
@@ -845,6 +872,8 @@ impl Tenant {
             )));
         }
         x.route(input.routing_key, input.headers, out);
+        // Routing `out` again with a non-empty list removes repeats.
+        for_sender_selected(input.headers, |key| x.route(key, input.headers, out));
         Ok(Routed {
             delayed: x.def.delayed,
         })
