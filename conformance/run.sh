@@ -3,6 +3,10 @@
 # (reference), build and start Weir (candidate) on a free port with a fresh
 # data dir, run conformance/run.py against both, stop Weir.
 #
+# Policies (scenarios/policies.py): conformance/policies.toml is Weir's
+# configuration file for the run (its [[policies]]), and the same policies
+# are set on RabbitMQ with rabbitmqctl before the scenarios run.
+#
 #   conformance/run.sh [run.py args, e.g. -k topic --show]
 #
 # Env: WEIR_BIN (use this binary, skip cargo build), CONFORMANCE_REFERENCE
@@ -18,6 +22,12 @@ bash scripts/install-deps.sh
 bash scripts/start-rabbitmq.sh
 PY=$(bash scripts/python-venv.sh)
 REFERENCE=${CONFORMANCE_REFERENCE:-amqp://guest:guest@127.0.0.1:5672/}
+POLICIES=$ROOT/conformance/policies.toml
+if [[ -z "${CONFORMANCE_REFERENCE:-}" ]]; then
+    "$PY" conformance/rabbitmq_policies.py "$POLICIES" || die "setting the policies on RabbitMQ failed"
+else
+    log "CONFORMANCE_REFERENCE is set: the policies of $POLICIES must already be set there"
+fi
 
 if [[ -z "${WEIR_BIN:-}" ]]; then
     log "building weir (cargo build -p weir-gateway)"
@@ -49,7 +59,7 @@ stop_weir() {
 trap stop_weir EXIT
 
 log "starting $WEIR_BIN on 127.0.0.1:$PORT (data dir $DATA_DIR, log $WEIR_LOG)"
-"$WEIR_BIN" --data-dir "$DATA_DIR" --amqp-listen "127.0.0.1:$PORT" >"$WEIR_LOG" 2>&1 &
+"$WEIR_BIN" --config "$POLICIES" --data-dir "$DATA_DIR" --amqp-listen "127.0.0.1:$PORT" >"$WEIR_LOG" 2>&1 &
 WEIR_PID=$!
 
 deadline=$((SECONDS + ${WEIR_START_TIMEOUT:-60}))

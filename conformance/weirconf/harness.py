@@ -20,6 +20,10 @@ from .observe import error_record
 
 SCENARIOS: dict[str, Callable] = {}
 
+# Scenarios of features RabbitMQ 3.10 (the reference) lacks: name ->
+# {"why": what the reference lacks, "expect": the transcript Weir must give}.
+WEIR_ONLY: dict[str, dict] = {}
+
 
 def scenario(fn: Callable) -> Callable:
     """Register ``fn`` under its function name (the name used by ``-k``)."""
@@ -27,6 +31,20 @@ def scenario(fn: Callable) -> Callable:
         raise ValueError(f"duplicate scenario {fn.__name__}")
     SCENARIOS[fn.__name__] = fn
     return fn
+
+
+def weir_only(why: str, expect):
+    """Register a scenario of a feature RabbitMQ 3.10 lacks (``why`` says
+    which). It runs against the candidate alone and passes when its
+    transcript equals ``expect``: the scenario reduces what it saw to facts
+    (counts, "in order", booleans) that do not depend on timing."""
+
+    def register(fn: Callable) -> Callable:
+        scenario(fn)
+        WEIR_ONLY[fn.__name__] = {"why": why, "expect": expect}
+        return fn
+
+    return register
 
 
 @dataclass
@@ -49,6 +67,12 @@ class Ctx:
 
     def xname(self, tag: str) -> str:
         return self.name(tag, "x")
+
+    def named(self, name: str, kind: str = "q") -> str:
+        """Remembers a name the scenario built itself (one a policy pattern
+        must match, say) for cleanup, and returns it."""
+        (self.queues if kind == "q" else self.exchanges).append(name)
+        return name
 
     def connect(self, **overrides) -> pika.BlockingConnection:
         return pika.BlockingConnection(params(self.url, **overrides))
