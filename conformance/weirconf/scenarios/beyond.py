@@ -17,7 +17,7 @@ import time
 import pika
 
 from ..harness import weir_only
-from ..observe import Collector, bodies, expect_error
+from ..observe import bodies, expect_error
 from .deadletter import PERSISTENT, _nack_until_dead, await_msgs
 
 def text(v):

@@ -25,7 +25,7 @@ import pika
 import pika.exceptions as px
 
 from ..harness import scenario
-from ..observe import Collector, bodies, expect_error, queue_exists, wait_until
+from ..observe import Collector, bodies, expect_error, wait_until
 from .deadletter import PERSISTENT, _nack_until_dead, _publish_all
 
 
@@ -338,5 +338,25 @@ def pol_quorum_delivery_limit(ctx):
             # Compared in deadletter.quorum_delivery_count_header.
             r.get("headers", {}).pop("x-delivery-count", None)
         out[tag] = {"deliveries": [bool(m.redelivered) for m, _, _ in deliveries], "dlq": recs}
+    conn.close()
+    return out
+
+
+# --- redeclare -----------------------------------------------------------------
+
+
+@scenario
+def pol_redeclare_compares_declared_arguments(ctx):
+    """A queue under a policy (max-length 3) is redeclared against its own
+    declared arguments, never the policy's: the same (empty) arguments are
+    equivalent, an x-max-length equal to the policy's is not (406)."""
+    conn = ctx.connect()
+    q = pname(ctx, "len", "redeclared")
+    conn.channel().queue_declare(q)
+    out = {
+        "same": expect_error(lambda: conn.channel().queue_declare(q) and "ok"),
+        "policy_value_as_argument": expect_error(conn.channel().queue_declare, q,
+                                                 arguments={"x-max-length": 3}),
+    }
     conn.close()
     return out
