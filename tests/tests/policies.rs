@@ -419,7 +419,7 @@ async fn ordering_keys_keep_per_key_order_across_kill9() {
         let d = futures_lite::future::race(next_delivery(&mut c1), next_delivery(&mut c2)).await;
         deliveries += 1;
         redelivered += usize::from(d.redelivered);
-        if deliveries % 5 == 0 {
+        if deliveries.is_multiple_of(5) {
             d.nack(BasicNackOptions {
                 requeue: true,
                 ..Default::default()
