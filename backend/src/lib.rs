@@ -83,7 +83,8 @@ pub trait Store: Send + Sync + 'static {
     /// store was opened, not yet expired by the wall clock: one per key
     /// hash (the latest expiry appended for it), in no particular order.
     ///
-    /// Call it once per partition, at startup, like
+    /// Call it once per partition, at startup (before the first
+    /// [`Store::compact`], which may drop the lists nobody took), like
     /// [`Store::recover_partition`]; a second call returns an empty list.
     /// Receipts of partitions nobody asks for are simply left to expire.
     fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError>;

@@ -190,7 +190,8 @@ pub struct Client {
     to_dispatch: Vec<Arc<Partition>>,
     // Buffers reused by every publish: nothing allocated per message.
     route_buf: Vec<Arc<Queue>>,
-    publish_targets: Vec<(Arc<Partition>, Kept)>,
+    /// Per publish: (partition, how it is kept, index of its queue).
+    publish_targets: Vec<(Arc<Partition>, Kept, usize)>,
     /// Per publish: the stored partitions, then the paged ones.
     publish_durable: Vec<PartitionId>,
     locs: Vec<Location>,
@@ -292,12 +293,30 @@ impl Client {
         let message = Arc::new(message(id));
         debug_assert_eq!(message.id, id, "a message keeps the id it was given");
         let size = message.size();
+        let now = now_ms();
+        // Idempotent publish: the queues that already hold the message's key
+        // drop it; the others record it. Their receipts stay locked until
+        // the end of this call (after the store append and the enqueue), so
+        // of two publishers racing with one key exactly one enqueues.
+        let mut dedup =
+            crate::queue::dedup::Check::new(route.headers, &message, &self.codecs, queues, now);
+        // A duplicate is confirmed like the original: after everything
+        // appended so far (the original's record among it) is durable.
+        let dup_barrier = dedup.as_ref().is_some_and(|d| {
+            d.any_duplicate()
+                && queues.iter().enumerate().any(|(i, q)| {
+                    d.is_duplicate(i) && message.persistent && q.partitions[0].durable
+                })
+        });
         // Pick each queue's partition, and store once for all durable ones.
         let mut targets = std::mem::take(&mut self.publish_targets);
         let mut durable_parts = std::mem::take(&mut self.publish_durable);
         targets.clear();
         durable_parts.clear();
-        for q in queues {
+        for (qi, q) in queues.iter().enumerate() {
+            if dedup.as_ref().is_some_and(|d| d.is_duplicate(qi)) {
+                continue;
+            }
             let part = q.partition_for_publish(route.headers);
             let kept = if message.persistent && part.durable {
                 durable_parts.push(part.id);
@@ -305,7 +324,16 @@ impl Client {
             } else {
                 Kept::Memory
             };
-            targets.push((part.clone(), kept));
+            targets.push((part.clone(), kept, qi));
+        }
+        if targets.is_empty() {
+            // A duplicate everywhere: confirmed, nothing enqueued.
+            self.publish_targets = targets;
+            self.publish_durable = durable_parts;
+            return Ok(Published::Routed {
+                needs_barrier: dup_barrier,
+                refused: false,
+            });
         }
         // Transient copies (a transient message, or a non-durable queue) into
         // partitions already deeper than the in-memory window are paged to
@@ -314,14 +342,13 @@ impl Client {
         // (every target stored).
         let n_durable = durable_parts.len();
         if n_durable < targets.len() {
-            for (part, kept) in &mut targets {
+            for (part, kept, _) in &mut targets {
                 if *kept == Kept::Memory && part.ready_len() >= HOT_ENTRIES as u64 {
                     *kept = Kept::Paged;
                     durable_parts.push(part.id);
                 }
             }
         }
-        let now = now_ms();
         // The message's own TTL counts from now in every queue; stored, so
         // the deadline holds across a restart.
         let expires_at_ms = message.ttl_ms.map_or(0, |t| now.saturating_add(t).max(1));
@@ -350,6 +377,10 @@ impl Client {
                 None,
             );
             if let Err(e) = res {
+                // Nothing enqueued: no receipt either.
+                if let Some(d) = dedup.as_mut() {
+                    d.undo_all();
+                }
                 self.publish_targets = targets;
                 self.publish_durable = durable_parts;
                 return match e {
@@ -383,7 +414,8 @@ impl Client {
             }
         }
         let mut refused_any = false;
-        for (part, kept) in targets.drain(..) {
+        let mut receipts = Vec::new();
+        for (part, kept, qi) in targets.drain(..) {
             let location = match kept {
                 Kept::Stored => location,
                 // None if the store could not take the page: kept in memory.
@@ -405,6 +437,7 @@ impl Client {
             // The queue was deleted after routing, or is full and refuses
             // publishes: the message is gone from it (its record was
             // appended above, so the settle follows it).
+            let taken = matches!(refused, Enqueued::Queued);
             let gone = match refused {
                 Enqueued::Queued => None,
                 Enqueued::Deleted(e) => e.location,
@@ -423,11 +456,35 @@ impl Client {
                     location: l,
                 });
             }
+            if let Some(d) = dedup.as_mut() {
+                if !taken {
+                    // Not taken: a retry must not be dropped as a duplicate.
+                    d.undo(qi);
+                } else if kept == Kept::Stored {
+                    if let Some((partition, key_hash, expires_at_ms)) = d.receipt(qi) {
+                        receipts.push(Op::Receipt {
+                            partition,
+                            key_hash,
+                            expires_at_ms,
+                        });
+                    }
+                }
+            }
         }
+        if !receipts.is_empty() {
+            // After the publish record and before the publisher's barrier,
+            // so its confirm covers the receipt. Not in the publish's batch:
+            // a queue that refuses the message must leave no receipt behind.
+            self.locs.clear();
+            if let Err(e) = self.store.append(&receipts, &mut self.locs, None) {
+                tracing::warn!(error = %e, "idempotency receipt not stored: a duplicate may be accepted after a restart");
+            }
+        }
+        drop(dedup);
         self.publish_durable = durable_parts;
         self.publish_targets = targets;
         Ok(Published::Routed {
-            needs_barrier: n_durable > 0,
+            needs_barrier: n_durable > 0 || dup_barrier,
             refused: refused_any,
         })
     }

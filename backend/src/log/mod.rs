@@ -1014,6 +1014,14 @@ impl Store for LogStore {
 
     fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
         let _one = self.compaction.lock();
+        // Startup is over: receipts of partitions nobody recovered (their
+        // queues were deleted) are not kept in memory any longer.
+        {
+            let mut r = self.recovered_receipts.lock();
+            if !r.is_empty() {
+                *r = HashMap::new();
+            }
+        }
         let moved = self.compact_messages(live);
         // Then the receipts of segments emptied of messages (some maybe by
         // the moves just made). A failure there only delays reclamation.

@@ -405,7 +405,11 @@ impl Store for MemStore {
         // Compaction never drops a receipt before it expires; expired ones
         // are forgotten here as the log store forgets them.
         let now = crate::log::now_ms();
-        self.state.lock().receipts.retain(|_, e| *e > now);
+        {
+            let mut st = self.state.lock();
+            st.receipts.retain(|_, e| *e > now);
+            st.recovered_receipts.clear();
+        }
         // Collect first, with no lock of ours held: the caller's locks are
         // held around `visit`, and its appends take ours.
         let mut todo = Vec::new();

@@ -12,6 +12,7 @@
 //! over that scope's map.
 
 mod consumers;
+pub mod dedup;
 mod partition;
 mod ready;
 
@@ -99,6 +100,8 @@ pub struct Queue {
     next_partition: AtomicU64,
     /// The exchanges with a binding to this queue.
     pub sources: super::exchange::Sources,
+    /// Receipts of idempotency keys (idempotent publish).
+    dedup: dedup::Dedup,
 }
 
 impl Queue {
@@ -132,6 +135,7 @@ impl Queue {
             QueueArgs::parse(&Value::Null).unwrap_or_default()
         });
         let args = Arc::new(args);
+        let dedup = dedup::Dedup::new(args.dedup_on_message_id, args.dedup_window_ms);
         Arc::new_cyclic(|me| Queue {
             partitions: def
                 .partitions
@@ -155,6 +159,7 @@ impl Queue {
             last_used_ms: AtomicU64::new(crate::message::now_ms()),
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
+            dedup,
         })
     }
 
@@ -180,6 +185,8 @@ impl Queue {
             return;
         }
         let args = Arc::new(args);
+        self.dedup
+            .configure(args.dedup_on_message_id, args.dedup_window_ms);
         *self.args.write() = args.clone();
         for p in &self.partitions {
             p.set_args(args.clone());
@@ -187,6 +194,16 @@ impl Queue {
         if args.expires.is_some() {
             self.touch();
         }
+    }
+
+    /// Its receipts of idempotency keys.
+    pub fn dedup(&self) -> &dedup::Dedup {
+        &self.dedup
+    }
+
+    /// The identity its receipts are stored under: its first partition.
+    pub fn dedup_id(&self) -> PartitionId {
+        self.partitions[0].id
     }
 
     /// The queue's name.
