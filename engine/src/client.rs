@@ -118,6 +118,15 @@ enum Kept {
     Memory,
 }
 
+/// Why a queue did not take a published message (for its receipt).
+#[derive(Clone, Copy)]
+enum Gone {
+    /// Deleted after routing.
+    Deleted,
+    /// Taken, or refused by a length limit.
+    Other,
+}
+
 /// A consumer as its client knows it.
 struct Subscription {
     consumer: Arc<Consumer>,
@@ -365,17 +374,41 @@ impl Client {
             },
         };
         let mut location = None;
+        // Receipts of stored copies ride in the publish's batch (one writer
+        // round: after a crash both or neither), except where the queue may
+        // refuse the message (a length limit with reject-publish): there the
+        // receipt is appended once the queue took it, since a refused
+        // publish must leave no receipt (its retry is not a duplicate).
+        let mut with_publish: Vec<Op<'_>> = Vec::new();
+        let mut receipt_in_batch: Vec<usize> = Vec::new();
+        if let Some(d) = dedup.as_ref() {
+            for (_, kept, qi) in &targets {
+                if *kept != Kept::Stored || queues[*qi].may_refuse_publish() {
+                    continue;
+                }
+                if let Some((partition, key_hash, expires_at_ms)) = d.receipt(*qi) {
+                    with_publish.push(Op::Receipt {
+                        partition,
+                        key_hash,
+                        expires_at_ms,
+                    });
+                    receipt_in_batch.push(*qi);
+                }
+            }
+        }
         if n_durable > 0 {
             self.locs.clear();
-            let res = self.store.append(
-                &[Op::Publish {
-                    id,
-                    partitions: &durable_parts[..n_durable],
-                    data,
-                }],
-                &mut self.locs,
-                None,
-            );
+            let publish = Op::Publish {
+                id,
+                partitions: &durable_parts[..n_durable],
+                data,
+            };
+            let res = if with_publish.is_empty() {
+                self.store.append(&[publish], &mut self.locs, None)
+            } else {
+                with_publish.insert(0, publish);
+                self.store.append(&with_publish, &mut self.locs, None)
+            };
             if let Err(e) = res {
                 // Nothing enqueued: no receipt either.
                 if let Some(d) = dedup.as_mut() {
@@ -414,7 +447,9 @@ impl Client {
             }
         }
         let mut refused_any = false;
-        let mut receipts = Vec::new();
+        // Receipts and cancellations appended after the enqueue.
+        let mut after: Vec<Op<'static>> = Vec::new();
+        let mut cancelled = false;
         for (part, kept, qi) in targets.drain(..) {
             let location = match kept {
                 Kept::Stored => location,
@@ -438,6 +473,10 @@ impl Client {
             // publishes: the message is gone from it (its record was
             // appended above, so the settle follows it).
             let taken = matches!(refused, Enqueued::Queued);
+            let gone_kind = match refused {
+                Enqueued::Deleted(_) => Gone::Deleted,
+                _ => Gone::Other,
+            };
             let gone = match refused {
                 Enqueued::Queued => None,
                 Enqueued::Deleted(e) => e.location,
@@ -457,26 +496,46 @@ impl Client {
                 });
             }
             if let Some(d) = dedup.as_mut() {
-                if !taken {
-                    // Not taken: a retry must not be dropped as a duplicate.
-                    d.undo(qi);
-                } else if kept == Kept::Stored {
-                    if let Some((partition, key_hash, expires_at_ms)) = d.receipt(qi) {
-                        receipts.push(Op::Receipt {
+                let receipt = d.receipt(qi).filter(|_| kept == Kept::Stored);
+                let in_batch = receipt_in_batch.contains(&qi);
+                match (taken, receipt) {
+                    // Before the publisher's barrier, so its confirm
+                    // covers the receipt.
+                    (true, Some((partition, key_hash, expires_at_ms))) if !in_batch => {
+                        after.push(Op::Receipt {
                             partition,
                             key_hash,
                             expires_at_ms,
-                        });
+                        })
                     }
+                    (false, receipt) => {
+                        // Not taken: a retry must not be dropped as a
+                        // duplicate.
+                        d.undo(qi);
+                        // Refused although the queue had no reason to (a
+                        // policy set meanwhile): the stored receipt is
+                        // cancelled. A deleted queue's receipts die with it.
+                        if let (Some((partition, key_hash, expires_at_ms)), true) =
+                            (receipt, in_batch && !matches!(gone_kind, Gone::Deleted))
+                        {
+                            after.push(Op::Receipt {
+                                partition: crate::queue::dedup::cancel_id(partition),
+                                key_hash,
+                                expires_at_ms,
+                            });
+                            cancelled = true;
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
-        if !receipts.is_empty() {
-            // After the publish record and before the publisher's barrier,
-            // so its confirm covers the receipt. Not in the publish's batch:
-            // a queue that refuses the message must leave no receipt behind.
+        if !after.is_empty() {
             self.locs.clear();
-            if let Err(e) = self.store.append(&receipts, &mut self.locs, None) {
+            // A cancellation wakes the writer at once (the publisher's nack
+            // does not wait for the store).
+            let wake: Option<Waiter> = cancelled.then(|| Box::new(|_| {}) as Waiter);
+            if let Err(e) = self.store.append(&after, &mut self.locs, wake) {
                 tracing::warn!(error = %e, "idempotency receipt not stored: a duplicate may be accepted after a restart");
             }
         }

@@ -122,8 +122,12 @@ impl Engine {
             // Idempotency receipts, stored under the queue's first partition
             // (only a durable queue stores any).
             if q.partitions[0].durable {
-                q.dedup()
-                    .restore(store.recover_receipts(q.dedup_id())?, now_ms());
+                let id = q.dedup_id();
+                q.dedup().restore(
+                    store.recover_receipts(id)?,
+                    store.recover_receipts(queue::dedup::cancel_id(id))?,
+                    now_ms(),
+                );
             }
             for p in &q.partitions {
                 owned.insert(p.id);

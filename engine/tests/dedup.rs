@@ -312,22 +312,39 @@ fn the_receipt_bound_forgets_the_oldest_keys_first() {
 }
 
 #[test]
-fn a_refused_publish_leaves_no_receipt() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+fn a_refused_publish_leaves_no_receipt_not_even_after_a_restart() {
+    let store = MemStore::new();
+    {
+        let e = Engine::open(store.clone()).expect("engine");
+        let mut c = client(&e);
+        declare(
+            &c,
+            "small",
+            true,
+            json!({"x-max-length": 1, "x-overflow": "reject-publish"}),
+        )
+        .expect("declare");
+        assert!(confirmed(publish(&mut c, to("small").key("a"))));
+        let refused = publish(&mut c, to("small").key("b"));
+        assert!(matches!(refused, Published::Routed { refused: true, .. }));
+        assert_eq!(drain(&mut c, "small"), 1);
+        // The publisher retries what was nacked: it is not a duplicate.
+        assert!(confirmed(publish(&mut c, to("small").key("b"))));
+        assert_eq!(count(&c, "small"), 1);
+        // Refused again (the queue is full): still no receipt.
+        let refused = publish(&mut c, to("small").key("c"));
+        assert!(matches!(refused, Published::Routed { refused: true, .. }));
+        drop(c);
+        store.close().expect("close");
+    }
+    let e = Engine::open(store.reopen()).expect("engine");
     let mut c = client(&e);
-    declare(
-        &c,
-        "small",
-        true,
-        json!({"x-max-length": 1, "x-overflow": "reject-publish"}),
-    )
-    .expect("declare");
-    assert!(confirmed(publish(&mut c, to("small").key("a"))));
-    let refused = publish(&mut c, to("small").key("b"));
-    assert!(matches!(refused, Published::Routed { refused: true, .. }));
     assert_eq!(drain(&mut c, "small"), 1);
-    // The publisher retries what was nacked: it is not a duplicate.
-    assert!(confirmed(publish(&mut c, to("small").key("b"))));
+    // Taken before the restart: a duplicate. Refused: new.
+    publish(&mut c, to("small").key("a"));
+    publish(&mut c, to("small").key("b"));
+    assert_eq!(count(&c, "small"), 0);
+    assert!(confirmed(publish(&mut c, to("small").key("c"))));
     assert_eq!(count(&c, "small"), 1);
 }
 

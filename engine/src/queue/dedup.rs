@@ -22,11 +22,20 @@
 //!   order); the table itself is allocated on the first keyed publish.
 //! * **Durability**: for a persistent message in a durable queue, the
 //!   receipt is appended to the store ([`weir_backend::Op::Receipt`], named
-//!   by the queue's first partition) before the publish returns, so the
+//!   by the queue's first partition) in the same batch as the message's
+//!   record (one writer round: after a crash, both or neither), so the
 //!   publisher's confirm covers it; the store keeps it across restarts and
-//!   compaction until it expires. A transient message, or a non-durable
-//!   queue, keeps its receipt in memory only: after a restart the message
-//!   is gone and so is its receipt.
+//!   compaction until it expires. In a queue that may refuse a publish (a
+//!   length limit with `x-overflow: reject-publish[-dlx]`) the receipt is
+//!   appended right after the queue took the message instead, still before
+//!   the publish returns: a refused (nacked) publish must leave no receipt,
+//!   or its retry after a restart would be dropped as a duplicate. (There a
+//!   crash between the two appends can let a duplicate of an *unconfirmed*
+//!   message in; never a loss.) Should a queue refuse a message whose
+//!   receipt went with it (a policy imposing reject-publish was set at that
+//!   moment), a cancellation is stored ([`cancel_id`]). A transient message,
+//!   or a non-durable queue, keeps its receipt in memory only: after a
+//!   restart the message is gone and so is its receipt.
 //! * **Atomicity**: a publish locks the receipts of every queue it
 //!   deduplicates in (in a global order: the queues' first partition ids)
 //!   from the check through the store append and the enqueue, so of two
@@ -51,6 +60,19 @@ pub const IDEMPOTENCY_KEY: &str = "x-idempotency-key";
 
 /// Most receipts a queue keeps (see the module doc for what happens beyond).
 pub const MAX_RECEIPTS: usize = 1_000_000;
+
+/// Marks the store identity under which a queue's receipt cancellations
+/// are kept (its first partition id with the top bit set; partition ids
+/// never get there).
+const CANCELS: u64 = 1 << 63;
+
+/// Where the cancellations of the receipts stored under `partition` are
+/// stored: a cancellation is a receipt there with the same key hash and
+/// expiry; at recovery it removes the receipt unless a later one (a later
+/// expiry) was stored for the key.
+pub fn cancel_id(partition: PartitionId) -> PartitionId {
+    PartitionId(partition.0 | CANCELS)
+}
 
 /// The 64-bit hash a key is kept (and stored) as.
 pub fn key_hash(key: &[u8]) -> u64 {
@@ -203,10 +225,19 @@ impl Dedup {
     }
 
     /// Loads the receipts the store recovered (at startup, before any
-    /// publish), dropping those expired at `now` and the oldest beyond the
-    /// limit.
-    pub fn restore(&self, mut receipts: Vec<Receipt>, now: u64) {
-        receipts.retain(|r| r.expires_at_ms > now);
+    /// publish), dropping those expired at `now`, those `cancels` cancels
+    /// (see [`cancel_id`]) and the oldest beyond the limit.
+    pub fn restore(&self, mut receipts: Vec<Receipt>, cancels: Vec<Receipt>, now: u64) {
+        let cancelled: HashMap<u64, u64> = cancels
+            .into_iter()
+            .map(|c| (c.key_hash, c.expires_at_ms))
+            .collect();
+        receipts.retain(|r| {
+            r.expires_at_ms > now
+                && cancelled
+                    .get(&r.key_hash)
+                    .is_none_or(|&c| r.expires_at_ms > c)
+        });
         if receipts.is_empty() {
             return;
         }
@@ -451,8 +482,14 @@ mod tests {
             key_hash: k,
             expires_at_ms: e,
         };
-        d.restore(vec![rs(1, 50), rs(2, 300), rs(3, 200), rs(4, 400)], 100);
+        d.restore(
+            vec![rs(1, 50), rs(2, 300), rs(3, 200), rs(4, 400), rs(5, 500)],
+            // 5 was cancelled; 4's cancellation is of an older receipt.
+            vec![rs(5, 500), rs(4, 350)],
+            100,
+        );
         assert!(!d.contains(1, 100), "expired");
+        assert!(!d.contains(5, 100), "cancelled");
         assert!(!d.contains(3, 100), "oldest beyond the limit");
         assert!(d.contains(2, 100) && d.contains(4, 100));
         assert_eq!(d.forgotten_early(), 1);

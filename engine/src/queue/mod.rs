@@ -196,6 +196,14 @@ impl Queue {
         }
     }
 
+    /// Whether it may refuse a publish: a length limit with
+    /// `x-overflow: reject-publish` or `reject-publish-dlx`.
+    pub fn may_refuse_publish(&self) -> bool {
+        let a = self.args.read();
+        a.overflow != crate::args::Overflow::DropHead
+            && (a.max_length.is_some() || a.max_length_bytes.is_some())
+    }
+
     /// Its receipts of idempotency keys.
     pub fn dedup(&self) -> &dedup::Dedup {
         &self.dedup
