@@ -25,8 +25,8 @@ use crate::error::{ClientError, EngineError, Result};
 use crate::lease::{Lease, Leases, Settle};
 use crate::message::{now_ms, Entry, Message};
 use crate::properties::{HeaderFormat, Value};
-use crate::queue::{AttachError, Enqueued, Partition, Queue, HOT_ENTRIES};
-use crate::tenant::RouteInput;
+use crate::queue::{AttachError, Enqueued, Partition, Queue, Return, HOT_ENTRIES};
+use crate::tenant::{RouteInput, Routed};
 use crate::{Engine, Tenant};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
@@ -284,8 +284,8 @@ impl Client {
         let routed = self.tenant.route(route, &mut queues);
         let result = match routed {
             Err(e) => Err(e),
-            Ok(()) if queues.is_empty() => Ok(Published::Unroutable),
-            Ok(()) => self.enqueue_routed(route, &queues, message),
+            Ok(_) if queues.is_empty() => Ok(Published::Unroutable),
+            Ok(how) => self.enqueue_routed(route, how, &queues, message),
         };
         queues.clear();
         self.route_buf = queues;
@@ -295,6 +295,7 @@ impl Client {
     fn enqueue_routed(
         &mut self,
         route: &RouteInput<'_>,
+        how: Routed,
         queues: &[Arc<Queue>],
         message: impl FnOnce(MessageId) -> Message,
     ) -> Result<Published> {
@@ -322,12 +323,22 @@ impl Client {
         let mut durable_parts = std::mem::take(&mut self.publish_durable);
         targets.clear();
         durable_parts.clear();
+        // The queue TTL shared by every durable target, if they share one:
+        // stored with the message's own, so a deadline that passes while
+        // the broker is down is not extended by the restart.
+        let mut shared_ttl: Option<Option<u64>> = None;
         for (qi, q) in queues.iter().enumerate() {
             if dedup.as_ref().is_some_and(|d| d.is_duplicate(qi)) {
                 continue;
             }
             let part = q.partition_for_publish(route.headers);
             let kept = if message.persistent && part.durable {
+                let ttl = q.message_ttl();
+                shared_ttl = match shared_ttl {
+                    None => Some(ttl),
+                    Some(t) if t == ttl => Some(t),
+                    Some(_) => Some(None),
+                };
                 durable_parts.push(part.id);
                 Kept::Stored
             } else {
@@ -358,9 +369,37 @@ impl Client {
                 }
             }
         }
-        // The message's own TTL counts from now in every queue; stored, so
-        // the deadline holds across a restart.
-        let expires_at_ms = message.ttl_ms.map_or(0, |t| now.saturating_add(t).max(1));
+        // `x-delay` holds the message back, through an `x-delayed-message`
+        // exchange or in queues declared `x-delayed` (the header is only
+        // looked up then). Stored, so it keeps waiting across a restart.
+        let delay_ms = if how.delayed || queues.iter().any(|q| q.delayed) {
+            delay_header(route.headers)
+        } else {
+            0
+        };
+        let deliver_at_ms = if delay_ms > 0 {
+            now.saturating_add(delay_ms)
+        } else {
+            0
+        };
+        // The message's own TTL counts from when it enters each queue (now,
+        // or when its delay ends); stored, so the deadline holds across a
+        // restart.
+        let entered = now.max(deliver_at_ms);
+        let expires_at_ms = message
+            .ttl_ms
+            .map_or(0, |t| entered.saturating_add(t).max(1));
+        let stored_expiry = match shared_ttl.flatten() {
+            Some(t) => {
+                let at = entered.saturating_add(t).max(1);
+                if expires_at_ms == 0 {
+                    at
+                } else {
+                    at.min(expires_at_ms)
+                }
+            }
+            None => expires_at_ms,
+        };
         let data = MessageData {
             exchange: route.exchange,
             routing_key: route.routing_key,
@@ -369,8 +408,8 @@ impl Client {
             body: &message.body,
             attrs: MessageAttrs {
                 priority: message.priority,
-                expires_at_ms,
-                deliver_at_ms: 0,
+                expires_at_ms: stored_expiry,
+                deliver_at_ms,
             },
         };
         let mut location = None;
@@ -457,7 +496,9 @@ impl Client {
                 Kept::Paged => page_location,
                 Kept::Memory => None,
             };
-            let refused = part.enqueue(Entry {
+            let delayed =
+                deliver_at_ms > 0 && (how.delayed || part.queue().is_some_and(|q| q.delayed));
+            let entry = Entry {
                 seq: 0,
                 id,
                 location,
@@ -468,7 +509,12 @@ impl Client {
                 enqueued_ms: now,
                 expires_at_ms,
                 message: Some(message.clone()),
-            });
+            };
+            let refused = if delayed {
+                part.enqueue_at(entry, deliver_at_ms)
+            } else {
+                part.enqueue(entry)
+            };
             // The queue was deleted after routing, or is full and refuses
             // publishes: the message is gone from it (its record was
             // appended above, so the settle follows it).
@@ -712,6 +758,7 @@ impl Client {
                     since: Instant::now(),
                 },
                 Settle::Ack,
+                Return::Failed,
             ),
             GetAck::Lease { scope, tag, now } => self.scope_mut(scope).leases.insert(
                 tag,
@@ -933,13 +980,13 @@ impl Client {
                 || st.window.max_bytes.load(Ordering::Relaxed) > 0);
         if !multiple {
             let lease = st.leases.remove(tag).ok_or(ClientError::UnknownTag(tag))?;
-            self.settle_one(lease, how);
+            self.settle_one(lease, how, Return::Failed);
         } else {
             let leases = st
                 .leases
                 .take_up_to(tag)
                 .ok_or(ClientError::UnknownTag(tag))?;
-            self.settle_many(leases, how);
+            self.settle_many(leases, how, Return::Failed);
         }
         if shared_window {
             self.redispatch(Some(scope));
@@ -968,12 +1015,14 @@ impl Client {
         }
     }
 
-    fn settle_one(&mut self, l: Lease, how: Settle) {
+    fn settle_one(&mut self, l: Lease, how: Settle, why: Return) {
         if let Some(c) = &l.consumer {
             c.release(l.entry.size);
         }
         if how == Settle::Requeue && !l.partition.is_deleted() {
-            let refused = l.partition.requeue(std::iter::once(l.entry));
+            let refused = l
+                .partition
+                .requeue(std::iter::once(l.entry), why, &mut self.settles);
             self.settle_refused(&l.partition, refused);
             if l.consumer.is_some() {
                 self.push_dispatch(l.partition);
@@ -988,7 +1037,7 @@ impl Client {
         self.push_dispatch(l.partition);
     }
 
-    fn settle_many(&mut self, leases: Vec<Lease>, how: Settle) {
+    fn settle_many(&mut self, leases: Vec<Lease>, how: Settle, why: Return) {
         // Grouped by partition so each takes its lock once per batch (a
         // `multiple` ack usually settles many leases of one queue).
         let mut drop: Vec<(Arc<Partition>, Vec<Entry>)> = Vec::new();
@@ -1025,7 +1074,7 @@ impl Client {
             self.push_dispatch(p);
         }
         for (p, entries) in requeue {
-            let refused = p.requeue(entries);
+            let refused = p.requeue(entries, why, &mut self.settles);
             self.settle_refused(&p, refused);
             if p.partitioned {
                 self.push_dispatch(p);
@@ -1127,7 +1176,7 @@ impl Client {
             self.tenant.detach(&sub.queue, &sub.consumer);
         }
         let leases = st.leases.take_all();
-        self.settle_many(leases, Settle::Requeue);
+        self.settle_many(leases, Settle::Requeue, Return::Released);
     }
 
     /// The connection is gone: every scope is released, deliveries not yet
@@ -1220,4 +1269,17 @@ fn dedup_partitions(v: &mut Vec<Arc<Partition>>) {
         }
     }
     *v = out;
+}
+
+/// The `x-delay` header in ms (0 if absent, not a number, or negative, as
+/// RabbitMQ's delayed-message plugin treats them).
+fn delay_header(headers: &dyn crate::exchange::HeaderLookup) -> u64 {
+    match headers.header(crate::queue::DELAY_HEADER) {
+        Some(serde_json::Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
+            .unwrap_or(0),
+        Some(serde_json::Value::String(s)) => s.trim().parse().unwrap_or(0),
+        _ => 0,
+    }
 }

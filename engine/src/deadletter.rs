@@ -259,6 +259,17 @@ fn republish(
         .clone()
         .unwrap_or_else(|| String::from_utf8_lossy(&original.routing_key).into_owned());
     let mut headers = props.headers.take().unwrap_or_default();
+    // x-death lists the routing key and the CC keys (BCC never reached the
+    // store). With a dead-letter routing key the CC header goes: the copy
+    // is routed by that key alone, as RabbitMQ does.
+    let mut death_keys = vec![String::from_utf8_lossy(&original.routing_key).into_owned()];
+    if let Some(cc) = headers.get("CC") {
+        let cc = cc.to_json();
+        death_keys.extend(crate::exchange::header_routing_keys(&cc).map(str::to_owned));
+    }
+    if args.dead_letter_routing_key.is_some() {
+        headers.0.retain(|(k, _)| k != "CC");
+    }
     let original_expiration = (o.reason == DeadReason::Expired)
         .then(|| props.ttl_ms.take())
         .flatten();
@@ -267,7 +278,7 @@ fn republish(
         queue.name(),
         o.reason,
         &String::from_utf8_lossy(&original.exchange),
-        &String::from_utf8_lossy(&original.routing_key),
+        &death_keys,
         original_expiration,
         now,
     );
@@ -369,7 +380,7 @@ pub fn record_death(
     queue: &str,
     reason: DeadReason,
     exchange: &str,
-    routing_key: &str,
+    routing_keys: &[String],
     original_expiration: Option<u64>,
     now_ms: u64,
 ) {
@@ -405,7 +416,12 @@ pub fn record_death(
             t.push("exchange", Value::String(exchange.into()));
             t.push(
                 "routing-keys",
-                Value::Array(vec![Value::String(routing_key.into())]),
+                Value::Array(
+                    routing_keys
+                        .iter()
+                        .map(|k| Value::String(k.clone()))
+                        .collect(),
+                ),
             );
             if let Some(ms) = original_expiration {
                 t.push("original-expiration", Value::String(ms.to_string()));
@@ -497,17 +513,18 @@ mod tests {
     #[test]
     fn x_death_counts_repeats_and_keeps_the_first_death() {
         let mut h = Table::new();
-        record_death(&mut h, "q1", DeadReason::Rejected, "x", "k", None, 5_000);
+        let keys = ["k".to_string()];
+        record_death(&mut h, "q1", DeadReason::Rejected, "x", &keys, None, 5_000);
         record_death(
             &mut h,
             "q2",
             DeadReason::Expired,
             "dlx",
-            "k",
+            &keys,
             Some(100),
             6_000,
         );
-        record_death(&mut h, "q1", DeadReason::Rejected, "x", "k", None, 7_000);
+        record_death(&mut h, "q1", DeadReason::Rejected, "x", &keys, None, 7_000);
         let deaths = death_history(&h);
         assert_eq!(
             deaths,

@@ -29,6 +29,9 @@ pub enum ExchangeKind {
     Headers,
 }
 
+/// The exchange type of RabbitMQ's delayed-message plugin.
+pub const DELAYED_MESSAGE: &str = "x-delayed-message";
+
 impl ExchangeKind {
     /// Parses an AMQP exchange type name.
     pub fn parse(s: &str) -> Option<Self> {
@@ -38,6 +41,26 @@ impl ExchangeKind {
             "topic" => ExchangeKind::Topic,
             "headers" => ExchangeKind::Headers,
             _ => return None,
+        })
+    }
+
+    /// The type named in an exchange.declare with its arguments: `kind`
+    /// and whether it delays messages. `x-delayed-message` routes as its
+    /// `x-delayed-type` argument. None for an unknown type (503); Err with
+    /// the plugin's text when `x-delayed-type` is missing or unknown (406).
+    pub fn parse_declared(s: &str, arguments: &Value) -> Option<Result<(Self, bool), String>> {
+        if s != DELAYED_MESSAGE {
+            return Self::parse(s).map(|k| Ok((k, false)));
+        }
+        let inner = arguments
+            .get("x-delayed-type")
+            .and_then(Value::as_str)
+            .and_then(Self::parse);
+        Some(match inner {
+            Some(k) => Ok((k, true)),
+            None => {
+                Err("Invalid argument, 'x-delayed-type' must be an existing exchange type".into())
+            }
         })
     }
 
@@ -65,8 +88,24 @@ pub struct ExchangeDef {
     pub auto_delete: bool,
     /// Cannot be published to directly.
     pub internal: bool,
+    /// Declared as `x-delayed-message` (RabbitMQ's delayed-message plugin
+    /// shape): routes as `kind` (its `x-delayed-type`), and holds each
+    /// message in its queues for the ms of its `x-delay` header.
+    #[serde(default)]
+    pub delayed: bool,
     /// Arguments.
     pub arguments: Value,
+}
+
+impl ExchangeDef {
+    /// The type name as declared (`x-delayed-message` for a delayed one).
+    pub fn type_name(&self) -> &'static str {
+        if self.delayed {
+            DELAYED_MESSAGE
+        } else {
+            self.kind.as_str()
+        }
+    }
 }
 
 /// Where a binding leads.
@@ -623,7 +662,24 @@ impl Trie {
 pub trait HeaderLookup {
     /// The header `name` as a JSON value, if present.
     fn header(&self, name: &str) -> Option<Value>;
+
+    /// Whether the headers may hold `name`: a cheap check before
+    /// [`Self::header`] parses anything, for headers looked up on every
+    /// publish (`CC`, `BCC`). False only when certainly absent.
+    fn may_have(&self, _name: &str) -> bool {
+        true
+    }
 }
+
+/// The routing keys of a `CC` or `BCC` header (AMQP sender-selected
+/// distribution): an array of strings; anything else names none.
+pub fn header_routing_keys(v: &Value) -> impl Iterator<Item = &str> {
+    v.as_array().into_iter().flatten().filter_map(Value::as_str)
+}
+
+/// The headers whose routing keys a message is routed with, besides its
+/// own (RabbitMQ's sender-selected distribution).
+pub const SENDER_SELECTED: [&str; 2] = ["CC", "BCC"];
 
 impl Exchange {
     /// A new exchange with no bindings.
@@ -1096,6 +1152,7 @@ mod tests {
             durable: false,
             auto_delete: false,
             internal: false,
+            delayed: false,
             arguments: Value::Object(Default::default()),
         })
     }

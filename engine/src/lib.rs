@@ -133,17 +133,23 @@ impl Engine {
                 owned.insert(p.id);
                 let msgs = store.recover_partition(p.id)?;
                 restored_messages += msgs.len() as u64;
-                p.restore(msgs.into_iter().map(|m| Entry {
-                    seq: 0,
-                    id: m.id,
-                    location: Some(m.location),
-                    size: m.size,
-                    redelivered: true,
-                    attempts: 0,
-                    priority: m.attrs.priority,
-                    enqueued_ms: now_ms(),
-                    expires_at_ms: m.attrs.expires_at_ms,
-                    message: None,
+                let now = now_ms();
+                p.restore(msgs.into_iter().map(|m| {
+                    let e = Entry {
+                        seq: 0,
+                        id: m.id,
+                        location: Some(m.location),
+                        size: m.size,
+                        redelivered: true,
+                        // Delivery attempts are durable (`Op::Requeue`):
+                        // a poison message does not get a fresh budget.
+                        attempts: u16::try_from(m.attempts).unwrap_or(u16::MAX),
+                        priority: m.attrs.priority,
+                        enqueued_ms: now,
+                        expires_at_ms: m.attrs.expires_at_ms,
+                        message: None,
+                    };
+                    (e, m.attrs.deliver_at_ms)
                 }));
             }
         }

@@ -65,6 +65,30 @@ pub struct RouteInput<'a> {
     pub headers: &'a dyn HeaderLookup,
 }
 
+/// Calls `f` with each routing key of the message's `CC` and `BCC`
+/// headers. A byte scan rules them out for most messages without parsing.
+fn for_sender_selected(headers: &dyn HeaderLookup, mut f: impl FnMut(&str)) {
+    for name in crate::exchange::SENDER_SELECTED {
+        if !headers.may_have(name) {
+            continue;
+        }
+        if let Some(v) = headers.header(name) {
+            for key in crate::exchange::header_routing_keys(&v) {
+                f(key);
+            }
+        }
+    }
+}
+
+/// How [`Tenant::route`] routed a message, beyond where to.
+#[derive(Clone, Copy, Debug, Default)]
+#[must_use]
+pub struct Routed {
+    /// Through an `x-delayed-message` exchange: `x-delay` holds it back in
+    /// every queue it reaches.
+    pub delayed: bool,
+}
+
 /// A tenant.
 pub struct Tenant {
     /// Name.
@@ -109,6 +133,7 @@ impl Tenant {
                     durable: true,
                     auto_delete: false,
                     internal: false,
+                    delayed: false,
                     arguments: Value::Object(Default::default()),
                 }),
             );
@@ -326,6 +351,12 @@ impl Tenant {
                 &def.internal,
                 &cur.internal,
             )?;
+            same(
+                "type",
+                cur.delayed == def.delayed,
+                &def.type_name(),
+                &cur.type_name(),
+            )?;
             return self.barrier(x.def.durable);
         }
         if passive {
@@ -491,6 +522,25 @@ impl Tenant {
         }
         let args = crate::args::QueueArgs::parse(&req.arguments)
             .map_err(|e| EngineError::PreconditionFailed(e.message(&name, &self.name)))?;
+        if args.queue_type == crate::args::QueueType::Quorum {
+            // RabbitMQ's checks, in its order: a quorum queue is replicated
+            // and durable by nature.
+            let bad = if req.auto_delete {
+                Some("auto-delete")
+            } else if req.exclusive {
+                Some("exclusive-owner")
+            } else if !req.durable {
+                Some("non-durable")
+            } else {
+                None
+            };
+            if let Some(prop) = bad {
+                return Err(EngineError::PreconditionFailed(format!(
+                    "invalid property '{prop}' for queue '{name}' in vhost '{}'",
+                    self.name
+                )));
+            }
+        }
         let mut w = self.queues.write();
         if w.contains_key(&name) {
             // Raced with another declare: answer as for an existing queue.
@@ -793,13 +843,26 @@ impl Tenant {
         }
     }
 
-    /// The queues a message reaches. Missing exchange → 404; internal → 403.
-    pub fn route(&self, input: &RouteInput<'_>, out: &mut Vec<Arc<Queue>>) -> Result<()> {
+    /// The queues a message reaches, and how it is routed. Missing
+    /// exchange → 404; internal → 403.
+    pub fn route(&self, input: &RouteInput<'_>, out: &mut Vec<Arc<Queue>>) -> Result<Routed> {
         if input.exchange.is_empty() {
-            if let Some(q) = self.queues.read().get(input.routing_key) {
+            let queues = self.queues.read();
+            if let Some(q) = queues.get(input.routing_key) {
                 out.push(q.clone());
             }
-            return Ok(());
+            let mut extra = false;
+            for_sender_selected(input.headers, |key| {
+                if let Some(q) = queues.get(key) {
+                    extra = true;
+                    out.push(q.clone());
+                }
+            });
+            if extra {
+                out.sort_unstable_by_key(Arc::as_ptr);
+                out.dedup_by(|a, b| Arc::ptr_eq(a, b));
+            }
+            return Ok(Routed::default());
         }
         let x = self.exchange(input.exchange)?;
         if x.def.internal {
@@ -809,7 +872,11 @@ impl Tenant {
             )));
         }
         x.route(input.routing_key, input.headers, out);
-        Ok(())
+        // Routing `out` again with a non-empty list removes repeats.
+        for_sender_selected(input.headers, |key| x.route(key, input.headers, out));
+        Ok(Routed {
+            delayed: x.def.delayed,
+        })
     }
 
     /// Deletes `q` if it is still unused past its `x-expires` at `now_ms`

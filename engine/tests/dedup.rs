@@ -54,6 +54,7 @@ fn fanout(c: &Client, name: &str, queues: &[&str]) {
                 auto_delete: false,
                 internal: false,
                 arguments: json!({}),
+                delayed: false,
             },
             false,
         )

@@ -340,6 +340,7 @@ fn inequivalent_exchange_redeclares_are_precondition_failed() {
         },
         ExchangeDef {
             internal: true,
+            delayed: false,
             ..xdef("x", ExchangeKind::Direct)
         },
     ] {

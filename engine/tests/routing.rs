@@ -257,6 +257,7 @@ fn internal_exchanges_route_only_from_other_exchanges() {
     t.declare_exchange(
         weir_engine::exchange::ExchangeDef {
             internal: true,
+            delayed: false,
             ..xdef("inner", ExchangeKind::Fanout)
         },
         false,

@@ -264,7 +264,6 @@ async fn queue_ttl_dead_letters_while_a_long_lived_copy_stays() {
 /// Issue 7: a 1 s TTL message queued behind a 1 h TTL one is dead-lettered
 /// on time (RabbitMQ only expires at the head; Weir keeps an expiry index).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs expiration wiring (the AMQP session does not pass `expiration` to the engine yet)"]
 async fn a_short_ttl_behind_a_long_one_is_dead_lettered_on_time() {
     let broker = Broker::start();
     let conn = connect(&broker.url()).await;
@@ -387,24 +386,28 @@ async fn delivery_attempts_survive_kill9() {
         )
         .await;
         publish_confirmed(&ch, "", "work", b"poison", persistent()).await;
-        let cch = conn.create_channel().await.unwrap();
-        cch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
-        let mut src = consume(&cch, "work", "c").await;
+        // Two deliveries by basic.get, each nacked with requeue: no
+        // consumer that could take a third before the crash.
+        let gch = conn.create_channel().await.unwrap();
         for _ in 0..2 {
-            let d = next_delivery(&mut src).await;
-            d.nack(BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            let m = gch
+                .basic_get("work".into(), BasicGetOptions { no_ack: false })
+                .await
+                .unwrap()
+                .expect("the poison message is ready");
+            m.delivery
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
         }
-        cch.basic_cancel("c".into(), BasicCancelOptions::default())
-            .await
-            .unwrap();
-        // The cancel-ok follows the second nack on the same channel, so
-        // the broker has both returns before the crash.
         assert_eq!(queue_len(&ch, "work").await, 1);
+        // A confirmed publish after the nacks: the log is sequential, so
+        // its confirm means the attempt records before it are on disk.
+        declare(&ch, "marker", true, FieldTable::default()).await;
+        publish_confirmed(&ch, "", "marker", b"m", persistent()).await;
     }
     broker.kill9();
     broker.restart();
@@ -660,4 +663,178 @@ async fn reject_publish_dlx_nacks_and_dead_letters() {
     );
     assert_eq!(drain(&ch, "bounded").await, vec!["kept"]);
     conn.close(200, "bye".into()).await.unwrap();
+}
+
+// --- delayed delivery and delayed retries across kill -9 ----------------------
+
+/// Issue 7 items 3 and 8: a message held by an `x-delayed-message`
+/// exchange and a message waiting for its delayed retry both survive
+/// kill -9: after the restart neither arrives before its time, both arrive
+/// after it, once, with the retry's attempt counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_messages_and_delayed_retries_survive_kill9() {
+    const DELAY_MS: u64 = 1_500;
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start_in(dir.path());
+    let published;
+    {
+        let conn = connect(&broker.url()).await;
+        let ch = confirm_channel(&conn).await;
+        ch.exchange_declare(
+            "delays".into(),
+            ExchangeKind::Custom("x-delayed-message".into()),
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            table(&[("x-delayed-type", s("direct"))]),
+        )
+        .await
+        .expect("exchange.declare x-delayed-message");
+        declare(&ch, "held", true, FieldTable::default()).await;
+        ch.queue_bind(
+            "held".into(),
+            "delays".into(),
+            "k".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("queue.bind");
+        declare(
+            &ch,
+            "retry",
+            true,
+            table(&[
+                ("x-delayed-retry-type", s("failed")),
+                ("x-delayed-retry-min", n(DELAY_MS as i64)),
+            ]),
+        )
+        .await;
+        published = Instant::now();
+        let delayed = persistent().with_headers(table(&[("x-delay", n(DELAY_MS as i64))]));
+        publish_confirmed(&ch, "delays", "k", b"delayed", delayed).await;
+        publish_confirmed(&ch, "", "retry", b"retried", persistent()).await;
+        let m = ch
+            .basic_get("retry".into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+            .expect("ready");
+        m.delivery
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(queue_len(&ch, "held").await, 0, "held by its delay");
+        assert_eq!(queue_len(&ch, "retry").await, 0, "waiting for its retry");
+        // A confirmed publish after the nack: its confirm means the retry
+        // record before it in the log is on disk.
+        declare(&ch, "marker", true, FieldTable::default()).await;
+        publish_confirmed(&ch, "", "marker", b"m", persistent()).await;
+    }
+    broker.kill9();
+    broker.restart();
+    let conn = connect(&broker.url()).await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut held = consume(&ch, "held", "h").await;
+    let mut retry = consume(&ch, "retry", "r").await;
+    let d = next_delivery(&mut held).await;
+    assert_eq!(body(&d), "delayed");
+    let r = next_delivery(&mut retry).await;
+    assert_eq!(body(&r), "retried");
+    assert!(r.redelivered);
+    assert!(
+        published.elapsed() >= Duration::from_millis(DELAY_MS),
+        "delivered before its delay"
+    );
+    let count = r
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").and_then(int));
+    assert_eq!(count, None, "a classic queue without a limit adds no count");
+    d.ack(BasicAckOptions::default()).await.unwrap();
+    r.ack(BasicAckOptions::default()).await.unwrap();
+    conn.close(200, "bye".into()).await.unwrap();
+}
+
+// --- ordering keys ---------------------------------------------------------
+
+/// Issue 7 item 9 through lapin: 16 ordering keys over 4 partitions, 4
+/// consumers (one connection each) that nack 10% at random: every key's
+/// messages are processed (acked) in publish order, 10,240 messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_keys_keep_per_key_order_with_four_consumers_and_random_nacks() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::{Arc, Mutex};
+    const KEYS: usize = 16;
+    const PER_KEY: usize = 640;
+    let broker = Broker::start();
+    let conn = connect(&broker.url()).await;
+    let ch = confirm_channel(&conn).await;
+    declare(&ch, "ordered", true, table(&[("x-partitions", n(4))])).await;
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            let props = BasicProperties::default()
+                .with_headers(table(&[("x-ordering-key", s(&format!("key-{k}")))]));
+            ch.basic_publish(
+                "".into(),
+                "ordered".into(),
+                BasicPublishOptions::default(),
+                format!("{k}:{i}").as_bytes(),
+                props,
+            )
+            .await
+            .expect("publish");
+        }
+    }
+    assert!(ch.wait_for_confirms().await.expect("confirms").is_empty());
+    let processed = Arc::new(Mutex::new(vec![Vec::new(); KEYS]));
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut conns = Vec::new();
+    for c in 0..4u64 {
+        let conn = connect(&broker.url()).await;
+        let cch = conn.create_channel().await.unwrap();
+        cch.basic_qos(20, BasicQosOptions::default()).await.unwrap();
+        let mut src = consume(&cch, "ordered", &format!("c{c}")).await;
+        let processed = processed.clone();
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(c);
+            while let Some(Ok(d)) = futures_lite::StreamExt::next(&mut src).await {
+                if rng.gen_range(0..10) == 0 {
+                    let _ = d
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..Default::default()
+                        })
+                        .await;
+                    continue;
+                }
+                let b = body(&d);
+                let (k, i) = b.split_once(':').expect("key:seq");
+                processed.lock().unwrap()[k.parse::<usize>().unwrap()]
+                    .push(i.parse::<usize>().unwrap());
+                let _ = d.ack(BasicAckOptions::default()).await;
+                let _ = done_tx.send(());
+            }
+        });
+        conns.push(conn);
+    }
+    for _ in 0..KEYS * PER_KEY {
+        within("all messages processed", done_rx.recv())
+            .await
+            .expect("consumers alive");
+    }
+    let processed = processed.lock().unwrap();
+    for (k, seqs) in processed.iter().enumerate() {
+        assert_eq!(seqs.len(), PER_KEY, "key {k}: each message once");
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "key {k} out of order: {:?}",
+            &seqs[..seqs.len().min(40)]
+        );
+    }
 }

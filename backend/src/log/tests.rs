@@ -304,7 +304,6 @@ fn restart_recovers_meta_and_live_messages() {
         RecoveredMessage {
             id: a.0,
             location: a.1,
-            // The body only (queue byte counts are body bytes).
             size: 1,
             attempts: 0,
             attrs: MessageAttrs {

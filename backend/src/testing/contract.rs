@@ -322,8 +322,7 @@ pub fn recovery_is_per_partition(h: &mut dyn Harness) {
         p2.iter().map(|m| (m.id, m.location)).collect::<Vec<_>>(),
         vec![(a.0, a.1), (c.0, c.1)]
     );
-    // The body only (queue byte counts are body bytes, as RabbitMQ's).
-    assert_eq!(p2[0].size, 1);
+    assert_eq!(p2[0].size, 1, "size counts the body only");
     assert_eq!(
         p2[1].attrs,
         MessageAttrs {

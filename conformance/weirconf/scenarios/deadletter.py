@@ -186,11 +186,7 @@ def dlx_rejected_twice_counts(ctx):
 @scenario
 def dlx_rejected_cc_routing_keys(ctx):
     """A message routed with a CC header: x-death routing-keys lists the
-    routing key and the CC keys; BCC never leaves the broker.
-
-    Weir fails this today because it has no sender-selected distribution
-    at all (CC/BCC headers are neither routed on nor stripped), not
-    because of dead-lettering itself."""
+    routing key and the CC keys; BCC never leaves the broker."""
     conn = ctx.connect()
     ch, q, dlx, dlq = dl_setup(ctx, conn, {})
     src = ctx.xname("src")
@@ -201,6 +197,39 @@ def dlx_rejected_cc_routing_keys(ctx):
     m = ch.basic_get(q)[0]
     ch.basic_reject(m.delivery_tag, requeue=False)
     out = {"dlq": await_msgs(ctx, conn, dlq, 1), "source_after": passive_count(conn, q)["messages"]}
+    conn.close()
+    return out
+
+
+@scenario
+def sender_selected_cc_bcc_routing(ctx):
+    """CC and BCC headers route the message with their keys too (direct
+    exchange and default exchange); consumers see CC, never BCC; a queue
+    reached twice gets one copy."""
+    conn = ctx.connect()
+    ch = conn.channel()
+    src = ctx.xname("src")
+    ch.exchange_declare(src, "direct")
+    qs = {k: ctx.name(k) for k in ("main", "cc", "bcc", "named")}
+    for k, q in qs.items():
+        ch.queue_declare(q)
+    ch.queue_bind(qs["main"], src, routing_key="main")
+    ch.queue_bind(qs["cc"], src, routing_key="cc")
+    ch.queue_bind(qs["bcc"], src, routing_key="bcc")
+    ch.queue_bind(qs["main"], src, routing_key="again")
+    ch.basic_publish(src, "main", b"x", pika.BasicProperties(
+        headers={"CC": ["cc", "again", "nobody"], "BCC": ["bcc"], "other": 1}))
+    # Default exchange: CC names queues directly.
+    ch.basic_publish("", qs["named"], b"y", pika.BasicProperties(headers={"CC": [qs["cc"]]}))
+    out = {}
+    for k, q in qs.items():
+        got = []
+        while True:
+            m = ch.basic_get(q, auto_ack=True)
+            if m[0] is None:
+                break
+            got.append({"body": m[2].decode(), "headers": sorted((m[1].headers or {}).keys())})
+        out[k] = got
     conn.close()
     return out
 

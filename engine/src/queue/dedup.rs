@@ -14,7 +14,8 @@
 //!   making one for someone else's key 2⁶⁴, so a publisher can only drop a
 //!   message whose key it already knows, which it could do anyway.
 //! * **Memory** is bounded: at most [`MAX_RECEIPTS`] receipts per queue
-//!   (about 40 bytes each). Beyond it the oldest receipts are forgotten
+//!   (40 to 70 bytes each, map and FIFO with their growth slack: at most
+//!   about 70 MB for a queue at the bound). Beyond it the oldest receipts are forgotten
 //!   before their window ends, so a duplicate of a message that old is
 //!   enqueued again: the guarantee weakens to "within the window or the
 //!   last [`MAX_RECEIPTS`] keys, whichever is shorter". Expired receipts go
@@ -309,7 +310,14 @@ impl<'q> Check<'q> {
         queues: &'q [Arc<Queue>],
         now: u64,
     ) -> Option<Check<'q>> {
-        let header = match headers.header(IDEMPOTENCY_KEY) {
+        // The byte scan first: most messages carry no key, and their
+        // headers are then never parsed for it.
+        let looked_up = if headers.may_have(IDEMPOTENCY_KEY) {
+            headers.header(IDEMPOTENCY_KEY)
+        } else {
+            None
+        };
+        let header = match looked_up {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
             Some(Value::String(s)) => Some(key_hash(s.as_bytes())),

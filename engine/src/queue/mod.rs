@@ -16,7 +16,7 @@ pub mod dedup;
 mod partition;
 mod ready;
 
-pub use partition::{Counters, Depth, DueWork, Enqueued, Partition, HOT_ENTRIES};
+pub use partition::{Counters, Depth, DueWork, Enqueued, Partition, Return, HOT_ENTRIES};
 
 use crate::args::QueueArgs;
 use crate::consumer::Consumer;
@@ -29,6 +29,10 @@ use weir_backend::PartitionId;
 
 /// The header that names a message's ordering key.
 pub const ORDERING_KEY: &str = "x-ordering-key";
+
+/// The header holding a message's delay in ms, honoured by queues declared
+/// `x-delayed: true` and by `x-delayed-message` exchanges.
+pub const DELAY_HEADER: &str = "x-delay";
 
 /// FNV-1a: stable across processes and versions (a key must keep its
 /// partition after a restart), cheap for short keys.
@@ -102,6 +106,12 @@ pub struct Queue {
     pub sources: super::exchange::Sources,
     /// Receipts of idempotency keys (idempotent publish).
     dedup: dedup::Dedup,
+    /// Declared `x-delayed: true`: honours `x-delay` (fixed at declare; not
+    /// a policy key), read per publish without a lock.
+    pub delayed: bool,
+    /// The effective `x-message-ttl` (argument or policy), u64::MAX for
+    /// none: read per publish without a lock.
+    message_ttl: AtomicU64,
 }
 
 impl Queue {
@@ -136,6 +146,8 @@ impl Queue {
         });
         let args = Arc::new(args);
         let dedup = dedup::Dedup::new(args.dedup_on_message_id, args.dedup_window_ms);
+        let delayed = args.delayed;
+        let message_ttl = args.message_ttl.unwrap_or(u64::MAX);
         Arc::new_cyclic(|me| Queue {
             partitions: def
                 .partitions
@@ -160,6 +172,8 @@ impl Queue {
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
             dedup,
+            delayed,
+            message_ttl: AtomicU64::new(message_ttl),
         })
     }
 
@@ -187,6 +201,8 @@ impl Queue {
         let args = Arc::new(args);
         self.dedup
             .configure(args.dedup_on_message_id, args.dedup_window_ms);
+        self.message_ttl
+            .store(args.message_ttl.unwrap_or(u64::MAX), Ordering::Relaxed);
         *self.args.write() = args.clone();
         for p in &self.partitions {
             p.set_args(args.clone());
@@ -215,6 +231,11 @@ impl Queue {
     }
 
     /// The queue's name.
+    /// The queue's message TTL in ms (argument or policy), if any.
+    pub fn message_ttl(&self) -> Option<u64> {
+        Some(self.message_ttl.load(Ordering::Relaxed)).filter(|&t| t != u64::MAX)
+    }
+
     pub fn name(&self) -> &str {
         &self.def.name
     }

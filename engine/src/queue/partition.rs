@@ -2,7 +2,7 @@
 
 use super::consumers::ConsumerSet;
 use super::ready::ReadyList;
-use crate::args::{Overflow, QueueArgs};
+use crate::args::{Overflow, QueueArgs, RetryType};
 use crate::consumer::{Consumer, Delivery};
 use crate::deadletter::DeadReason;
 use crate::message::{now_ms, Entry};
@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use weir_backend::{Location, MessageId, PartitionId};
+use weir_backend::{Location, MessageId, Op, PartitionId};
 
 /// Entries deeper than this in a partition keep only their location in
 /// memory; their bodies are read back from the store when delivered, so
@@ -26,6 +26,61 @@ pub const HOT_ENTRIES: usize = 2048;
 /// messages expiring at once are a series of short critical sections, not
 /// one long one, so publishers to the queue never stall behind expiry.
 const MAX_DUE_BATCH: usize = 4096;
+
+/// Why leased entries come back to their queue: `x-delayed-retry-type`
+/// delays some kinds of return and not others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Return {
+    /// The consumer rejected or nacked them with requeue.
+    Failed,
+    /// Their consumer went away (channel or connection closed, consumer
+    /// timeout, transaction rollback of a closed channel).
+    Released,
+}
+
+impl Return {
+    /// Whether a queue retrying `kind` delays this return.
+    fn delayed_by(self, kind: RetryType) -> bool {
+        matches!(
+            (kind, self),
+            (RetryType::All, _)
+                | (RetryType::Failed, Return::Failed)
+                | (RetryType::Returned, Return::Released)
+        )
+    }
+}
+
+/// The `seq` of a delayed message that has not entered its queue yet: it
+/// gets its place (the tail) when it is due. A delayed retry keeps its seq
+/// and returns to its place.
+const UNPLACED: u64 = u64::MAX;
+
+/// An entry held back until `at` (ms since the epoch): a delayed message
+/// (`x-delay`) or a delayed retry. 72 bytes: the location-only entry plus
+/// its time, within the 100 B per delayed message DESIGN §6 allows.
+struct Delayed {
+    at: u64,
+    entry: Entry,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.entry.id) == (o.at, o.entry.id)
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    /// Reversed: the heap's top is the earliest due (ids break ties in
+    /// publish order, so equal due times enter in publish order).
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (o.at, o.entry.id).cmp(&(self.at, self.entry.id))
+    }
+}
 
 /// Cheap counters kept for every partition.
 #[derive(Default, Debug)]
@@ -125,6 +180,13 @@ struct PartitionState {
     /// Entries waiting for the timer task to dead-letter (or settle) them.
     /// Their records are live until then (compaction sees them).
     dead: Vec<(Entry, DeadReason)>,
+    /// Delayed messages and delayed retries, earliest due first. Grown by
+    /// an eighth at a time, not doubled, so a million delayed messages cost
+    /// about their own 72 bytes each.
+    delayed: BinaryHeap<Delayed>,
+    /// How many of `delayed` are retries (already placed): a partitioned
+    /// queue holds its partition back while one waits, for per-key order.
+    retrying: usize,
     /// Current store location of every leased (delivered, unsettled) durable
     /// entry. The channel holding the lease has a copy of the entry, but
     /// compaction may move the record meanwhile: settles and requeues take
@@ -263,6 +325,8 @@ impl Partition {
                 deleted: false,
                 expiry: BinaryHeap::new(),
                 dead: Vec::new(),
+                delayed: BinaryHeap::new(),
+                retrying: 0,
                 leased: HashMap::new(),
             }),
             counters: Counters::default(),
@@ -285,6 +349,8 @@ impl Partition {
         let consumers = st.consumers.take_all();
         st.expiry.clear();
         let mut entries = st.ready.drain();
+        entries.extend(std::mem::take(&mut st.delayed).into_iter().map(|d| d.entry));
+        st.retrying = 0;
         let dead: Vec<Entry> = st.dead.drain(..).map(|(e, _)| e).collect();
         for mut e in dead {
             if let Some(l) = st.leased.remove(&e.id) {
@@ -305,13 +371,31 @@ impl Partition {
         self.ready_len.load(Ordering::Relaxed)
     }
 
-    /// Appends recovered entries (already in id order) at startup.
-    pub fn restore(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) {
+    /// Appends recovered entries (already in id order) at startup, each
+    /// with the time before which it must not be delivered (0 = at once):
+    /// a delayed message or retry that was waiting keeps waiting. Entries
+    /// without a stored deadline get the queue's TTL from now (a restart
+    /// does not make them immortal).
+    pub fn restore(self: &Arc<Self>, entries: impl IntoIterator<Item = (Entry, u64)>) {
+        let now = now_ms();
         let mut st = self.lock();
-        for mut e in entries {
+        let mut next_due = None::<u64>;
+        for (mut e, deliver_at) in entries {
+            if let Some(ttl) = st.args.message_ttl {
+                let at = now.saturating_add(ttl).max(1);
+                if e.expires_at_ms == 0 || at < e.expires_at_ms {
+                    e.expires_at_ms = at;
+                }
+            }
+            e.priority = st.ready.level_of(e.priority);
+            if deliver_at > now {
+                e.seq = UNPLACED;
+                next_due = Some(next_due.map_or(deliver_at, |n| n.min(deliver_at)));
+                push_delayed(&mut st.delayed, deliver_at, e);
+                continue;
+            }
             e.seq = st.next_seq;
             st.next_seq += 1;
-            e.priority = st.ready.level_of(e.priority);
             if e.expires_at_ms != 0 {
                 st.expiry
                     .push(Reverse((e.expires_at_ms, e.seq, e.priority)));
@@ -319,6 +403,10 @@ impl Partition {
             st.ready.push_back(e);
         }
         let next = st.expiry.peek().map(|Reverse((at, _, _))| *at);
+        let next = match (next, next_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.ready_len
             .store(st.ready.len() as u64, Ordering::Relaxed);
         drop(st);
@@ -405,8 +493,33 @@ impl Partition {
         // Taken out of the timer: the next schedule pushes again.
         self.scheduled.store(u64::MAX, Ordering::Release);
         let mut work = DueWork::default();
+        let mut woken = Vec::new();
         let next = {
             let mut st = self.lock();
+            let mut released = 0;
+            while st.delayed.peek().is_some_and(|d| d.at <= now_ms) && released < MAX_DUE_BATCH {
+                let Some(Delayed { entry, .. }) = st.delayed.pop() else {
+                    break;
+                };
+                released += 1;
+                if entry.seq == UNPLACED {
+                    let mut entry = entry;
+                    entry.enqueued_ms = now_ms;
+                    // Full and refusing publishes: there is no publisher
+                    // left to nack, so it is dead-lettered (or dropped).
+                    if let Enqueued::Overflow { entry, .. } =
+                        self.enqueue_locked(&mut st, entry, &mut woken, &mut None)
+                    {
+                        let _ = self.push_dead(&mut st, entry, DeadReason::Maxlen);
+                    }
+                } else {
+                    st.retrying -= 1;
+                    self.return_ready(&mut st, entry, now_ms);
+                }
+            }
+            if released > 0 {
+                self.dispatch_locked(&mut st, &mut woken);
+            }
             while let Some(&Reverse((at, seq, prio))) = st.expiry.peek() {
                 if at > now_ms || work.dead.len() >= MAX_DUE_BATCH {
                     break;
@@ -432,8 +545,13 @@ impl Partition {
             }
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
-            st.expiry.peek().map(|Reverse((at, _, _))| *at)
+            let expiry = st.expiry.peek().map(|Reverse((at, _, _))| *at);
+            match (expiry, st.delayed.peek().map(|d| d.at)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
         };
+        wake_all(woken);
         // x-expires: the queue's idle check rides on its first partition.
         let idle = self
             .queue()
@@ -455,84 +573,114 @@ impl Partition {
 
     /// Adds a new message at the tail and hands out whatever consumers can
     /// take, applying the queue's TTL and length limits.
-    pub fn enqueue(self: &Arc<Self>, mut entry: Entry) -> Enqueued {
+    pub fn enqueue(self: &Arc<Self>, entry: Entry) -> Enqueued {
+        self.enqueue_at(entry, 0)
+    }
+
+    /// [`Self::enqueue`], or, when `deliver_at_ms` is in the future (a
+    /// delayed message), holds the entry until then: it enters the queue
+    /// (its TTL, its length limits, its place at the tail) when due.
+    pub fn enqueue_at(self: &Arc<Self>, mut entry: Entry, deliver_at_ms: u64) -> Enqueued {
         let mut woken = Vec::new();
         let mut wake_timer = None;
-        {
+        let result = {
             let mut st = self.lock();
             if st.deleted {
                 return Enqueued::Deleted(entry);
             }
-            let args = &st.args;
-            if args.overflow != Overflow::DropHead
-                && (args.max_length.is_some_and(|m| st.ready.len() as u64 >= m)
-                    || args
-                        .max_length_bytes
-                        .is_some_and(|m| st.ready.bytes() + u64::from(entry.size) > m))
-            {
-                let dead_lettered = args.overflow == Overflow::RejectPublishDlx;
-                if dead_lettered {
-                    let first = self.push_dead(&mut st, entry.clone(), DeadReason::Maxlen);
-                    drop(st);
-                    if first {
-                        self.schedule(0);
-                    }
+            if deliver_at_ms > entry.enqueued_ms {
+                if entry.location.is_some() {
+                    // Held by location only: read back when delivered.
+                    entry.message = None;
                 }
-                return Enqueued::Overflow {
-                    entry,
-                    dead_lettered,
-                };
-            }
-            if let Some(ttl) = args.message_ttl {
-                let at = entry.enqueued_ms.saturating_add(ttl).max(1);
-                if entry.expires_at_ms == 0 || at < entry.expires_at_ms {
-                    entry.expires_at_ms = at;
+                entry.seq = UNPLACED;
+                if st.delayed.peek().is_none_or(|d| deliver_at_ms < d.at) {
+                    wake_timer = Some(deliver_at_ms);
                 }
+                push_delayed(&mut st.delayed, deliver_at_ms, entry);
+                Enqueued::Queued
+            } else {
+                let r = self.enqueue_locked(&mut st, entry, &mut woken, &mut wake_timer);
+                self.ready_len
+                    .store(st.ready.len() as u64, Ordering::Relaxed);
+                r
             }
-            entry.seq = st.next_seq;
-            st.next_seq += 1;
-            entry.priority = st.ready.level_of(entry.priority);
-            if st.ready.len() >= HOT_ENTRIES && entry.location.is_some() {
-                // Deep in the queue: keep only where it is stored.
-                entry.message = None;
-            }
-            if entry.expires_at_ms != 0 {
-                let at = entry.expires_at_ms;
-                if st
-                    .expiry
-                    .peek()
-                    .is_none_or(|Reverse((first, _, _))| at < *first)
-                {
-                    wake_timer = Some(at);
-                }
-                st.expiry.push(Reverse((at, entry.seq, entry.priority)));
-            }
-            // TTL 0: delivered now to a consumer that can take it, or
-            // expired now (RabbitMQ's rule), never left to the timer.
-            let immediate = (entry.expires_at_ms != 0 && entry.expires_at_ms <= entry.enqueued_ms)
-                .then_some((entry.seq, entry.priority));
-            st.ready.push_back(entry);
-            self.counters.published.fetch_add(1, Ordering::Relaxed);
-            self.dispatch_locked(&mut st, &mut woken);
-            if let Some((seq, priority)) = immediate {
-                if let Some(e) = st.ready.remove_if(seq, priority, |_| true) {
-                    if self.push_dead(&mut st, e, DeadReason::Expired) {
-                        wake_timer = Some(0);
-                    }
-                }
-            }
-            if (st.args.max_length.is_some() || st.args.max_length_bytes.is_some())
-                && self.drop_over_limit(&mut st)
-            {
-                wake_timer = Some(0);
-            }
-            self.ready_len
-                .store(st.ready.len() as u64, Ordering::Relaxed);
-        }
+        };
         if let Some(at) = wake_timer {
             self.schedule(at);
         }
         wake_all(woken);
+        result
+    }
+
+    /// Enqueues under the lock: length limits, TTL, tail, dispatch. Sets
+    /// `wake_timer` when the timer must run earlier than planned.
+    fn enqueue_locked(
+        self: &Arc<Self>,
+        st: &mut PartitionState,
+        mut entry: Entry,
+        woken: &mut Vec<Arc<Consumer>>,
+        wake_timer: &mut Option<u64>,
+    ) -> Enqueued {
+        let args = &st.args;
+        if args.overflow != Overflow::DropHead
+            && (args.max_length.is_some_and(|m| st.ready.len() as u64 >= m)
+                || args
+                    .max_length_bytes
+                    .is_some_and(|m| st.ready.bytes() + u64::from(entry.size) > m))
+        {
+            let dead_lettered = args.overflow == Overflow::RejectPublishDlx;
+            if dead_lettered && self.push_dead(st, entry.clone(), DeadReason::Maxlen) {
+                *wake_timer = Some(0);
+            }
+            return Enqueued::Overflow {
+                entry,
+                dead_lettered,
+            };
+        }
+        if let Some(ttl) = args.message_ttl {
+            let at = entry.enqueued_ms.saturating_add(ttl).max(1);
+            if entry.expires_at_ms == 0 || at < entry.expires_at_ms {
+                entry.expires_at_ms = at;
+            }
+        }
+        entry.seq = st.next_seq;
+        st.next_seq += 1;
+        entry.priority = st.ready.level_of(entry.priority);
+        if st.ready.len() >= HOT_ENTRIES && entry.location.is_some() {
+            // Deep in the queue: keep only where it is stored.
+            entry.message = None;
+        }
+        if entry.expires_at_ms != 0 {
+            let at = entry.expires_at_ms;
+            if st
+                .expiry
+                .peek()
+                .is_none_or(|Reverse((first, _, _))| at < *first)
+            {
+                *wake_timer = Some(wake_timer.map_or(at, |w| w.min(at)));
+            }
+            st.expiry.push(Reverse((at, entry.seq, entry.priority)));
+        }
+        // TTL 0: delivered now to a consumer that can take it, or
+        // expired now (RabbitMQ's rule), never left to the timer.
+        let immediate = (entry.expires_at_ms != 0 && entry.expires_at_ms <= entry.enqueued_ms)
+            .then_some((entry.seq, entry.priority));
+        st.ready.push_back(entry);
+        self.counters.published.fetch_add(1, Ordering::Relaxed);
+        self.dispatch_locked(st, woken);
+        if let Some((seq, priority)) = immediate {
+            if let Some(e) = st.ready.remove_if(seq, priority, |_| true) {
+                if self.push_dead(st, e, DeadReason::Expired) {
+                    *wake_timer = Some(0);
+                }
+            }
+        }
+        if (st.args.max_length.is_some() || st.args.max_length_bytes.is_some())
+            && self.drop_over_limit(st)
+        {
+            *wake_timer = Some(0);
+        }
         Enqueued::Queued
     }
 
@@ -551,10 +699,21 @@ impl Partition {
         wake
     }
 
-    /// Puts leased entries back at their original positions, marked redelivered.
+    /// Puts leased entries back at their original positions, marked
+    /// redelivered, or holds them back for a delayed retry when the queue
+    /// retries this kind of return after a delay. Entries over the delivery
+    /// limit are dead-lettered instead. For durable entries whose attempts
+    /// count (a delivery limit, a quorum queue) or whose retry is delayed,
+    /// an [`Op::Requeue`] is pushed to `ops`: the caller appends it, so the
+    /// count and the retry time survive a restart.
     #[must_use = "entries refused by a deleted partition must be settled"]
-    pub fn requeue(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) -> Vec<Entry> {
-        self.put_back(entries, true)
+    pub fn requeue(
+        self: &Arc<Self>,
+        entries: impl IntoIterator<Item = Entry>,
+        why: Return,
+        ops: &mut Vec<Op<'static>>,
+    ) -> Vec<Entry> {
+        self.put_back(entries, Some((why, ops)))
     }
 
     /// Puts back entries that were queued for a consumer but never written
@@ -562,22 +721,24 @@ impl Partition {
     /// their redelivered flag and attempt count.
     #[must_use = "entries refused by a deleted partition must be settled"]
     pub fn unsend(self: &Arc<Self>, entries: impl IntoIterator<Item = Entry>) -> Vec<Entry> {
-        self.put_back(entries, false)
+        self.put_back(entries, None)
     }
 
     /// Returns leased entries to the ready list (by `seq`, their original
-    /// place) and offers them to consumers; a deleted partition refuses them.
+    /// place) and offers them to consumers; a deleted partition refuses
+    /// them. `delivered` is None for entries that were never written.
     fn put_back(
         self: &Arc<Self>,
         entries: impl IntoIterator<Item = Entry>,
-        delivered: bool,
+        mut delivered: Option<(Return, &mut Vec<Op<'static>>)>,
     ) -> Vec<Entry> {
         let mut woken = Vec::new();
         let mut refused = Vec::new();
-        let mut wake_timer = false;
+        let mut wake_timer = None::<u64>;
+        let counts = self.counts_deliveries();
         {
             let mut st = self.lock();
-            let mut now = 0;
+            let now = now_ms();
             for mut e in entries {
                 if let Some(l) = st.leased.remove(&e.id) {
                     e.location = Some(l);
@@ -590,43 +751,81 @@ impl Partition {
                     refused.push(e);
                     continue;
                 }
-                if delivered {
-                    e.redelivered = true;
-                    // A poison message: returned more often than allowed.
-                    if st
-                        .args
-                        .delivery_limit
-                        .is_some_and(|limit| u32::from(e.attempts) > limit)
-                    {
-                        wake_timer |= self.push_dead(&mut st, e, DeadReason::DeliveryLimit);
-                        continue;
-                    }
-                } else {
+                let Some((why, ops)) = delivered.as_mut() else {
                     self.counters.delivered.fetch_sub(1, Ordering::Relaxed);
                     e.attempts = e.attempts.saturating_sub(1);
-                }
-                if e.expires_at_ms != 0 {
-                    if now == 0 {
-                        now = now_ms();
+                    self.return_ready(&mut st, e, now);
+                    continue;
+                };
+                e.redelivered = true;
+                // A poison message: returned more often than allowed.
+                if st
+                    .args
+                    .delivery_limit
+                    .is_some_and(|limit| u32::from(e.attempts) > limit)
+                {
+                    if self.push_dead(&mut st, e, DeadReason::DeliveryLimit) {
+                        wake_timer = Some(0);
                     }
-                    if e.expires_at_ms <= now {
-                        wake_timer |= self.push_dead(&mut st, e, DeadReason::Expired);
-                        continue;
-                    }
-                    st.expiry
-                        .push(Reverse((e.expires_at_ms, e.seq, e.priority)));
+                    continue;
                 }
-                st.ready.put_back(e);
+                let retry_at = st
+                    .args
+                    .delayed_retry
+                    .filter(|r| why.delayed_by(r.kind))
+                    .map(|r| now.saturating_add(r.delay_ms(u32::from(e.attempts))))
+                    .filter(|&at| at > now);
+                if let (Some(l), true) = (e.location, counts || retry_at.is_some()) {
+                    if self.durable {
+                        ops.push(Op::Requeue {
+                            partition: self.id,
+                            id: e.id,
+                            location: l,
+                            attempts: u32::from(e.attempts),
+                            deliver_at_ms: retry_at.unwrap_or(0),
+                        });
+                    }
+                }
+                if let Some(at) = retry_at {
+                    if st.delayed.peek().is_none_or(|d| at < d.at) {
+                        wake_timer = Some(wake_timer.map_or(at, |w| w.min(at)));
+                    }
+                    if e.location.is_some() {
+                        e.message = None;
+                    }
+                    st.retrying += 1;
+                    push_delayed(&mut st.delayed, at, e);
+                    continue;
+                }
+                if let Some(at) = self.return_ready(&mut st, e, now) {
+                    wake_timer = Some(wake_timer.map_or(at, |w| w.min(at)));
+                }
             }
             self.dispatch_locked(&mut st, &mut woken);
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
         }
-        if wake_timer {
-            self.schedule(0);
+        if let Some(at) = wake_timer {
+            self.schedule(at);
         }
         wake_all(woken);
         refused
+    }
+
+    /// Puts an entry that has its place (`seq`) back into the ready list,
+    /// or into the dead-letter list if it expired meanwhile. Returns when
+    /// the timer must run (0: at once), if that changed.
+    fn return_ready(&self, st: &mut PartitionState, e: Entry, now: u64) -> Option<u64> {
+        debug_assert!(e.seq != UNPLACED, "an entry returns to a place it had");
+        if e.expires_at_ms != 0 {
+            if e.expires_at_ms <= now {
+                return self.push_dead(st, e, DeadReason::Expired).then_some(0);
+            }
+            st.expiry
+                .push(Reverse((e.expires_at_ms, e.seq, e.priority)));
+        }
+        st.ready.put_back(e);
+        None
     }
 
     /// Leased entries rejected without requeue, on a queue with a
@@ -745,7 +944,7 @@ impl Partition {
         // across nacks and redeliveries whatever the consumers' prefetch.
         let ordered = st.args.partitions > 1;
         while let Some(front) = st.ready.front() {
-            if ordered && self.counters.leased.load(Ordering::Relaxed) > 0 {
+            if ordered && (self.counters.leased.load(Ordering::Relaxed) > 0 || st.retrying > 0) {
                 break;
             }
             let (expires_at, size) = (front.expires_at_ms, front.size);
@@ -834,11 +1033,22 @@ impl Partition {
         Some((e, left))
     }
 
-    /// Removes every ready message; returns them (the caller settles them in the store).
+    /// Removes every ready message, and every delayed one (delayed messages
+    /// and retries are the queue's too); returns them (the caller settles
+    /// them in the store).
     pub fn purge(&self) -> Vec<Entry> {
         let mut st = self.lock();
         self.ready_len.store(0, Ordering::Relaxed);
-        st.ready.drain()
+        let mut out = st.ready.drain();
+        out.extend(std::mem::take(&mut st.delayed).into_iter().map(|d| d.entry));
+        st.retrying = 0;
+        out
+    }
+
+    /// Messages held back until a later time (delayed messages and delayed
+    /// retries); not counted as ready.
+    pub fn delayed_len(&self) -> u64 {
+        self.lock().delayed.len() as u64
     }
 
     /// Attaches a consumer and starts delivering to it.
@@ -898,6 +1108,17 @@ impl Partition {
         for (id, l) in st.leased.iter_mut() {
             f(*id, l);
         }
+        if !st.delayed.is_empty() {
+            // A heap has no iter_mut; a location is not part of its order,
+            // so the vector stays a valid heap.
+            let mut held = std::mem::take(&mut st.delayed).into_vec();
+            for d in &mut held {
+                if let Some(l) = d.entry.location.as_mut() {
+                    f(d.entry.id, l);
+                }
+            }
+            st.delayed = BinaryHeap::from(held);
+        }
     }
 
     /// Compaction's swap: for each `(id, old, new)`, if the ready or leased
@@ -936,9 +1157,34 @@ impl Partition {
                 }
             }
         }
+        if !ready.is_empty() && !st.delayed.is_empty() {
+            let mut held = std::mem::take(&mut st.delayed).into_vec();
+            for d in &mut held {
+                let Some(i) = ready.get(&d.entry.id).copied() else {
+                    continue;
+                };
+                let (_, old, new) = swaps[i];
+                if d.entry.location == Some(old) {
+                    d.entry.location = Some(new);
+                    done[i] = true;
+                }
+            }
+            st.delayed = BinaryHeap::from(held);
+        }
         done
     }
 }
+
+/// Adds to the delayed heap, growing it by an eighth rather than doubling
+/// (a deep delay heap would otherwise keep up to twice its size).
+fn push_delayed(heap: &mut BinaryHeap<Delayed>, at: u64, entry: Entry) {
+    if heap.len() == heap.capacity() && heap.len() >= 1024 {
+        heap.reserve_exact(heap.len() / 8);
+    }
+    heap.push(Delayed { at, entry });
+}
+
+const _: () = assert!(std::mem::size_of::<Delayed>() <= 72);
 
 fn wake_all(woken: Vec<Arc<Consumer>>) {
     for c in woken {
@@ -1006,7 +1252,9 @@ mod tests {
         // Give back message 1 (requeue) and its credit: it is next again.
         let first = got.into_iter().next().expect("one delivery");
         c.release(first.entry.size);
-        assert!(p.requeue(vec![first.entry]).is_empty());
+        assert!(p
+            .requeue(vec![first.entry], Return::Failed, &mut Vec::new())
+            .is_empty());
         let again = drained(&conn);
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].entry.id, 1);

@@ -83,6 +83,7 @@ pub fn xdef(name: &str, kind: ExchangeKind) -> ExchangeDef {
         durable: false,
         auto_delete: false,
         internal: false,
+        delayed: false,
         arguments: json!({}),
     }
 }
@@ -174,7 +175,7 @@ pub fn try_route(
     headers: &Headers,
 ) -> Result<Vec<String>, EngineError> {
     let mut out = Vec::new();
-    t.route(
+    let _how = t.route(
         &RouteInput {
             exchange,
             routing_key: key,

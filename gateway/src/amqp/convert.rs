@@ -121,6 +121,23 @@ impl HeaderLookup for LazyHeaders<'_> {
             .get(name)
             .map(PValue::to_json)
     }
+
+    fn may_have(&self, name: &str) -> bool {
+        if self.format != HeaderFormat::Amqp091 || name.is_empty() || name.len() > 255 {
+            return true;
+        }
+        // No headers table at all (the flag), or no table key spelled
+        // `name` (a short string: length byte, then the bytes).
+        if let [a, b, ..] = self.raw {
+            if u16::from_be_bytes([*a, *b]) & P_HEADERS == 0 {
+                return false;
+            }
+        }
+        let n = name.len();
+        self.raw
+            .windows(n + 1)
+            .any(|w| usize::from(w[0]) == n && &w[1..] == name.as_bytes())
+    }
 }
 
 /// The [`HeaderCodec`] of AMQP 0-9-1 property blocks.

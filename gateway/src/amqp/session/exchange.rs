@@ -1,6 +1,6 @@
 //! exchange.declare, exchange.delete, exchange.bind, exchange.unbind.
 
-use super::failure::{hard, Failure};
+use super::failure::{hard, soft, Failure};
 use super::Session;
 use crate::amqp::convert::table_to_json;
 use crate::engine::exchange::{ExchangeDef, ExchangeKind};
@@ -24,23 +24,29 @@ impl Session {
                 // `rabbit_exchange:check_type`): an unknown type closes the
                 // connection with 503. A passive declare names no type
                 // (RabbitMQ ignores it): the kind given here is unused.
-                let kind = match ExchangeKind::parse(d.kind.as_str()) {
-                    Some(k) => k,
-                    None if d.passive => ExchangeKind::Direct,
-                    None => {
-                        return Err(hard(
-                            reply::COMMAND_INVALID,
-                            format!("unknown exchange type '{}'", d.kind.as_str()),
-                        ))
-                    }
-                };
+                let arguments = table_to_json(&d.arguments);
+                let (kind, delayed) =
+                    match ExchangeKind::parse_declared(d.kind.as_str(), &arguments) {
+                        Some(Ok(k)) => k,
+                        None | Some(Err(_)) if d.passive => (ExchangeKind::Direct, false),
+                        // RabbitMQ's delayed-message plugin: a missing or
+                        // unknown `x-delayed-type` is a channel error.
+                        Some(Err(text)) => return Err(soft(reply::PRECONDITION_FAILED, text)),
+                        None => {
+                            return Err(hard(
+                                reply::COMMAND_INVALID,
+                                format!("unknown exchange type '{}'", d.kind.as_str()),
+                            ))
+                        }
+                    };
                 let def = ExchangeDef {
                     name: d.exchange.as_str().to_string(),
                     kind,
                     durable: d.durable,
                     auto_delete: d.auto_delete,
                     internal: d.internal,
-                    arguments: table_to_json(&d.arguments),
+                    delayed,
+                    arguments,
                 };
                 let wait = tenant.declare_exchange(def, d.passive)?;
                 self.reply_when_durable(

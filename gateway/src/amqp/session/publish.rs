@@ -7,6 +7,7 @@ use super::failure::{hard, soft, Failure};
 use super::Session;
 use crate::amqp::convert::{amqp_expiration, check_expiration, LazyHeaders};
 use crate::engine::client::Published;
+use crate::engine::exchange::HeaderLookup;
 use crate::engine::message::Message;
 use crate::engine::properties::HeaderFormat;
 use crate::engine::tenant::RouteInput;
@@ -132,7 +133,7 @@ impl Session {
             headers: &headers,
         };
         let mut scratch = Vec::new();
-        self.client()?.tenant().route(&route, &mut scratch)?;
+        let _how = self.client()?.tenant().route(&route, &mut scratch)?;
         Ok(())
     }
 
@@ -149,11 +150,18 @@ impl Session {
             routing_key,
             headers: &headers,
         };
+        // BCC routes the message but never reaches a consumer (RabbitMQ's
+        // sender-selected distribution): stored without it.
+        let properties = if headers.may_have("BCC") && headers.header("BCC").is_some() {
+            without_bcc(&p.properties).unwrap_or_else(|| p.properties.clone())
+        } else {
+            p.properties.clone()
+        };
         Ok(self.client()?.publish(&route, |id| Message {
             id,
             exchange: p.exchange.clone(),
             routing_key: p.routing_key.clone(),
-            properties: p.properties.clone(),
+            properties,
             body: p.body.clone(),
             header_format: HeaderFormat::Amqp091,
             persistent: p.persistent,
@@ -184,4 +192,18 @@ impl Session {
             encode(self.conn.out());
         }
     }
+}
+
+/// The AMQP property block `raw` without its `BCC` header; None if it
+/// cannot be re-encoded (then it is kept as it came).
+fn without_bcc(raw: &bytes::Bytes) -> Option<bytes::Bytes> {
+    use crate::engine::properties::HeaderCodec;
+    let codec = crate::amqp::convert::AmqpCodec;
+    let mut props = codec.decode(raw).ok()?;
+    if let Some(h) = props.headers.as_mut() {
+        h.0.retain(|(k, _)| k != "BCC");
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    codec.encode(&props, &mut out).ok()?;
+    Some(out.into())
 }
