@@ -46,7 +46,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// While the disk is full, batches holding a publish, page or move fail
     /// with [`StoreError::NoSpace`] (nothing of them is appended); settles,
-    /// requeues and metadata are still accepted. A waiter may be called with an error
+    /// requeues, receipts and metadata are still accepted. A waiter may be called with an error
     /// without the store failing for good (a write that ran out of space):
     /// its appends were not made durable yet.
     fn append(
@@ -78,6 +78,16 @@ pub trait Store: Send + Sync + 'static {
         &self,
         partition: PartitionId,
     ) -> Result<Vec<RecoveredMessage>, StoreError>;
+
+    /// The idempotency receipts ([`Op::Receipt`]) of `partition` when the
+    /// store was opened, not yet expired by the wall clock: one per key
+    /// hash (the latest expiry appended for it), in no particular order.
+    ///
+    /// Call it once per partition, at startup (before the first
+    /// [`Store::compact`], which may drop the lists nobody took), like
+    /// [`Store::recover_partition`]; a second call returns an empty list.
+    /// Receipts of partitions nobody asks for are simply left to expire.
+    fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError>;
 
     /// Moves live records so that space can be reclaimed. The store decides
     /// which positions are worth moving (it can decode its own), in three

@@ -195,6 +195,24 @@ pub enum Op<'a> {
         /// Not before this (ms since the Unix epoch); 0 = at once.
         deliver_at_ms: u64,
     },
+    /// An idempotency receipt: a message with the key whose hash is
+    /// `key_hash` was enqueued in the queue whose durable identity is
+    /// `partition` (the engine names a queue by its first partition), and a
+    /// duplicate must be dropped until `expires_at_ms` (ms since the Unix
+    /// epoch). Recovery reports every receipt not yet expired by the wall
+    /// clock ([`crate::Store::recover_receipts`]); the store keeps it
+    /// across compaction and reclamation until it expires, then forgets it.
+    /// A small record (no body), accepted like a settle while the disk is
+    /// full. Receipts are never settled: a later receipt for the same
+    /// (partition, key) with a later expiry extends it.
+    Receipt {
+        /// The queue's first partition.
+        partition: PartitionId,
+        /// A 64-bit hash of the idempotency key (the engine chooses it).
+        key_hash: u64,
+        /// Until when (ms since the Unix epoch) duplicates are dropped.
+        expires_at_ms: u64,
+    },
     /// Sets a metadata key.
     PutMeta {
         /// The key (engine-encoded).
@@ -243,6 +261,15 @@ pub struct RecoveredMessage {
     /// Attributes; `deliver_at_ms` is the last [`Op::Requeue`]'s when there
     /// was one, else the published one.
     pub attrs: MessageAttrs,
+}
+
+/// An idempotency receipt found at recovery ([`Op::Receipt`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Receipt {
+    /// The hash of the key, as appended.
+    pub key_hash: u64,
+    /// Until when duplicates are dropped (ms since the Unix epoch).
+    pub expires_at_ms: u64,
 }
 
 /// The metadata a store holds, as returned by
@@ -414,6 +441,12 @@ pub enum LostRecord {
         /// The message.
         id: MessageId,
     },
+    /// An idempotency receipt: a duplicate of its message may be accepted
+    /// again after repair.
+    Receipt {
+        /// The partition (queue) it was for.
+        partition: PartitionId,
+    },
     /// A metadata change (a declare, bind or delete may be undone).
     Meta {
         /// Its version.
@@ -452,6 +485,11 @@ impl std::fmt::Display for LostRecord {
                     partition.0
                 )
             }
+            LostRecord::Receipt { partition } => write!(
+                f,
+                "idempotency receipt in partition {} (a duplicate publish may be accepted)",
+                partition.0
+            ),
             LostRecord::Meta { version } => write!(f, "metadata change version {version}"),
             LostRecord::Unreadable { offset, len } => {
                 write!(f, "{len} unreadable bytes at offset {offset}")

@@ -118,6 +118,15 @@ enum Kept {
     Memory,
 }
 
+/// Why a queue did not take a published message (for its receipt).
+#[derive(Clone, Copy)]
+enum Gone {
+    /// Deleted after routing.
+    Deleted,
+    /// Taken, or refused by a length limit.
+    Other,
+}
+
 /// A consumer as its client knows it.
 struct Subscription {
     consumer: Arc<Consumer>,
@@ -190,7 +199,8 @@ pub struct Client {
     to_dispatch: Vec<Arc<Partition>>,
     // Buffers reused by every publish: nothing allocated per message.
     route_buf: Vec<Arc<Queue>>,
-    publish_targets: Vec<(Arc<Partition>, Kept)>,
+    /// Per publish: (partition, how it is kept, index of its queue).
+    publish_targets: Vec<(Arc<Partition>, Kept, usize)>,
     /// Per publish: the stored partitions, then the paged ones.
     publish_durable: Vec<PartitionId>,
     locs: Vec<Location>,
@@ -293,6 +303,21 @@ impl Client {
         let message = Arc::new(message(id));
         debug_assert_eq!(message.id, id, "a message keeps the id it was given");
         let size = message.size();
+        let now = now_ms();
+        // Idempotent publish: the queues that already hold the message's key
+        // drop it; the others record it. Their receipts stay locked until
+        // the end of this call (after the store append and the enqueue), so
+        // of two publishers racing with one key exactly one enqueues.
+        let mut dedup =
+            crate::queue::dedup::Check::new(route.headers, &message, &self.codecs, queues, now);
+        // A duplicate is confirmed like the original: after everything
+        // appended so far (the original's record among it) is durable.
+        let dup_barrier = dedup.as_ref().is_some_and(|d| {
+            d.any_duplicate()
+                && queues.iter().enumerate().any(|(i, q)| {
+                    d.is_duplicate(i) && message.persistent && q.partitions[0].durable
+                })
+        });
         // Pick each queue's partition, and store once for all durable ones.
         let mut targets = std::mem::take(&mut self.publish_targets);
         let mut durable_parts = std::mem::take(&mut self.publish_durable);
@@ -302,7 +327,10 @@ impl Client {
         // stored with the message's own, so a deadline that passes while
         // the broker is down is not extended by the restart.
         let mut shared_ttl: Option<Option<u64>> = None;
-        for q in queues {
+        for (qi, q) in queues.iter().enumerate() {
+            if dedup.as_ref().is_some_and(|d| d.is_duplicate(qi)) {
+                continue;
+            }
             let part = q.partition_for_publish(route.headers);
             let kept = if message.persistent && part.durable {
                 let ttl = q.message_ttl();
@@ -316,7 +344,16 @@ impl Client {
             } else {
                 Kept::Memory
             };
-            targets.push((part.clone(), kept));
+            targets.push((part.clone(), kept, qi));
+        }
+        if targets.is_empty() {
+            // A duplicate everywhere: confirmed, nothing enqueued.
+            self.publish_targets = targets;
+            self.publish_durable = durable_parts;
+            return Ok(Published::Routed {
+                needs_barrier: dup_barrier,
+                refused: false,
+            });
         }
         // Transient copies (a transient message, or a non-durable queue) into
         // partitions already deeper than the in-memory window are paged to
@@ -325,14 +362,13 @@ impl Client {
         // (every target stored).
         let n_durable = durable_parts.len();
         if n_durable < targets.len() {
-            for (part, kept) in &mut targets {
+            for (part, kept, _) in &mut targets {
                 if *kept == Kept::Memory && part.ready_len() >= HOT_ENTRIES as u64 {
                     *kept = Kept::Paged;
                     durable_parts.push(part.id);
                 }
             }
         }
-        let now = now_ms();
         // `x-delay` holds the message back, through an `x-delayed-message`
         // exchange or in queues declared `x-delayed` (the header is only
         // looked up then). Stored, so it keeps waiting across a restart.
@@ -377,18 +413,46 @@ impl Client {
             },
         };
         let mut location = None;
+        // Receipts of stored copies ride in the publish's batch (one writer
+        // round: after a crash both or neither), except where the queue may
+        // refuse the message (a length limit with reject-publish): there the
+        // receipt is appended once the queue took it, since a refused
+        // publish must leave no receipt (its retry is not a duplicate).
+        let mut with_publish: Vec<Op<'_>> = Vec::new();
+        let mut receipt_in_batch: Vec<usize> = Vec::new();
+        if let Some(d) = dedup.as_ref() {
+            for (_, kept, qi) in &targets {
+                if *kept != Kept::Stored || queues[*qi].may_refuse_publish() {
+                    continue;
+                }
+                if let Some((partition, key_hash, expires_at_ms)) = d.receipt(*qi) {
+                    with_publish.push(Op::Receipt {
+                        partition,
+                        key_hash,
+                        expires_at_ms,
+                    });
+                    receipt_in_batch.push(*qi);
+                }
+            }
+        }
         if n_durable > 0 {
             self.locs.clear();
-            let res = self.store.append(
-                &[Op::Publish {
-                    id,
-                    partitions: &durable_parts[..n_durable],
-                    data,
-                }],
-                &mut self.locs,
-                None,
-            );
+            let publish = Op::Publish {
+                id,
+                partitions: &durable_parts[..n_durable],
+                data,
+            };
+            let res = if with_publish.is_empty() {
+                self.store.append(&[publish], &mut self.locs, None)
+            } else {
+                with_publish.insert(0, publish);
+                self.store.append(&with_publish, &mut self.locs, None)
+            };
             if let Err(e) = res {
+                // Nothing enqueued: no receipt either.
+                if let Some(d) = dedup.as_mut() {
+                    d.undo_all();
+                }
                 self.publish_targets = targets;
                 self.publish_durable = durable_parts;
                 return match e {
@@ -422,7 +486,10 @@ impl Client {
             }
         }
         let mut refused_any = false;
-        for (part, kept) in targets.drain(..) {
+        // Receipts and cancellations appended after the enqueue.
+        let mut after: Vec<Op<'static>> = Vec::new();
+        let mut cancelled = false;
+        for (part, kept, qi) in targets.drain(..) {
             let location = match kept {
                 Kept::Stored => location,
                 // None if the store could not take the page: kept in memory.
@@ -451,6 +518,11 @@ impl Client {
             // The queue was deleted after routing, or is full and refuses
             // publishes: the message is gone from it (its record was
             // appended above, so the settle follows it).
+            let taken = matches!(refused, Enqueued::Queued);
+            let gone_kind = match refused {
+                Enqueued::Deleted(_) => Gone::Deleted,
+                _ => Gone::Other,
+            };
             let gone = match refused {
                 Enqueued::Queued => None,
                 Enqueued::Deleted(e) => e.location,
@@ -469,11 +541,55 @@ impl Client {
                     location: l,
                 });
             }
+            if let Some(d) = dedup.as_mut() {
+                let receipt = d.receipt(qi).filter(|_| kept == Kept::Stored);
+                let in_batch = receipt_in_batch.contains(&qi);
+                match (taken, receipt) {
+                    // Before the publisher's barrier, so its confirm
+                    // covers the receipt.
+                    (true, Some((partition, key_hash, expires_at_ms))) if !in_batch => {
+                        after.push(Op::Receipt {
+                            partition,
+                            key_hash,
+                            expires_at_ms,
+                        })
+                    }
+                    (false, receipt) => {
+                        // Not taken: a retry must not be dropped as a
+                        // duplicate.
+                        d.undo(qi);
+                        // Refused although the queue had no reason to (a
+                        // policy set meanwhile): the stored receipt is
+                        // cancelled. A deleted queue's receipts die with it.
+                        if let (Some((partition, key_hash, expires_at_ms)), true) =
+                            (receipt, in_batch && !matches!(gone_kind, Gone::Deleted))
+                        {
+                            after.push(Op::Receipt {
+                                partition: crate::queue::dedup::cancel_id(partition),
+                                key_hash,
+                                expires_at_ms,
+                            });
+                            cancelled = true;
+                        }
+                    }
+                    _ => {}
+                }
+            }
         }
+        if !after.is_empty() {
+            self.locs.clear();
+            // A cancellation wakes the writer at once (the publisher's nack
+            // does not wait for the store).
+            let wake: Option<Waiter> = cancelled.then(|| Box::new(|_| {}) as Waiter);
+            if let Err(e) = self.store.append(&after, &mut self.locs, wake) {
+                tracing::warn!(error = %e, "idempotency receipt not stored: a duplicate may be accepted after a restart");
+            }
+        }
+        drop(dedup);
         self.publish_durable = durable_parts;
         self.publish_targets = targets;
         Ok(Published::Routed {
-            needs_barrier: n_durable > 0,
+            needs_barrier: n_durable > 0 || dup_barrier,
             refused: refused_any,
         })
     }

@@ -71,7 +71,7 @@ impl Engine {
     /// its metadata, then, partition by partition, every live message back
     /// in its queue in id order, marked redelivered (it may have been
     /// delivered before the restart). Messages of partitions no queue owns
-    /// are settled.
+    /// are settled. Queues get back their unexpired idempotency receipts.
     pub fn open(store: Arc<dyn Store>) -> Result<Arc<Self>> {
         let recovered = store.recovered_meta()?;
         let engine = Arc::new(Engine {
@@ -119,6 +119,16 @@ impl Engine {
                 engine.next_partition.fetch_max(p + 1, Ordering::Relaxed);
             }
             let q = engine.tenant_or_create(&t).restore_queue(def);
+            // Idempotency receipts, stored under the queue's first partition
+            // (only a durable queue stores any).
+            if q.partitions[0].durable {
+                let id = q.dedup_id();
+                q.dedup().restore(
+                    store.recover_receipts(id)?,
+                    store.recover_receipts(queue::dedup::cancel_id(id))?,
+                    now_ms(),
+                );
+            }
             for p in &q.partitions {
                 owned.insert(p.id);
                 let msgs = store.recover_partition(p.id)?;

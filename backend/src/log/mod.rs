@@ -6,7 +6,9 @@
 //! * `log/00000001.seg`, `log/00000002.seg`, …: segments, each a sequence of
 //!   framed records (format described in `record.rs`);
 //! * `meta.checkpoint`: the metadata map, its version and the next message id,
-//!   written before a segment holding metadata records is deleted.
+//!   written before a segment holding metadata records is deleted;
+//! * `receipts/00000001.rcp`, …: idempotency receipts copied out of segments
+//!   that compaction reclaims before the receipts expire (`receipts.rs`).
 //!
 //! Appends encode records into an in-memory pending buffer under one mutex and
 //! get their [`Location`]s immediately; the writer thread drains the buffer,
@@ -22,6 +24,7 @@
 //! of the whole record).
 
 mod checkpoint;
+mod receipts;
 mod record;
 mod recovery;
 mod repair;
@@ -76,8 +79,8 @@ pub mod fuzzing {
 mod tests;
 
 use crate::{
-    LiveSet, Location, MessageData, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta,
-    Relocation, SegmentId, Store, StoreError, StoreStats, StoredMessage, Waiter,
+    LiveSet, Location, MessageData, MessageId, Op, PartitionId, Receipt, RecoveredMessage,
+    RecoveredMeta, Relocation, SegmentId, Store, StoreError, StoreStats, StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
@@ -99,6 +102,22 @@ const COMPACTION_WINDOW: usize = 16;
 /// How many records one [`Store::compact`] copies at most (bounds the
 /// memory of its candidate list; the next call continues).
 const MAX_RELOCATIONS: usize = 1 << 17;
+
+/// A segment whose idempotency receipts all expire within this many ms is
+/// left to them rather than read to copy its receipts out: waiting that
+/// long costs less than the read.
+const RECEIPT_HORIZON_MS: u64 = 10_000;
+/// Segment bytes one [`Store::compact`] reads at most to copy receipts
+/// out (at least one segment); bounds the memory of the copy.
+const MAX_RECEIPT_EXTRACTION_BYTES: u64 = 128 << 20;
+
+/// Milliseconds since the Unix epoch: receipts expire by the wall clock.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
 
 /// Options of [`LogStore::open`].
 #[derive(Clone, Debug)]
@@ -245,6 +264,11 @@ pub struct LogStore {
     recovered: Mutex<HashMap<PartitionId, Vec<RecoveredMessage>>>,
     /// Every partition with live messages at open.
     recovered_partitions: Vec<PartitionId>,
+    /// Unexpired idempotency receipts found at open, each list handed out once.
+    recovered_receipts: Mutex<HashMap<PartitionId, Vec<Receipt>>>,
+    /// The receipts files kept, and the number of the next one. Only
+    /// compaction (one at a time) writes and deletes them.
+    receipt_files: Mutex<(Vec<receipts::ReceiptFile>, u64)>,
     truncated_bytes: u64,
     /// The data directory lock, released by `close`.
     lock: Mutex<Option<crate::lock::DirLock>>,
@@ -308,6 +332,19 @@ impl LogStore {
             writer::ensure_meta_reserve(&log_dir);
         }
         let rec = recovery::recover(dir, &log_dir, opts.sync, no_space)?;
+        let loaded = receipts::load(dir, now_ms(), opts.sync)?;
+        let mut receipt_keys = rec.receipts;
+        for (p, h, e) in loaded.entries {
+            let x = receipt_keys.entry((p, h)).or_default();
+            *x = (*x).max(e);
+        }
+        let mut recovered_receipts: HashMap<PartitionId, Vec<Receipt>> = HashMap::new();
+        for ((p, key_hash), expires_at_ms) in receipt_keys {
+            recovered_receipts.entry(p).or_default().push(Receipt {
+                key_hash,
+                expires_at_ms,
+            });
+        }
         let (head, head_size) = match rec.continued_head {
             Some((seg, end)) => (seg, end),
             None => (
@@ -377,6 +414,8 @@ impl LogStore {
             writer: Mutex::new(Some(handle)),
             recovered: Mutex::new(rec.partitions),
             recovered_partitions,
+            recovered_receipts: Mutex::new(recovered_receipts),
+            receipt_files: Mutex::new((loaded.files, loaded.next_seq)),
             truncated_bytes: rec.truncated_bytes,
             lock: Mutex::new(Some(lock)),
             compaction: Mutex::new(()),
@@ -530,6 +569,7 @@ fn encoded_len(op: &Op<'_>) -> usize {
             } => record::message_payload_len(MessageKind::Move, partitions.len(), data, 0),
             Op::Settle { .. } => record::SETTLE_PAYLOAD_LEN,
             Op::Requeue { .. } => record::REQUEUE_PAYLOAD_LEN,
+            Op::Receipt { .. } => record::RECEIPT_PAYLOAD_LEN,
             Op::PutMeta { key, value } => record::put_meta_payload_len(key, value),
             Op::DeleteMeta { key } => record::del_meta_payload_len(key),
         }
@@ -879,6 +919,18 @@ impl Store for LogStore {
                     st.requeued
                         .insert((*partition, *id), (*attempts, *deliver_at_ms));
                 }
+                Op::Receipt {
+                    partition,
+                    key_hash,
+                    expires_at_ms,
+                } => {
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
+                    record::encode_receipt(buf, *partition, *key_hash, *expires_at_ms);
+                    // Not live, but the segment is kept until it expires
+                    // (or compaction copies it to a receipts file).
+                    let info = st.head_info();
+                    info.receipts_until = info.receipts_until.max(*expires_at_ms);
+                }
                 Op::PutMeta { key, value } => {
                     let version = st.meta_version + 1;
                     let (_, buf) = st.place(encoded_len(op), segment_size);
@@ -952,8 +1004,75 @@ impl Store for LogStore {
         Ok(self.recovered.lock().remove(&partition).unwrap_or_default())
     }
 
+    fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError> {
+        Ok(self
+            .recovered_receipts
+            .lock()
+            .remove(&partition)
+            .unwrap_or_default())
+    }
+
     fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
         let _one = self.compaction.lock();
+        // Startup is over: receipts of partitions nobody recovered (their
+        // queues were deleted) are not kept in memory any longer.
+        {
+            let mut r = self.recovered_receipts.lock();
+            if !r.is_empty() {
+                *r = HashMap::new();
+            }
+        }
+        let moved = self.compact_messages(live);
+        // Then the receipts of segments emptied of messages (some maybe by
+        // the moves just made). A failure there only delays reclamation.
+        let now = now_ms();
+        if let Err(e) = self.extract_receipts(now) {
+            tracing::warn!(error = %e, "copying idempotency receipts out of old segments failed; their segments stay until the receipts expire");
+        }
+        {
+            let mut files = self.receipt_files.lock();
+            receipts::remove_expired(&self.shared.dir, &mut files.0, now);
+        }
+        // Receipts expire without any append: make sure the writer looks
+        // at the oldest segment again when nothing else would wake it.
+        let mut st = self.shared.state.lock();
+        let reclaimable = st.segments.iter().next().is_some_and(|(&id, info)| {
+            id < st.head && info.live == 0 && info.receipts_until <= now
+        });
+        if reclaimable && !st.reclaim_hint {
+            st.reclaim_hint = true;
+            drop(st);
+            self.shared.wake.notify_one();
+        }
+        moved
+    }
+    fn stats(&self) -> StoreStats {
+        let s = &self.shared.stats;
+        StoreStats {
+            appended_bytes: s.appended_bytes.load(Ordering::Relaxed),
+            syncs: s.syncs.load(Ordering::Relaxed),
+            segments: s.segments.load(Ordering::Relaxed),
+            disk_bytes: s.disk_bytes.load(Ordering::Relaxed),
+            reclaimed_segments: s.reclaimed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn close(&self) -> Result<(), StoreError> {
+        self.stop_writer();
+        // The writer is gone: nothing of ours touches the directory any more.
+        self.lock.lock().take();
+        if self.shared.state.lock().failed {
+            Err(StoreError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl LogStore {
+    /// The message part of [`Store::compact`]: relocates the survivors of
+    /// sparse old segments.
+    fn compact_messages(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
         let candidates = {
             let mut st = self.shared.state.lock();
             let c = st.compaction_candidates(self.shared.opts.compact_below);
@@ -1020,26 +1139,110 @@ impl Store for LogStore {
         }
     }
 
-    fn stats(&self) -> StoreStats {
-        let s = &self.shared.stats;
-        StoreStats {
-            appended_bytes: s.appended_bytes.load(Ordering::Relaxed),
-            syncs: s.syncs.load(Ordering::Relaxed),
-            segments: s.segments.load(Ordering::Relaxed),
-            disk_bytes: s.disk_bytes.load(Ordering::Relaxed),
-            reclaimed_segments: s.reclaimed.load(Ordering::Relaxed),
+    /// Copies the unexpired receipts of the oldest segments into a receipts
+    /// file, so those segments can be reclaimed before their receipts
+    /// expire. Only segments that nothing else keeps (no live message) are
+    /// read, oldest first (only a prefix of the log can be deleted), and
+    /// only when their receipts live on for more than
+    /// [`RECEIPT_HORIZON_MS`]. Returns how many segments were released.
+    fn extract_receipts(&self, now: u64) -> Result<usize, StoreError> {
+        let candidates = {
+            let st = self.shared.state.lock();
+            // Only segments whose every byte reached the kernel can be read
+            // from their file.
+            let written = (self.shared.written.load(Ordering::Acquire) >> 32) as SegmentId;
+            let mut out = Vec::new();
+            let mut bytes = 0u64;
+            for (&id, info) in st.segments.iter() {
+                if id >= st.head || id >= written || info.live > 0 {
+                    break;
+                }
+                if info.receipts_until > now.saturating_add(RECEIPT_HORIZON_MS) {
+                    if !out.is_empty() && bytes + info.size > MAX_RECEIPT_EXTRACTION_BYTES {
+                        break;
+                    }
+                    bytes += info.size;
+                    out.push(id);
+                }
+            }
+            out
+        };
+        if candidates.is_empty() {
+            return Ok(0);
         }
-    }
-
-    fn close(&self) -> Result<(), StoreError> {
-        self.stop_writer();
-        // The writer is gone: nothing of ours touches the directory any more.
-        self.lock.lock().take();
-        if self.shared.state.lock().failed {
-            Err(StoreError::Closed)
-        } else {
-            Ok(())
+        // No lock held: reading sealed segments, writing the file.
+        let mut entries = Vec::new();
+        let mut done = Vec::new();
+        for &seg in &candidates {
+            let path = segment::segment_path(&self.shared.log_dir, seg);
+            let buf = match std::fs::read(&path) {
+                Ok(b) => b,
+                // Reclaimed meanwhile: its receipts expired.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(StoreError::io(format!("reading {}", path.display()), e)),
+            };
+            let mut off = segment::HEADER_LEN;
+            let mut intact = true;
+            while off < buf.len() {
+                let rec = record::split_frame(&buf[off..])
+                    .ok()
+                    .and_then(|(payload, len)| Some((record::decode_payload(payload).ok()?, len)));
+                let Some((rec, len)) = rec else {
+                    // Sealed segments were checked at open and are never
+                    // rewritten: damage here is new. Keep the segment.
+                    tracing::error!(
+                        segment = seg,
+                        offset = off,
+                        "undecodable record in a sealed segment; keeping it"
+                    );
+                    intact = false;
+                    break;
+                };
+                if let Record::Receipt {
+                    partition,
+                    key_hash,
+                    expires_at_ms,
+                } = rec
+                {
+                    if expires_at_ms > now {
+                        entries.push((partition, key_hash, expires_at_ms));
+                    }
+                }
+                off += len;
+            }
+            if intact {
+                done.push(seg);
+            }
         }
+        if done.is_empty() {
+            return Ok(0);
+        }
+        if !entries.is_empty() {
+            // The same key may repeat (a later receipt extends it).
+            entries.sort_unstable();
+            entries.dedup_by(|b, a| {
+                if (a.0, a.1) == (b.0, b.1) {
+                    a.2 = a.2.max(b.2);
+                    true
+                } else {
+                    false
+                }
+            });
+            let mut files = self.receipt_files.lock();
+            let seq = files.1;
+            files.1 += 1;
+            let file = receipts::write(&self.shared.dir, seq, &entries, self.shared.opts.sync)?;
+            files.0.push(file);
+        }
+        // The receipts are durable in the file: the segments no longer
+        // need to wait for them. (Sealed: nothing is appended to them.)
+        let mut st = self.shared.state.lock();
+        for seg in &done {
+            if let Some(info) = st.segments.get_mut(seg) {
+                info.receipts_until = 0;
+            }
+        }
+        Ok(done.len())
     }
 }
 

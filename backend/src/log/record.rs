@@ -22,13 +22,14 @@
 //! | 9 page-ext     | same layout as publish-ext; ignored by recovery |
 //! | 10 move    | from partition u64, from id u64, then the publish-ext layout (n ≥ 1) |
 //! | 11 requeue | partition u64, id u64, attempts u32, deliver_at_ms u64 |
+//! | 12 receipt | partition u64, key_hash u64, expires_at_ms u64 |
 //!
 //! `header_format` tags the encoding of `header` (opaque to the store, defined
 //! by the engine). This is log format 1 (see `segment.rs` for the segment
 //! header that carries the format version); format 0 had no `header_format`
 //! and no segment header.
 //!
-//! Types 7 to 11 were added within format 1 without changing types 1 to 6:
+//! Types 7 to 12 were added within format 1 without changing types 1 to 6:
 //! the `-ext` variants are written only when `deliver_at_ms` or `attempts` is
 //! not 0, so a plain publish is byte-identical to before, and a log written
 //! by an older build reads the same. (An older build refuses a log holding
@@ -46,6 +47,12 @@
 //!   is only reclaimed once every segment before it is, so by then the
 //!   message's record (if live) is a copy written after it, carrying its
 //!   values or newer ones. A message record resets the values to its own.
+//! * A *receipt* (idempotent publish) says a message with that key was
+//!   enqueued in that partition's queue and duplicates are dropped until
+//!   `expires_at_ms`. Recovery keeps the latest expiry per (partition,
+//!   key_hash) and drops expired ones. A receipt pins its segment until it
+//!   expires, unless compaction first copies it into a receipts file
+//!   (`receipts.rs`).
 //!
 //! Decoding is bounds-checked everywhere and never panics on bad input: a
 //! torn or corrupt record must be reported, not crash recovery.
@@ -66,6 +73,7 @@ const T_RELOCATE_EXT: u8 = 8;
 const T_PAGE_EXT: u8 = 9;
 const T_MOVE: u8 = 10;
 const T_REQUEUE: u8 = 11;
+const T_RECEIPT: u8 = 12;
 
 /// Whether a message record is the original publish or a relocated copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +109,11 @@ pub(crate) enum Record<'a> {
         id: MessageId,
         attempts: u32,
         deliver_at_ms: u64,
+    },
+    Receipt {
+        partition: PartitionId,
+        key_hash: u64,
+        expires_at_ms: u64,
     },
 }
 
@@ -200,6 +213,9 @@ pub(crate) const SETTLE_PAYLOAD_LEN: usize = 1 + 8 + 8;
 
 /// Payload length of a requeue record.
 pub(crate) const REQUEUE_PAYLOAD_LEN: usize = 1 + 8 + 8 + 4 + 8;
+
+/// Payload length of a receipt record.
+pub(crate) const RECEIPT_PAYLOAD_LEN: usize = 1 + 8 + 8 + 8;
 
 /// Payload length of a put-meta record.
 pub(crate) fn put_meta_payload_len(key: &[u8], value: &[u8]) -> usize {
@@ -343,6 +359,21 @@ pub(crate) fn encode_requeue(
         buf.extend_from_slice(&id.to_le_bytes());
         buf.extend_from_slice(&attempts.to_le_bytes());
         buf.extend_from_slice(&deliver_at_ms.to_le_bytes());
+    })
+}
+
+/// Appends a framed receipt record to `buf`.
+pub(crate) fn encode_receipt(
+    buf: &mut Vec<u8>,
+    partition: PartitionId,
+    key_hash: u64,
+    expires_at_ms: u64,
+) -> usize {
+    framed(buf, RECEIPT_PAYLOAD_LEN, |buf| {
+        buf.push(T_RECEIPT);
+        buf.extend_from_slice(&partition.0.to_le_bytes());
+        buf.extend_from_slice(&key_hash.to_le_bytes());
+        buf.extend_from_slice(&expires_at_ms.to_le_bytes());
     })
 }
 
@@ -524,6 +555,11 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
             attempts: r.u32()?,
             deliver_at_ms: r.u64()?,
         },
+        T_RECEIPT => Record::Receipt {
+            partition: PartitionId(r.u64()?),
+            key_hash: r.u64()?,
+            expires_at_ms: r.u64()?,
+        },
         other => return Err(format!("unknown record type {other}")),
     };
     r.finish()?;
@@ -694,6 +730,12 @@ mod tests {
                 &data(b"dead"),
             ),
             encode_requeue(&mut buf, PartitionId(1), 1, 4, 5678),
+            encode_receipt(
+                &mut buf,
+                PartitionId(6),
+                0xfeed_beef_0123_4567,
+                1_700_000_000_123,
+            ),
         ];
         assert_eq!(lens.iter().sum::<usize>(), buf.len());
         let mut off = 0;
@@ -741,6 +783,23 @@ mod tests {
                 deliver_at_ms: 5678
             }
         ));
+        assert!(matches!(
+            recs[5],
+            Record::Receipt {
+                partition: PartitionId(6),
+                key_hash: 0xfeed_beef_0123_4567,
+                expires_at_ms: 1_700_000_000_123
+            }
+        ));
+        assert_eq!(lens[5], FRAME_HEADER + RECEIPT_PAYLOAD_LEN);
+        // A receipt with a byte missing or one too many is refused.
+        let mut r = Vec::new();
+        encode_receipt(&mut r, PartitionId(1), 2, 3);
+        let payload = &r[FRAME_HEADER..];
+        assert!(decode_payload(&payload[..payload.len() - 1]).is_err());
+        let mut longer = payload.to_vec();
+        longer.push(0);
+        assert!(decode_payload(&longer).is_err());
         // A move without target partitions is refused by the decoder.
         let mut bad = Vec::new();
         encode_move(
@@ -798,7 +857,7 @@ mod tests {
             let n = rng.gen_range(0..64);
             let mut b: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
             if !b.is_empty() {
-                b[0] = rng.gen_range(0..12);
+                b[0] = rng.gen_range(0..14);
             }
             let _ = decode_payload(&b);
             let _ = split_frame(&b);

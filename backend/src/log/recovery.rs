@@ -48,6 +48,9 @@ pub(crate) struct RecoveryOutput {
     /// state differs from what their current record says (a requeue record
     /// came after it): what a relocated copy must carry.
     pub requeued: HashMap<(PartitionId, MessageId), (u32, u64)>,
+    /// The latest expiry of every (partition, key hash) with a receipt
+    /// record in the log, if not expired at the start of the scan.
+    pub receipts: HashMap<(PartitionId, u64), u64>,
     /// Bytes of a torn tail dropped.
     pub truncated_bytes: u64,
     /// The metadata map (the store's own copy, for checkpoints and the engine).
@@ -92,6 +95,8 @@ pub(crate) fn recover(
     let mut meta_version = ckpt.version;
     let mut max_id: Option<MessageId> = None;
     let mut live: HashMap<PartitionId, BTreeMap<MessageId, Live>> = HashMap::new();
+    let mut receipts: HashMap<(PartitionId, u64), u64> = HashMap::new();
+    let now = super::now_ms();
     let mut segments = BTreeMap::new();
     let mut truncated_bytes = 0u64;
     let mut continued_head = None;
@@ -205,6 +210,19 @@ pub(crate) fn recover(
                         l.requeued = true;
                     }
                 }
+                Record::Receipt {
+                    partition,
+                    key_hash,
+                    expires_at_ms,
+                } => {
+                    // The segment is kept until its receipts expire (or are
+                    // copied to a receipts file by compaction).
+                    info.receipts_until = info.receipts_until.max(expires_at_ms);
+                    if expires_at_ms > now {
+                        let e = receipts.entry((partition, key_hash)).or_default();
+                        *e = (*e).max(expires_at_ms);
+                    }
+                }
                 Record::PutMeta {
                     version,
                     key,
@@ -307,6 +325,7 @@ pub(crate) fn recover(
     Ok(RecoveryOutput {
         partitions,
         requeued,
+        receipts,
         truncated_bytes,
         meta,
         meta_version,

@@ -100,6 +100,7 @@ pub(crate) fn describe(range: &[u8], base_offset: u64) -> Vec<LostRecord> {
                     Record::Requeue { partition, id, .. } => {
                         vec![LostRecord::Requeue { partition, id }]
                     }
+                    Record::Receipt { partition, .. } => vec![LostRecord::Receipt { partition }],
                     Record::PutMeta { version, .. } | Record::DeleteMeta { version, .. } => {
                         vec![LostRecord::Meta { version }]
                     }

@@ -129,6 +129,10 @@ pub(crate) struct SegmentInfo {
     pub max_meta_version: u64,
     /// Highest message id recorded in the segment (0 = none).
     pub max_id: u64,
+    /// Latest expiry (ms since the Unix epoch) of the idempotency receipts
+    /// recorded in the segment and not yet copied to a receipts file
+    /// (0 = none): the segment is not reclaimed before then.
+    pub receipts_until: u64,
 }
 
 impl SegmentInfo {

@@ -472,6 +472,158 @@ fn requeue_records_do_not_pin_segments() {
     assert!(seg_files(dir.path()).is_empty());
 }
 
+fn receipts_of(store: &LogStore, p: PartitionId) -> Vec<crate::Receipt> {
+    let mut r = store.recover_receipts(p).unwrap();
+    r.sort_unstable();
+    r
+}
+
+fn receipt_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir.join(receipts::DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Idempotency receipts outlive their messages: segments whose messages
+/// are all settled stay while their receipts have not expired; compaction
+/// copies long-lived receipts into a receipts file, after which the
+/// segments go and a restart still finds the receipts.
+#[test]
+fn receipts_pin_segments_until_compaction_copies_them_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let far = now_ms() + 3_600_000;
+    let mut settles = Vec::new();
+    let mut want = Vec::new();
+    for i in 0..40u64 {
+        let (id, loc) = publish(&store, &[P1], &[i as u8; 200]);
+        append_sync(
+            &store,
+            &[Op::Receipt {
+                partition: P2,
+                key_hash: i,
+                expires_at_ms: far + i,
+            }],
+        );
+        want.push(crate::Receipt {
+            key_hash: i,
+            expires_at_ms: far + i,
+        });
+        settles.push(Op::Settle {
+            partition: P1,
+            id,
+            location: loc,
+        });
+    }
+    append_sync(&store, &settles);
+    barrier(&store);
+    let before = seg_files(dir.path());
+    assert!(before.len() >= 3, "{before:?}");
+    assert_eq!(
+        before[0], 1,
+        "nothing live, but the receipts keep every segment"
+    );
+    let nothing = Live(Default::default());
+    assert_eq!(store.compact(&nothing).unwrap(), 0, "no message to move");
+    barrier(&store);
+    // Every sealed segment went; only the head (receipts in it stay where
+    // they are) is left.
+    assert_eq!(seg_files(dir.path()), vec![*before.last().unwrap()]);
+    assert_eq!(receipt_files(dir.path()), vec!["00000001.rcp".to_string()]);
+    // One more in the head, and a later expiry for an earlier key.
+    append_sync(
+        &store,
+        &[
+            Op::Receipt {
+                partition: P2,
+                key_hash: 1000,
+                expires_at_ms: far,
+            },
+            Op::Receipt {
+                partition: P2,
+                key_hash: 3,
+                expires_at_ms: far + 500,
+            },
+        ],
+    );
+    want[3].expires_at_ms = far + 500;
+    want.push(crate::Receipt {
+        key_hash: 1000,
+        expires_at_ms: far,
+    });
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert_eq!(receipts_of(&store, P2), want);
+    assert!(
+        store.recover_receipts(P2).unwrap().is_empty(),
+        "handed out once"
+    );
+    // The old head is sealed now: the next compaction copies its receipts
+    // out too, into a second file; both are read at the next open.
+    store.compact(&nothing).unwrap();
+    barrier(&store);
+    assert_eq!(receipt_files(dir.path()).len(), 2);
+    assert!(seg_files(dir.path())
+        .iter()
+        .all(|s| s > before.last().unwrap()));
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert_eq!(receipts_of(&store, P2), want);
+    store.close().unwrap();
+}
+
+/// Receipts about to expire are not worth copying: they keep their segment
+/// until they expire, then it is reclaimed (compaction wakes the writer for
+/// it) and a restart does not bring them back.
+#[test]
+fn receipts_near_expiry_pin_their_segment_until_they_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let soon = now_ms() + 800;
+    let (id, loc) = publish(&store, &[P1], &[1; 200]);
+    append_sync(
+        &store,
+        &[
+            Op::Receipt {
+                partition: P3,
+                key_hash: 9,
+                expires_at_ms: soon,
+            },
+            Op::Settle {
+                partition: P1,
+                id,
+                location: loc,
+            },
+        ],
+    );
+    // Fill a few more segments with settled messages.
+    for i in 0..40u8 {
+        let (id, loc) = publish(&store, &[P1], &[i; 200]);
+        settle(&store, P1, id, loc);
+    }
+    let nothing = Live(Default::default());
+    store.compact(&nothing).unwrap();
+    barrier(&store);
+    assert_eq!(seg_files(dir.path())[0], 1, "the receipt keeps its segment");
+    assert!(receipt_files(dir.path()).is_empty(), "not worth copying");
+    // The receipt's own deadline: nothing to await but the clock.
+    std::thread::sleep(Duration::from_millis(soon.saturating_sub(now_ms()) + 50));
+    store.compact(&nothing).unwrap();
+    barrier(&store);
+    let files = seg_files(dir.path());
+    assert!(
+        files.len() <= 1 && files.first().is_none_or(|s| *s > 1),
+        "{files:?}"
+    );
+    store.close().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    assert!(store.recover_receipts(P3).unwrap().is_empty());
+    store.close().unwrap();
+}
+
 /// Settles that race a compaction (between collecting and swapping) leave
 /// the accounting exact: once everything is settled every segment goes.
 #[test]

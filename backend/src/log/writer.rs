@@ -293,10 +293,13 @@ fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
     // or relocate that emptied them is in this round or an earlier one, so it
     // is durable by the time we delete. Never skip a non-empty segment: a
     // settle in a later segment may refer to a message in an earlier one.
+    // A segment holding idempotency receipts is kept until they expire,
+    // unless compaction copied them to a receipts file first.
+    let now = super::now_ms();
     let mut segments = Vec::new();
     let mut need_checkpoint = false;
     for (&id, info) in st.segments.iter() {
-        if id >= st.head || info.live > 0 {
+        if id >= st.head || info.live > 0 || info.receipts_until > now {
             break;
         }
         need_checkpoint |= info.max_meta_version > st.ckpt_version

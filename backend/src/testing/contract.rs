@@ -9,8 +9,8 @@
 //! 4 KiB segments, small enough that compaction and reclamation take part).
 
 use crate::{
-    LiveSet, Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, RecoveredMessage,
-    Relocation, Store, StoreError,
+    LiveSet, Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, Receipt,
+    RecoveredMessage, Relocation, Store, StoreError,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
@@ -54,6 +54,7 @@ pub fn run_all(h: &mut dyn Harness) {
     requeue_state_survives_restart_and_compaction(h);
     settled_requeued_message_stays_settled(h);
     settles_during_compaction_win(h);
+    receipts_survive_restart_and_compaction_until_they_expire(h);
     for seed in 0..4 {
         randomized_against_a_model(h, seed);
     }
@@ -1123,5 +1124,107 @@ pub fn settles_during_compaction_win(h: &mut dyn Harness) {
         .map(|((_, id), k)| (*id, k.loc))
         .collect();
     assert_eq!(got, want, "a message settled during compaction came back");
+    store.close().expect("close");
+}
+
+/// The receipts of `p`, sorted.
+fn receipts_of(store: &dyn Store, p: PartitionId) -> Vec<Receipt> {
+    let mut r = store.recover_receipts(p).expect("recover receipts");
+    r.sort_unstable();
+    r
+}
+
+/// Idempotency receipts outlive their messages: they are recovered after
+/// the messages they came with were settled and their segments compacted,
+/// the latest expiry per key wins, expired ones are never recovered, and
+/// each list is handed out once.
+pub fn receipts_survive_restart_and_compaction_until_they_expire(h: &mut dyn Harness) {
+    let store = h.create();
+    let now = crate::log::now_ms();
+    let far = now + 3_600_000;
+    let receipt = |partition, key_hash, expires_at_ms| Op::Receipt {
+        partition,
+        key_hash,
+        expires_at_ms,
+    };
+    // A message and its receipt in one batch.
+    let id = store.allocate_ids(1);
+    let mut locs = append_wait(
+        &*store,
+        &[
+            Op::Publish {
+                id,
+                partitions: &[P1],
+                data: data(b"first"),
+            },
+            receipt(P1, 1, far),
+        ],
+    );
+    assert_eq!(locs.len(), 1, "a receipt has no location");
+    let mut settles = vec![Op::Settle {
+        partition: P1,
+        id,
+        location: locs.remove(0),
+    }];
+    // Enough settled messages, each with its receipt, for compaction and
+    // reclamation of the log store's small segments to take part.
+    let mut want_p2 = Vec::new();
+    for i in 0..60u64 {
+        let (id, loc) = publish(&*store, &[P2], &[i as u8; 200]);
+        append_wait(&*store, &[receipt(P2, 100 + i, far + i)]);
+        want_p2.push(Receipt {
+            key_hash: 100 + i,
+            expires_at_ms: far + i,
+        });
+        settles.push(Op::Settle {
+            partition: P2,
+            id,
+            location: loc,
+        });
+    }
+    append_wait(&*store, &settles);
+    // A later receipt for the same key extends it; an expired one is never
+    // recovered.
+    append_wait(
+        &*store,
+        &[
+            receipt(P1, 1, far + 10),
+            receipt(P3, 7, now.saturating_sub(1)),
+        ],
+    );
+    let nothing_live = Model::default();
+    for _ in 0..4 {
+        store.compact(&nothing_live).expect("compact");
+        append_wait(&*store, &[]);
+        append_wait(&*store, &[]);
+    }
+    let want_p1 = vec![Receipt {
+        key_hash: 1,
+        expires_at_ms: far + 10,
+    }];
+    let mut store = store;
+    for round in 0..2 {
+        store = match restart(h, store) {
+            Ok(s) => s,
+            Err(s) => return s.close().expect("close"),
+        };
+        assert_eq!(receipts_of(&*store, P1), want_p1, "restart {round}");
+        assert_eq!(receipts_of(&*store, P2), want_p2, "restart {round}");
+        assert!(
+            receipts_of(&*store, P3).is_empty(),
+            "expired receipt recovered"
+        );
+        assert!(
+            store.recover_receipts(P1).expect("recover").is_empty(),
+            "handed out once"
+        );
+        assert!(store.recover_partition(P2).expect("recover").is_empty());
+        // Compaction after the restart keeps them too.
+        for _ in 0..4 {
+            store.compact(&nothing_live).expect("compact");
+            append_wait(&*store, &[]);
+            append_wait(&*store, &[]);
+        }
+    }
     store.close().expect("close");
 }

@@ -1,8 +1,8 @@
 //! [`MemStore`]: everything in memory, durability on a manual switch.
 
 use crate::{
-    LiveSet, Location, MessageData, MessageId, Op, PartitionId, RecoveredMessage, RecoveredMeta,
-    Relocation, Store, StoreError, StoreStats, StoredMessage, Waiter,
+    LiveSet, Location, MessageData, MessageId, Op, PartitionId, Receipt, RecoveredMessage,
+    RecoveredMeta, Relocation, Store, StoreError, StoreStats, StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -24,7 +24,9 @@ const MEM_TAG: u32 = 0x4d45_4d00;
 ///   [`MemStore::release`] (or switching the hold off), which lets a test
 ///   prove that nothing waits on an fsync it should not wait on.
 /// * [`MemStore::reopen`] gives a new store over the same data, as a clean
-///   restart would (paged messages are dropped, everything else survives).
+///   restart would (paged messages are dropped, everything else survives;
+///   idempotency receipts survive until they expire by the wall clock, as
+///   in the log store).
 pub struct MemStore {
     state: Mutex<State>,
     next_id: AtomicU64,
@@ -41,7 +43,10 @@ struct State {
     requeued: HashMap<(PartitionId, MessageId), (u32, u64)>,
     meta: BTreeMap<Vec<u8>, Vec<u8>>,
     meta_version: u64,
+    /// The latest expiry of every (partition, key hash) receipt appended.
+    receipts: HashMap<(PartitionId, u64), u64>,
     recovered: HashMap<PartitionId, Vec<RecoveredMessage>>,
+    recovered_receipts: HashMap<PartitionId, Vec<Receipt>>,
     recovered_partitions: Vec<PartitionId>,
     hold: bool,
     held: Vec<Waiter>,
@@ -196,6 +201,16 @@ impl MemStore {
             ..State::default()
         };
         next.next_slot = st.next_slot;
+        let now = crate::log::now_ms();
+        for (&(p, key_hash), &expires_at_ms) in &st.receipts {
+            if expires_at_ms > now {
+                next.receipts.insert((p, key_hash), expires_at_ms);
+                next.recovered_receipts.entry(p).or_default().push(Receipt {
+                    key_hash,
+                    expires_at_ms,
+                });
+            }
+        }
         for (p, ids) in &st.live {
             let mut msgs = Vec::new();
             for (&id, &slot) in ids {
@@ -310,6 +325,14 @@ impl Store for MemStore {
                             .insert((*partition, *id), (*attempts, *deliver_at_ms));
                     }
                 }
+                Op::Receipt {
+                    partition,
+                    key_hash,
+                    expires_at_ms,
+                } => {
+                    let e = st.receipts.entry((*partition, *key_hash)).or_default();
+                    *e = (*e).max(*expires_at_ms);
+                }
                 Op::PutMeta { key, value } => {
                     st.meta_version += 1;
                     st.meta.insert(key.to_vec(), value.to_vec());
@@ -369,7 +392,24 @@ impl Store for MemStore {
             .unwrap_or_default())
     }
 
+    fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError> {
+        Ok(self
+            .state
+            .lock()
+            .recovered_receipts
+            .remove(&partition)
+            .unwrap_or_default())
+    }
+
     fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
+        // Compaction never drops a receipt before it expires; expired ones
+        // are forgotten here as the log store forgets them.
+        let now = crate::log::now_ms();
+        {
+            let mut st = self.state.lock();
+            st.receipts.retain(|_, e| *e > now);
+            st.recovered_receipts.clear();
+        }
         // Collect first, with no lock of ours held: the caller's locks are
         // held around `visit`, and its appends take ours.
         let mut todo = Vec::new();

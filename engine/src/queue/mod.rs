@@ -12,6 +12,7 @@
 //! over that scope's map.
 
 mod consumers;
+pub mod dedup;
 mod partition;
 mod ready;
 
@@ -103,6 +104,8 @@ pub struct Queue {
     next_partition: AtomicU64,
     /// The exchanges with a binding to this queue.
     pub sources: super::exchange::Sources,
+    /// Receipts of idempotency keys (idempotent publish).
+    dedup: dedup::Dedup,
     /// Declared `x-delayed: true`: honours `x-delay` (fixed at declare; not
     /// a policy key), read per publish without a lock.
     pub delayed: bool,
@@ -142,6 +145,7 @@ impl Queue {
             QueueArgs::parse(&Value::Null).unwrap_or_default()
         });
         let args = Arc::new(args);
+        let dedup = dedup::Dedup::new(args.dedup_on_message_id, args.dedup_window_ms);
         let delayed = args.delayed;
         let message_ttl = args.message_ttl.unwrap_or(u64::MAX);
         Arc::new_cyclic(|me| Queue {
@@ -167,6 +171,7 @@ impl Queue {
             last_used_ms: AtomicU64::new(crate::message::now_ms()),
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
+            dedup,
             delayed,
             message_ttl: AtomicU64::new(message_ttl),
         })
@@ -194,6 +199,8 @@ impl Queue {
             return;
         }
         let args = Arc::new(args);
+        self.dedup
+            .configure(args.dedup_on_message_id, args.dedup_window_ms);
         self.message_ttl
             .store(args.message_ttl.unwrap_or(u64::MAX), Ordering::Relaxed);
         *self.args.write() = args.clone();
@@ -203,6 +210,24 @@ impl Queue {
         if args.expires.is_some() {
             self.touch();
         }
+    }
+
+    /// Whether it may refuse a publish: a length limit with
+    /// `x-overflow: reject-publish` or `reject-publish-dlx`.
+    pub fn may_refuse_publish(&self) -> bool {
+        let a = self.args.read();
+        a.overflow != crate::args::Overflow::DropHead
+            && (a.max_length.is_some() || a.max_length_bytes.is_some())
+    }
+
+    /// Its receipts of idempotency keys.
+    pub fn dedup(&self) -> &dedup::Dedup {
+        &self.dedup
+    }
+
+    /// The identity its receipts are stored under: its first partition.
+    pub fn dedup_id(&self) -> PartitionId {
+        self.partitions[0].id
     }
 
     /// The queue's name.
