@@ -270,9 +270,10 @@ fn republish(
     if args.dead_letter_routing_key.is_some() {
         headers.0.retain(|(k, _)| k != "CC");
     }
-    let original_expiration = (o.reason == DeadReason::Expired)
-        .then(|| props.ttl_ms.take())
-        .flatten();
+    // The copy loses its `expiration` whatever the reason (RabbitMQ's rule:
+    // it would otherwise expire again in the dead-letter queue); x-death
+    // keeps it as original-expiration.
+    let original_expiration = props.ttl_ms.take();
     record_death(
         &mut headers,
         queue.name(),
@@ -326,11 +327,7 @@ fn republish(
         header_format: original.header_format,
         persistent: original.persistent,
         priority: original.priority,
-        ttl_ms: if o.reason == DeadReason::Expired {
-            None
-        } else {
-            original.ttl_ms
-        },
+        ttl_ms: None,
     });
     Some((message, targets))
 }

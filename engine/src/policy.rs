@@ -174,8 +174,10 @@ pub fn effective_arguments(declared: &Value, policy: Option<&Policy>) -> Value {
                 out.insert(name, pv.clone());
             }
             Some(av) if *lower_wins => {
+                // A negative limit means none (RabbitMQ 4's delivery-limit):
+                // it never beats a real one, and a real one replaces it.
                 if let (Some(a), Some(p)) = (av.as_i64(), pv.as_i64()) {
-                    if p < a {
+                    if p >= 0 && (a < 0 || p < a) {
                         out.insert(name, pv.clone());
                     }
                 }
@@ -243,5 +245,15 @@ mod tests {
         assert!(bad(json!({"message-ttl": "soon"}), ".*"), "type");
         assert!(bad(json!({"max-length": 1}), "("), "pattern");
         assert!(!bad(json!({"dead-letter-routing-key": "k"}), ".*"));
+    }
+
+    #[test]
+    fn a_negative_delivery_limit_means_none_in_a_merge() {
+        let p = policy("p", ".*", 0, json!({"delivery-limit": -1}));
+        let merged = effective_arguments(&json!({"x-delivery-limit": 3}), Some(&p));
+        assert_eq!(merged["x-delivery-limit"], json!(3), "-1 does not remove 3");
+        let p = policy("p", ".*", 0, json!({"delivery-limit": 5}));
+        let merged = effective_arguments(&json!({"x-delivery-limit": -1}), Some(&p));
+        assert_eq!(merged["x-delivery-limit"], json!(5), "5 replaces none");
     }
 }

@@ -534,6 +534,12 @@ impl Tenant {
             } else {
                 None
             };
+            if req.arguments.get("x-max-priority").is_some() {
+                return Err(EngineError::PreconditionFailed(format!(
+                    "invalid arg 'x-max-priority' for queue '{name}' in vhost '{}'",
+                    self.name
+                )));
+            }
             if let Some(prop) = bad {
                 return Err(EngineError::PreconditionFailed(format!(
                     "invalid property '{prop}' for queue '{name}' in vhost '{}'",
@@ -960,8 +966,22 @@ fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String,
         "x-max-priority",
         "x-overflow",
         "x-single-active-consumer",
+        // Weir's own: RabbitMQ does not know them, so checking them breaks
+        // no RabbitMQ client, and a silently ignored difference (another
+        // partition count) would surprise.
+        "x-partitions",
+        "x-delayed",
+        "x-delayed-retry-type",
+        "x-delayed-retry-min",
+        "x-delayed-retry-max",
+        "x-dedup-window",
+        "x-dedup-on-message-id",
     ];
-    for k in CHECKED {
+    // Checked for quorum queues only, as RabbitMQ does.
+    const QUORUM: &[&str] = &["x-delivery-limit"];
+    let quorum = current.get("x-queue-type").and_then(Value::as_str) == Some("quorum");
+    let checked = CHECKED.iter().chain(QUORUM.iter().filter(|_| quorum));
+    for k in checked {
         let r = received.get(*k);
         let c = current.get(*k);
         // x-queue-type 'classic' is the default and equals absent.

@@ -605,3 +605,87 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
         );
     }
 }
+
+#[test]
+fn a_lowered_limit_drops_heads_only_under_drop_head() {
+    use weir_engine::policy::{ApplyTo, PolicyDef};
+    let (_e, mut c) = setup();
+    declare(&c, "lim.reject", json!({"x-overflow": "reject-publish"})).expect("reject");
+    declare(&c, "lim.drop", json!({})).expect("drop");
+    for q in ["lim.reject", "lim.drop"] {
+        for b in ["1", "2", "3"] {
+            publish(&mut c, q, b, None);
+        }
+    }
+    let def = PolicyDef {
+        name: "cap".into(),
+        pattern: "^lim\\.".into(),
+        apply_to: ApplyTo::Queues,
+        priority: 0,
+        definition: json!({"max-length": 1})
+            .as_object()
+            .cloned()
+            .expect("object"),
+    };
+    c.tenant()
+        .set_policy(def)
+        .expect("policy")
+        .blocking_recv()
+        .expect("answered")
+        .expect("durable");
+    assert_eq!(c.queue("lim.drop").expect("q").message_count(), 1);
+    // reject-publish keeps what it holds and refuses more (RabbitMQ).
+    assert_eq!(c.queue("lim.reject").expect("q").message_count(), 3);
+    assert!(matches!(
+        publish(&mut c, "lim.reject", "4", None),
+        Published::Routed { refused: true, .. }
+    ));
+}
+
+#[test]
+fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
+    let (_e, mut c) = setup();
+    declare(&c, "parts", json!({"x-partitions": 2})).expect("declare");
+    for key in ["a", "b"] {
+        for i in 0..2 {
+            let k = Key(key.into());
+            let route = RouteInput {
+                exchange: "",
+                routing_key: "parts",
+                headers: &k,
+            };
+            c.publish(&route, |id| Message {
+                id,
+                exchange: Bytes::new(),
+                routing_key: Bytes::from_static(b"parts"),
+                properties: Bytes::new(),
+                body: Bytes::from(format!("{key}{i}")),
+                header_format: HeaderFormat::Weir,
+                persistent: false,
+                priority: 0,
+                ttl_ms: None,
+            })
+            .expect("publish");
+        }
+    }
+    let lease = |c: &mut Client, tag| {
+        c.get(
+            "parts",
+            GetAck::Lease {
+                scope: 1,
+                tag,
+                now: Instant::now(),
+            },
+        )
+        .expect("get")
+        .map(|g| String::from_utf8_lossy(&g.message.body).into_owned())
+    };
+    let first = lease(&mut c, 1).expect("one");
+    let second = lease(&mut c, 2).expect("the other partition");
+    assert_ne!(first[..1], second[..1], "one per partition");
+    assert_eq!(lease(&mut c, 3), None, "both partitions have one out");
+    // A nack puts the first back: it, not its successor, comes next.
+    c.settle(1, 1, false, Settle::Requeue).expect("nack");
+    c.commit();
+    assert_eq!(lease(&mut c, 3), Some(first));
+}

@@ -402,6 +402,11 @@ impl Partition {
             }
             st.ready.push_back(e);
         }
+        // Drops whose removal was not on disk before a crash come back:
+        // drop-head applies the limit again now, not at the next publish.
+        if st.args.overflow == Overflow::DropHead && self.drop_over_limit(&mut st) {
+            next_due = Some(0);
+        }
         let next = st.expiry.peek().map(|Reverse((at, _, _))| *at);
         let next = match (next, next_due) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -466,7 +471,10 @@ impl Partition {
         let wake = {
             let mut st = self.lock();
             st.args = args;
-            let wake = self.drop_over_limit(&mut st);
+            // A lowered limit drops heads only under drop-head; a queue
+            // that rejects publishes keeps what it has and refuses more
+            // until it is below the limit again (RabbitMQ's behaviour).
+            let wake = st.args.overflow == Overflow::DropHead && self.drop_over_limit(&mut st);
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
             wake
@@ -1012,6 +1020,13 @@ impl Partition {
     /// messages left.
     pub fn get(self: &Arc<Self>) -> Option<(Entry, u64)> {
         let mut st = self.lock();
+        // A partition of a partitioned queue has one message out at a
+        // time, for basic.get as for consumers (per-key order).
+        if st.args.partitions > 1
+            && (self.counters.leased.load(Ordering::Relaxed) > 0 || st.retrying > 0)
+        {
+            return None;
+        }
         let mut now = 0;
         while st.ready.front().is_some_and(|f| f.expires_at_ms != 0) {
             if !self.expired_head(&mut st, &mut now) {
