@@ -82,6 +82,9 @@ impl Ord for Delayed {
     }
 }
 
+/// The largest delivery limit that can be counted to: attempts are 16-bit.
+const MAX_DELIVERY_LIMIT: u32 = u16::MAX as u32 - 1;
+
 /// Cheap counters kept for every partition.
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -770,7 +773,9 @@ impl Partition {
                 if st
                     .args
                     .delivery_limit
-                    .is_some_and(|limit| u32::from(e.attempts) > limit)
+                    // The count is 16 bits (an entry stays 64 B): larger
+                    // limits act as 65,534 rather than never.
+                    .is_some_and(|limit| u32::from(e.attempts) > limit.min(MAX_DELIVERY_LIMIT))
                 {
                     if self.push_dead(&mut st, e, DeadReason::DeliveryLimit) {
                         wake_timer = Some(0);
