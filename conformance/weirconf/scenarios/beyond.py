@@ -9,7 +9,9 @@ reasons), never to which consumer got what.
   ``x-ordering-key``): per-key order across several consumers that nack;
 * TTL without head-of-line blocking (RabbitMQ expires only at the head);
 * a delivery limit on classic queues and the quorum default of 20
-  (RabbitMQ 4's, not 3.10's).
+  (RabbitMQ 4's, not 3.10's);
+* delayed delivery (``x-delayed-message`` exchanges, ``x-delayed`` queues)
+  and delayed retries (``x-delayed-retry-*``).
 """
 import random
 import time
@@ -211,5 +213,88 @@ def quorum_default_delivery_limit_is_20(ctx):
     ch.basic_publish("", q, b"poison", PERSISTENT)
     deliveries, dead = _nack_until_dead(ctx, conn, q, dlq, limit=30)
     out = {"deliveries": len(deliveries), "dead": [b.decode() for _, _, b in dead]}
+    conn.close()
+    return out
+
+
+# --- delayed delivery and delayed retries ----------------------------------------
+
+
+@weir_only(
+    "RabbitMQ 3.10 has no delayed delivery without the delayed-message plugin",
+    expect={
+        "held_at_first": 0,
+        "arrived_in_due_order": ["short", "long"],
+        "not_before_delay": True,
+        "no_delay_at_once": ["now"],
+        "x_delayed_queue": ["queued"],
+        "missing_type": 406,
+    },
+)
+def delayed_message_exchange_and_queue(ctx):
+    """An x-delayed-message exchange (x-delayed-type direct) holds messages
+    for their x-delay and lets them in in due-time order; a message without
+    x-delay passes at once; a queue declared x-delayed honours the header on
+    the default exchange; a missing x-delayed-type is 406."""
+    conn = ctx.connect()
+    ch = conn.channel()
+    ch.confirm_delivery()
+    x = ctx.xname("delays")
+    ch.exchange_declare(x, "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    q = ctx.name("q")
+    ch.queue_declare(q)
+    ch.queue_bind(q, x, routing_key="k")
+    start = time.monotonic()
+    ch.basic_publish(x, "k", b"long", pika.BasicProperties(headers={"x-delay": 600}))
+    ch.basic_publish(x, "k", b"short", pika.BasicProperties(headers={"x-delay": 300}))
+    out = {"held_at_first": ch.queue_declare(q, passive=True).method.message_count}
+    got = await_msgs(ctx, conn, q, 2)
+    out["arrived_in_due_order"] = [m["body"] for m in got]
+    out["not_before_delay"] = time.monotonic() - start >= 0.6
+    ch.basic_publish(x, "k", b"now", pika.BasicProperties(headers={}))
+    out["no_delay_at_once"] = bodies(ch, q)
+    dq = ctx.name("dq")
+    ch.queue_declare(dq, arguments={"x-delayed": True})
+    ch.basic_publish("", dq, b"queued", pika.BasicProperties(headers={"x-delay": 200}))
+    out["x_delayed_queue"] = [m["body"] for m in await_msgs(ctx, conn, dq, 1)]
+    out["missing_type"] = expect_error(conn.channel().exchange_declare, ctx.xname("bad"),
+                                       "x-delayed-message").get("code")
+    conn.close()
+    return out
+
+
+@weir_only(
+    "RabbitMQ 3.10 has no delayed retries (RabbitMQ 4.3's x-delayed-retry-*)",
+    expect={
+        "back_at_once": False,
+        "waited_min": True,
+        "redelivered": True,
+        "bad_type": 406,
+    },
+)
+def delayed_retry_after_nack(ctx):
+    """A queue with x-delayed-retry-type failed and a 300 ms minimum: a
+    nacked message does not come back at once, comes back after the
+    delay, redelivered; an unknown retry type is 406."""
+    conn = ctx.connect()
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ctx.name("q")
+    ch.queue_declare(q, arguments={"x-delayed-retry-type": "failed", "x-delayed-retry-min": 300})
+    ch.basic_publish("", q, b"m")
+    m, _, _ = ch.basic_get(q)
+    start = time.monotonic()
+    ch.basic_nack(m.delivery_tag, requeue=True)
+    out = {"back_at_once": ch.basic_get(q, auto_ack=True)[0] is not None}
+    c2 = conn.channel()
+    got = []
+    c2.basic_consume(q, lambda c, meth, p, b: got.append(meth.redelivered), auto_ack=True)
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    out["waited_min"] = time.monotonic() - start >= 0.3
+    out["redelivered"] = got == [True]
+    out["bad_type"] = expect_error(conn.channel().queue_declare, ctx.name("bad"),
+                                   arguments={"x-delayed-retry-type": "sometimes"}).get("code")
     conn.close()
     return out
