@@ -586,6 +586,9 @@ async fn run(args: Args) -> Result<serde_json::Value> {
     let started_at_unix_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
+    let started_at_uptime_s = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok());
 
     // Baseline: only the probe runs.
     tokio::time::sleep(Duration::from_secs_f64(args.baseline)).await;
@@ -710,6 +713,19 @@ async fn run(args: Args) -> Result<serde_json::Value> {
             "drained": drained,
         },
         "started_at_unix_ms": started_at_unix_ms,
+        // And in seconds since boot (/proc/uptime, 10 ms resolution): `perf trace` timestamps.
+        "started_at_uptime_s": started_at_uptime_s,
+        // The probe messages confirmed more than 10 ms after they were due (at most 200), as
+        // [due, latency] in ms since t = 0 / ms: where the stalls were, to line up with the log.
+        "slow_probes": events
+            .iter()
+            .filter(|e| e.confirmed.saturating_sub(e.intended) > 10_000_000)
+            .take(200)
+            .map(|e| serde_json::json!([
+                (e.intended.saturating_sub(t_start)) as f64 / 1e6,
+                (e.confirmed - e.intended) as f64 / 1e6
+            ]))
+            .collect::<Vec<_>>(),
         "timeline": timeline(&events, &samples, t_start),
         "phases_s": {
             "fill": s(t_fill - t_start),
