@@ -21,7 +21,7 @@
 #        WEIR_BIN=/path/to/weir runs that broker binary instead of this checkout's release build
 #        (e.g. an older commit's, for an A/B of one change in the same conditions).
 #        scripts/bench-semantics.sh is this script with --variants plain,features,priority
-#        --workloads saturated --rounds 2.
+#        --workloads saturated --rounds 3.
 #
 # What it does: installs Debian's rabbitmq-server if missing and starts it if it isn't running; builds
 # weir-bench and the weir broker in release; runs the RabbitMQ targets; stops RabbitMQ if this script
