@@ -6,11 +6,22 @@
 #               durable queue, persistent messages, as fast as confirms allow
 #   rate      : the same shape paced at a fixed total rate (default 1,000 msg/s)
 #
+# Queue variants (--variants, default plain), each run back to back with the others per target and workload:
+#   plain     : a durable queue with no arguments
+#   features  : x-dead-letter-exchange (a fanout exchange with a bound queue, declared by weir-bench),
+#               x-message-ttl 1 h and x-max-length 10,000,000: nothing expires, overflows or is
+#               dead-lettered during a run, so this measures the bookkeeping (issue 7: within 10% of plain)
+#   priority  : x-max-priority 10, every message with a random priority 0-9 (issue 7: >= 70% of plain);
+#               not on RabbitMQ quorum queues, which have no priorities in 3.10
+#
 # Usage: scripts/bench-compare.sh [--duration S] [--warmup S] [--rate R] [--only rabbitmq|weir]
-#                                 [--out DIR] [--bench-args "extra weir-bench flags"]
+#                                 [--workloads saturated,rate] [--variants plain,features,priority]
+#                                 [--rounds N (1)] [--out DIR] [--bench-args "extra weir-bench flags"]
 #                                 [--quiet-wait S (60)] [--quiet-max CORES (0.3)] [--retries N (1)]
 #        WEIR_BIN=/path/to/weir runs that broker binary instead of this checkout's release build
 #        (e.g. an older commit's, for an A/B of one change in the same conditions).
+#        scripts/bench-semantics.sh is this script with --variants plain,features,priority
+#        --workloads saturated --rounds 3.
 #
 # What it does: installs Debian's rabbitmq-server if missing and starts it if it isn't running; builds
 # weir-bench and the weir broker in release; runs the RabbitMQ targets; stops RabbitMQ if this script
@@ -33,6 +44,9 @@ EXTRA=""
 QUIET_WAIT=60    # seconds to wait for an idle machine before each run
 QUIET_MAX=0.3    # "idle": at most this many busy cores
 RETRIES=1        # re-runs of a run that other work disturbed (other CPU above QUIET_MAX)
+WORKLOADS="saturated,rate"
+VARIANTS="plain"
+ROUNDS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) DURATION="$2"; shift 2 ;;
@@ -44,12 +58,40 @@ while [ $# -gt 0 ]; do
     --quiet-wait) QUIET_WAIT="$2"; shift 2 ;;
     --quiet-max) QUIET_MAX="$2"; shift 2 ;;
     --retries) RETRIES="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --workloads) WORKLOADS="$2"; shift 2 ;;
+    --variants) VARIANTS="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
   esac
 done
 OUT="${OUT:-$ROOT/target/bench-compare/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
+IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
+IFS=, read -r -a VARIANT_LIST <<<"$VARIANTS"
+for w in "${WORKLOAD_LIST[@]}"; do
+  case "$w" in saturated|rate) ;; *) echo "unknown workload: $w (saturated, rate)" >&2; exit 2 ;; esac
+done
+for v in "${VARIANT_LIST[@]}"; do
+  case "$v" in plain|features|priority) ;; *) echo "unknown variant: $v (plain, features, priority)" >&2; exit 2 ;; esac
+done
+case "$ROUNDS" in ''|*[!0-9]*|0) echo "--rounds must be a positive integer" >&2; exit 2 ;; esac
+
+# weir-bench flags of each queue variant (see the header). The TTL and length limit are far beyond
+# what a run reaches (a consumed queue stays a few hundred deep), so nothing is dropped or expires.
+variant_args() {
+  case "$1" in
+    plain) ;;
+    features) printf '%s\n' --queue-args \
+      '{"x-dead-letter-exchange":"weir-bench.dlx","x-message-ttl":3600000,"x-max-length":10000000}' ;;
+    priority) printf '%s\n' --queue-args '{"x-max-priority":10}' --priorities 10 ;;
+  esac
+}
+
+# The results file of one run.
+result_file() { # LABEL WORKLOAD VARIANT ROUND
+  echo "$OUT/$1-$2-$3-r$4.json"
+}
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
@@ -138,20 +180,24 @@ wait_quiet() {
   done
 }
 
-# run_bench LABEL URL QUEUE_TYPE WORKLOAD BROKER_PID: writes $OUT/LABEL-WORKLOAD.json, returns non-zero
-# on failure. The broker's PID lets weir-bench report the broker's CPU and, by difference, other noise.
+# run_bench LABEL URL QUEUE_TYPE WORKLOAD VARIANT ROUND BROKER_PID: writes the run's JSON (result_file),
+# returns non-zero on failure. The broker's PID lets weir-bench report the broker's CPU and, by
+# difference, other noise.
 run_bench() {
-  local label="$1" url="$2" qtype="$3" workload="$4" pid="${5:-}" rate=0 pidarg=() attempt
-  local json="$OUT/$label-$workload.json" errf="$OUT/$label-$workload.err"
+  local label="$1" url="$2" qtype="$3" workload="$4" variant="$5" round="$6" pid="${7:-}" rate=0
+  local pidarg=() vargs=() attempt json errf
+  json="$(result_file "$label" "$workload" "$variant" "$round")"
+  errf="${json%.json}.err"
   [ -n "$pid" ] && pidarg=(--broker-pid "$pid")
   [ "$workload" = rate ] && rate="$RATE"
+  mapfile -t vargs < <(variant_args "$variant")
   for attempt in $(seq $((RETRIES + 1))); do
-    log "$label / $workload ($DURATION s + $WARMUP s warm-up)$([ "$attempt" -gt 1 ] && echo ", attempt $attempt")"
+    log "$label / $workload / $variant queue, round $round ($DURATION s + $WARMUP s warm-up)$([ "$attempt" -gt 1 ] && echo ", attempt $attempt")"
     wait_quiet
     # shellcheck disable=SC2086 # EXTRA is deliberately word-split into flags
     if ! "$BENCH" --url "$url" --queue-type "$qtype" --publishers 2 --consumers 2 --size 256 \
         --window 256 --prefetch 256 --rate "$rate" --duration "$DURATION" --warmup "$WARMUP" \
-        --durable true --persistent true --label "$label" --json "${pidarg[@]}" $EXTRA \
+        --durable true --persistent true --label "$label" --json "${pidarg[@]}" "${vargs[@]}" $EXTRA \
         >"$json" 2>"$errf"; then
       echo "   FAILED: $(tail -1 "$errf")" >&2
       rm -f "$json"
@@ -186,9 +232,15 @@ if [ "$ONLY" != "weir" ]; then
   RABBIT_STATUS="RabbitMQ $RABBIT_VERSION"
   RURL="amqp://guest:guest@127.0.0.1:5672/%2f"
   RPID="$(rabbitmqctl eval 'os:getpid().' 2>/dev/null | tr -dc 0-9)"
-  for qt in classic quorum; do
-    for w in saturated rate; do
-      run_bench "rabbitmq-$qt" "$RURL" "$qt" "$w" "$RPID" || true
+  for r in $(seq "$ROUNDS"); do
+    for qt in classic quorum; do
+      for w in "${WORKLOAD_LIST[@]}"; do
+        for v in "${VARIANT_LIST[@]}"; do
+          # RabbitMQ 3.10's quorum queues have no priorities.
+          [ "$qt/$v" = quorum/priority ] && continue
+          run_bench "rabbitmq-$qt" "$RURL" "$qt" "$w" "$v" "$r" "$RPID" || true
+        done
+      done
     done
   done
   # Free the cores and memory before Weir runs (only if the node is ours to stop).
@@ -213,9 +265,13 @@ if [ "$WEIR_STATUS" = built ]; then
   done
   if [ "$WEIR_STATUS" = running ]; then
     # Weir maps classic and quorum alike onto its durable work queue; classic is the plain declaration.
-    for w in saturated rate; do
-      run_bench weir "amqp://guest:guest@127.0.0.1:$PORT/%2f" classic "$w" "$WEIR_PID" \
-        || WEIR_STATUS="running, but a run failed (see $OUT/weir-$w.err)"
+    for r in $(seq "$ROUNDS"); do
+      for w in "${WORKLOAD_LIST[@]}"; do
+        for v in "${VARIANT_LIST[@]}"; do
+          run_bench weir "amqp://guest:guest@127.0.0.1:$PORT/%2f" classic "$w" "$v" "$r" "$WEIR_PID" \
+            || WEIR_STATUS="running, but a run failed (see $OUT/weir-$w-$v-r$r.err)"
+        done
+      done
     done
   else
     tail -5 "$OUT/weir.log" >&2 || true
@@ -228,52 +284,102 @@ fi
 cat >"$OUT/row.jq" <<'JQ'
 def r2: if type == "number" then (. * 100 | round / 100) else "?" end;
 def cpu(us; cores): "\(us | r2) (\(cores | r2))";
-"| \($w) | \($t) | \(.publish_rate | floor) | \(.consume_rate | floor)"
+"| \($w) | \($t)\($v) | \(.publish_rate | floor) | \(.consume_rate | floor)"
 + " | \(.confirm_latency.p50_ms) / \(.confirm_latency.p95_ms) / \(.confirm_latency.p99_ms)"
 + " | \(.e2e_latency.p50_ms) / \(.e2e_latency.p95_ms) / \(.e2e_latency.p99_ms)"
 + " | \(cpu(.broker_cpu_us_per_msg; .broker_cpu_cores)) | \(cpu(.client_cpu_us_per_msg; .client_cpu_cores))"
 + " | \(.other_cpu_cores | r2)\(if (.other_cpu_cores // 0) > 0.2 then " ⚠" else "" end) |"
 JQ
+# The median of one field over the rounds of a target/workload/variant (the files given), or nothing.
+median_of() { # FIELD FILE...
+  local field="$1"; shift
+  [ $# -gt 0 ] || return 0
+  jq -s "map($field) | sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end" "$@"
+}
+rounds_of() { # LABEL WORKLOAD VARIANT: the existing result files over all rounds
+  local r f
+  for r in $(seq "$ROUNDS"); do
+    f="$(result_file "$1" "$2" "$3" "$r")"
+    [ -f "$f" ] && echo "$f"
+  done
+  return 0
+}
+wl_name() { if [ "$1" = rate ]; then echo "$RATE msg/s"; else echo "$1"; fi; }
 {
   echo "# bench-compare $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, kernel $(uname -r); load before report: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "RabbitMQ: $RABBIT_STATUS; Weir: $WEIR_STATUS"
-  echo "each run: 2 publishers (confirms, window 256), 2 consumers (prefetch 256, multi-ack), 256 B, durable+persistent, ${DURATION}s measured after ${WARMUP}s warm-up"
+  echo "each run: 2 publishers (confirms, window 256), 2 consumers (prefetch 256, multi-ack), 256 B, durable+persistent, ${DURATION}s measured after ${WARMUP}s warm-up; variants: $VARIANTS; rounds: $ROUNDS"
   echo
   echo "| workload | target | published msg/s | consumed msg/s | confirm p50 / p95 / p99 ms | end-to-end p50 / p95 / p99 ms | broker µs/msg (cores) | client µs/msg (cores) | other cores |"
   echo "|---|---|---:|---:|---|---|---:|---:|---:|"
-  for w in saturated rate; do
+  for w in "${WORKLOAD_LIST[@]}"; do
     for t in rabbitmq-classic rabbitmq-quorum weir; do
-      f="$OUT/$t-$w.json"
-      wl="$w"; [ "$w" = rate ] && wl="$RATE msg/s"
-      if [ -f "$f" ]; then
-        jq -r --arg w "$wl" --arg t "$t" -f "$OUT/row.jq" "$f"
-      else
-        echo "| $wl | $t | — | — | — | — | — | — | — |"
-      fi
+      for v in "${VARIANT_LIST[@]}"; do
+        [ "$t/$v" = rabbitmq-quorum/priority ] && continue
+        vl=""; [ "$VARIANTS" != plain ] && vl=" $v"
+        for r in $(seq "$ROUNDS"); do
+          f="$(result_file "$t" "$w" "$v" "$r")"
+          rl="$vl"; [ "$ROUNDS" -gt 1 ] && rl="$vl (round $r)"
+          if [ -f "$f" ]; then
+            jq -r --arg w "$(wl_name "$w")" --arg t "$t" --arg v "$rl" -f "$OUT/row.jq" "$f"
+          else
+            echo "| $(wl_name "$w") | $t$rl | — | — | — | — | — | — | — |"
+          fi
+        done
+      done
     done
   done
   echo
+  [ "$ROUNDS" -gt 1 ] && echo "(ratios below compare medians over the $ROUNDS rounds)"
   echo "Ratios Weir / best RabbitMQ (throughput: >1 is better; confirm p95: <1 is better):"
-  for w in saturated rate; do
-    files=()
-    for t in rabbitmq-classic rabbitmq-quorum; do [ -f "$OUT/$t-$w.json" ] && files+=("$OUT/$t-$w.json"); done
-    if [ -f "$OUT/weir-$w.json" ] && [ ${#files[@]} -gt 0 ]; then
-      jq -rs --arg w "$w" '
-        (.[0]) as $weir | (.[1:]) as $rmq
-        | ($rmq | map(.publish_rate) | max) as $best_tp
-        | ($rmq | map(.confirm_latency.p95_ms) | min) as $best_p95
-        | "- \($w): throughput \($weir.publish_rate / $best_tp * 100 | round / 100)x, confirm p95 \(if $best_p95 > 0 then ($weir.confirm_latency.p95_ms / $best_p95 * 100 | round / 100 | tostring) + "x" else "n/a" end)"' \
-        "$OUT/weir-$w.json" "${files[@]}"
-    else
-      if [ ! -f "$OUT/weir-$w.json" ]; then
-        echo "- $w: n/a (no Weir figures; Weir: $WEIR_STATUS)"
+  for w in "${WORKLOAD_LIST[@]}"; do
+    for v in "${VARIANT_LIST[@]}"; do
+      vl=""; [ "$VARIANTS" != plain ] && vl=" ($v queue)"
+      mapfile -t wf < <(rounds_of weir "$w" "$v")
+      best_tp=""; best_p95=""
+      for t in rabbitmq-classic rabbitmq-quorum; do
+        mapfile -t rf < <(rounds_of "$t" "$w" "$v")
+        [ ${#rf[@]} -gt 0 ] || continue
+        tp="$(median_of .publish_rate "${rf[@]}")"; p95="$(median_of .confirm_latency.p95_ms "${rf[@]}")"
+        if [ -z "$best_tp" ] || awk -v a="$tp" -v b="$best_tp" 'BEGIN { exit !(a > b) }'; then best_tp="$tp"; fi
+        if [ -z "$best_p95" ] || awk -v a="$p95" -v b="$best_p95" 'BEGIN { exit !(a < b) }'; then best_p95="$p95"; fi
+      done
+      if [ ${#wf[@]} -gt 0 ] && [ -n "$best_tp" ]; then
+        tp="$(median_of .publish_rate "${wf[@]}")"; p95="$(median_of .confirm_latency.p95_ms "${wf[@]}")"
+        awk -v w="$w$vl" -v tp="$tp" -v btp="$best_tp" -v p="$p95" -v bp="$best_p95" 'BEGIN {
+          printf "- %s: throughput %.2fx, confirm p95 %s\n", w, tp / btp, (bp > 0 ? sprintf("%.2fx", p / bp) : "n/a") }'
+      elif [ ${#wf[@]} -eq 0 ]; then
+        echo "- $w$vl: n/a (no Weir figures; Weir: $WEIR_STATUS)"
       else
-        echo "- $w: n/a (no RabbitMQ figures; RabbitMQ: $RABBIT_STATUS)"
+        echo "- $w$vl: n/a (no RabbitMQ figures; RabbitMQ: $RABBIT_STATUS)"
       fi
-    fi
+    done
   done
+  if [ "$VARIANTS" != plain ] && [[ ",$VARIANTS," == *,plain,* ]]; then
+    echo
+    echo "Each variant against the plain queue, same target (published msg/s; issue 7 asks features >= 0.90, priority >= 0.70 for Weir):"
+    for w in "${WORKLOAD_LIST[@]}"; do
+      for t in rabbitmq-classic rabbitmq-quorum weir; do
+        mapfile -t pf < <(rounds_of "$t" "$w" plain)
+        [ ${#pf[@]} -gt 0 ] || continue
+        base="$(median_of .publish_rate "${pf[@]}")"
+        for v in "${VARIANT_LIST[@]}"; do
+          [ "$v" = plain ] && continue
+          mapfile -t vf < <(rounds_of "$t" "$w" "$v")
+          [ ${#vf[@]} -gt 0 ] || continue
+          tp="$(median_of .publish_rate "${vf[@]}")"
+          cpu_v="$(median_of '(.broker_cpu_us_per_msg // 0)' "${vf[@]}")"
+          cpu_p="$(median_of '(.broker_cpu_us_per_msg // 0)' "${pf[@]}")"
+          dl="$(jq -s 'map(.dead_lettered // 0) | add' "${vf[@]}")"
+          awk -v w="$(wl_name "$w")" -v t="$t" -v v="$v" -v tp="$tp" -v b="$base" -v cv="$cpu_v" -v cp="$cpu_p" -v dl="$dl" 'BEGIN {
+            printf "- %s, %s: %s %.0f / plain %.0f msg/s = **%.2f**; broker CPU %.2f / %.2f µs/msg%s\n",
+              w, t, v, tp, b, tp / b, cv, cp, (v == "features" ? sprintf("; dead-lettered %d", dl) : "") }'
+        done
+      done
+    done
+  fi
 } | tee "$OUT/results.md"
 echo >&2
 echo "results in $OUT" >&2

@@ -63,12 +63,26 @@ impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
 /// of `size` bytes of `x`, the body split at `frame_max`; and the offset of the first body byte in
 /// them (0 if the body is empty). Encoded once and copied per message by the publishers of both
 /// tools.
+#[allow(dead_code)] // used by weir-abuse, which compiles this file too
 pub fn encode_publish(
     frame_max: u32,
     exchange: &str,
     routing_key: &str,
     size: usize,
     persistent: bool,
+) -> Result<(Vec<u8>, usize)> {
+    // delivery_mode 2 = persistent, 1 = transient.
+    let props = BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
+    encode_publish_with(frame_max, exchange, routing_key, size, props)
+}
+
+/// [`encode_publish`] with the content header's properties given in full (priority, expiration...).
+pub fn encode_publish_with(
+    frame_max: u32,
+    exchange: &str,
+    routing_key: &str,
+    size: usize,
+    properties: BasicProperties,
 ) -> Result<(Vec<u8>, usize)> {
     let mut frames = vec![
         AMQPFrame::Method(
@@ -85,12 +99,7 @@ pub fn encode_publish(
             AMQPContentHeader {
                 class_id: 60,
                 body_size: size as u64,
-                // delivery_mode 2 = persistent, 1 = transient.
-                properties: BasicProperties::default().with_delivery_mode(if persistent {
-                    2
-                } else {
-                    1
-                }),
+                properties,
             },
         ),
     ];

@@ -20,7 +20,7 @@ mod stats;
 use std::sync::Arc;
 use std::time::Duration;
 
-use amq_protocol::protocol::{queue, AMQPClass};
+use amq_protocol::protocol::{exchange, queue, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use amq_protocol::uri::AMQPUri;
 use clap::{ArgAction, Parser, ValueEnum};
@@ -79,6 +79,17 @@ struct Args {
     /// Publish with delivery_mode 2 (persistent).
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     persistent: bool,
+    /// More queue.declare arguments, as a JSON object, e.g.
+    /// '{"x-dead-letter-exchange":"weir-bench.dlx","x-message-ttl":3600000,"x-max-length":10000000}'.
+    /// Strings are sent as longstr, integers as long (64-bit), booleans as bool. A named
+    /// `x-dead-letter-exchange` is declared (fanout) with a queue `<queue>.dlq` bound to it, and the
+    /// report counts what reached it.
+    #[arg(long)]
+    queue_args: Option<String>,
+    /// Publish each message with a priority drawn uniformly from 0..N (0 = no priority property).
+    /// Pair with `--queue-args '{"x-max-priority":N}'`.
+    #[arg(long, default_value_t = 0)]
+    priorities: u8,
     /// Runtime worker threads: 1 = current-thread runtime (default, see crate docs).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -157,6 +168,8 @@ struct Report {
     consumed: u64,
     redelivered: u64,
     left_in_queue: Option<u32>,
+    /// Messages found in the dead-letter queue at the end (with a named `x-dead-letter-exchange`).
+    dead_lettered: Option<u32>,
     confirm: Percentiles,
     confirm_service: Percentiles,
     e2e: Percentiles,
@@ -210,6 +223,12 @@ impl Report {
             if a.label.is_empty() { String::new() } else { format!(" {}", a.label) }, redact(&a.url), a.queue, a.queue_type.as_str(), a.publishers, a.consumers,
             a.size, a.window, a.prefetch, mode, self.measured_s
         );
+        if let Some(q) = &a.queue_args {
+            out!("  queue arguments: {q}");
+        }
+        if a.priorities > 0 {
+            out!("  priorities: uniform 0..={}", a.priorities - 1);
+        }
         out!(
             "  published (confirmed): {:>10.0} msg/s   nacked: {}",
             self.publish_rate(),
@@ -222,6 +241,9 @@ impl Report {
             self.left_in_queue
                 .map_or("?".to_string(), |n| n.to_string())
         );
+        if let Some(n) = self.dead_lettered {
+            out!("  dead-lettered: {n}");
+        }
         let mut line = |name: &str, p: &Percentiles| {
             out!(
                 "  {name:<22} p50 {:>8.3} ms  p95 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms  (n={})",
@@ -279,6 +301,9 @@ impl Report {
             "durable": a.durable,
             "persistent": a.persistent,
             "threads": a.threads,
+            "queue_args": a.queue_args.as_deref().and_then(|q| serde_json::from_str::<serde_json::Value>(q).ok()),
+            "priorities": a.priorities,
+            "dead_lettered": self.dead_lettered,
             "measured_s": self.measured_s,
             "sent": self.sent,
             "confirmed": self.confirmed,
@@ -314,6 +339,133 @@ fn redact(url: &str) -> String {
         }
         _ => url.to_string(),
     }
+}
+
+/// The `--queue-args` JSON object as an AMQP field table.
+fn queue_args_table(json: &str) -> Result<FieldTable> {
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| BenchError(format!("bad --queue-args: {e}")))?;
+    match to_amqp(&v)? {
+        AMQPValue::FieldTable(t) => Ok(t),
+        _ => err("bad --queue-args: expected a JSON object"),
+    }
+}
+
+/// A JSON value as the AMQP field value RabbitMQ's clients send for it.
+fn to_amqp(v: &serde_json::Value) -> Result<AMQPValue> {
+    use serde_json::Value as J;
+    Ok(match v {
+        J::Null => AMQPValue::Void,
+        J::Bool(b) => AMQPValue::Boolean(*b),
+        J::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => AMQPValue::LongLongInt(i),
+            (None, Some(f)) if n.is_f64() => AMQPValue::Double(f),
+            _ => {
+                return err(format!(
+                    "bad --queue-args: {n} does not fit a signed 64-bit long"
+                ))
+            }
+        },
+        J::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+        J::Array(a) => {
+            AMQPValue::FieldArray(a.iter().map(to_amqp).collect::<Result<Vec<_>>>()?.into())
+        }
+        J::Object(o) => {
+            let mut t = FieldTable::default();
+            for (k, v) in o {
+                t.insert(k.as_str().into(), to_amqp(v)?);
+            }
+            AMQPValue::FieldTable(t)
+        }
+    })
+}
+
+/// The named dead-letter exchange in the queue arguments, if any (`""` is the default exchange,
+/// which needs nothing declared).
+fn named_dlx(args: &FieldTable) -> Option<String> {
+    match args.inner().get("x-dead-letter-exchange") {
+        Some(AMQPValue::LongString(s)) if !s.as_bytes().is_empty() => {
+            Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+        }
+        _ => None,
+    }
+}
+
+/// Declare the dead-letter exchange `dlx` (fanout, durable) and a durable queue `dlq` bound to it,
+/// so what the benchmark queue dead-letters is kept and counted.
+async fn declare_dlx(conn: &mut Conn, dlx: &str, dlq: &str) -> Result<()> {
+    let reply = conn
+        .call(AMQPClass::Exchange(exchange::AMQPMethod::Declare(
+            exchange::Declare {
+                exchange: dlx.into(),
+                kind: "fanout".into(),
+                passive: false,
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            },
+        )))
+        .await
+        .ctx(format!("exchange.declare {dlx}"))?;
+    if !matches!(
+        reply,
+        AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(_))
+    ) {
+        return err(format!("expected exchange.declare-ok, got {reply:?}"));
+    }
+    declare_queue(conn, dlq, true, FieldTable::default()).await?;
+    let reply = conn
+        .call(AMQPClass::Queue(queue::AMQPMethod::Bind(queue::Bind {
+            queue: dlq.into(),
+            exchange: dlx.into(),
+            routing_key: "".into(),
+            nowait: false,
+            arguments: FieldTable::default(),
+        })))
+        .await
+        .ctx(format!("queue.bind {dlq} to {dlx}"))?;
+    match reply {
+        AMQPClass::Queue(queue::AMQPMethod::BindOk(_)) => Ok(()),
+        other => err(format!("expected queue.bind-ok, got {other:?}")),
+    }
+}
+
+/// Declare queue `name` (not exclusive, not auto-delete).
+async fn declare_queue(conn: &mut Conn, name: &str, durable: bool, args: FieldTable) -> Result<()> {
+    let reply = conn
+        .call(AMQPClass::Queue(queue::AMQPMethod::Declare(
+            queue::Declare {
+                queue: name.into(),
+                passive: false,
+                durable,
+                exclusive: false,
+                auto_delete: false,
+                nowait: false,
+                arguments: args,
+            },
+        )))
+        .await
+        .ctx(format!("queue.declare {name}"))?;
+    match reply {
+        AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)) => Ok(()),
+        other => err(format!("expected queue.declare-ok, got {other:?}")),
+    }
+}
+
+/// Delete exchange `name` (best effort: only used to clean up).
+async fn delete_exchange(conn: &mut Conn, name: &str) -> Result<()> {
+    conn.call(AMQPClass::Exchange(exchange::AMQPMethod::Delete(
+        exchange::Delete {
+            exchange: name.into(),
+            if_unused: false,
+            nowait: false,
+        },
+    )))
+    .await
+    .ctx(format!("exchange.delete {name}"))
+    .map(drop)
 }
 
 /// Delete the queue, returning how many messages it still held.
@@ -352,37 +504,33 @@ async fn run(args: Args) -> Result<Report> {
         return err("--ack-every must not exceed --prefetch");
     }
 
-    // Fresh queue: delete whatever a previous (possibly aborted) run left, then declare.
-    // On a throwaway connection: per the spec, deleting a missing queue is a 404 channel error
-    // (RabbitMQ answers delete-ok instead), which would leave the channel unusable.
-    {
-        let mut c = Conn::open(&uri).await.ctx("setup connection")?;
-        let _ = delete_queue(&mut c, &args.queue).await;
-        c.close().await;
-    }
-    let mut admin = Conn::open(&uri).await.ctx("setup connection")?;
     let mut qargs = FieldTable::default();
     qargs.insert(
         "x-queue-type".into(),
         AMQPValue::LongString(LongString::from(args.queue_type.as_str())),
     );
-    let reply = admin
-        .call(AMQPClass::Queue(queue::AMQPMethod::Declare(
-            queue::Declare {
-                queue: args.queue.as_str().into(),
-                passive: false,
-                durable: args.durable,
-                exclusive: false,
-                auto_delete: false,
-                nowait: false,
-                arguments: qargs,
-            },
-        )))
-        .await
-        .ctx(format!("queue.declare {}", args.queue))?;
-    if !matches!(reply, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_))) {
-        return err(format!("expected queue.declare-ok, got {reply:?}"));
+    if let Some(json) = &args.queue_args {
+        // Given arguments win, x-queue-type included.
+        for (k, v) in &queue_args_table(json)? {
+            qargs.insert(k.clone(), v.clone());
+        }
     }
+    let dlx = named_dlx(&qargs);
+    let dlq = format!("{}.dlq", args.queue);
+
+    // Fresh queue: delete whatever a previous (possibly aborted) run left, then declare.
+    // On a throwaway connection: per the spec, deleting a missing queue is a 404 channel error
+    // (RabbitMQ answers delete-ok instead), which would leave the channel unusable.
+    for q in std::iter::once(&args.queue).chain(dlx.as_ref().map(|_| &dlq)) {
+        let mut c = Conn::open(&uri).await.ctx("setup connection")?;
+        let _ = delete_queue(&mut c, q).await;
+        c.close().await;
+    }
+    let mut admin = Conn::open(&uri).await.ctx("setup connection")?;
+    if let Some(dlx) = &dlx {
+        declare_dlx(&mut admin, dlx, &dlq).await?;
+    }
+    declare_queue(&mut admin, &args.queue, args.durable, qargs).await?;
 
     // Connect every role before the clock starts, so connection set-up is not measured.
     let mut consumers = Vec::new();
@@ -412,6 +560,7 @@ async fn run(args: Args) -> Result<Report> {
         &args.queue,
         args.size as usize,
         args.persistent,
+        args.priorities,
     )?);
 
     let start_ns = now_ns();
@@ -530,6 +679,11 @@ async fn run(args: Args) -> Result<Report> {
     }
 
     let left_in_queue = delete_queue(&mut admin, &args.queue).await.ok();
+    let mut dead_lettered = None;
+    if let Some(dlx) = &dlx {
+        dead_lettered = delete_queue(&mut admin, &dlq).await.ok();
+        let _ = delete_exchange(&mut admin, dlx).await;
+    }
     admin.close().await;
 
     Ok(Report {
@@ -540,6 +694,7 @@ async fn run(args: Args) -> Result<Report> {
         consumed,
         redelivered,
         left_in_queue,
+        dead_lettered,
         confirm: Percentiles::of(&confirm),
         confirm_service: Percentiles::of(&confirm_service),
         e2e: Percentiles::of(&e2e),
@@ -561,7 +716,34 @@ async fn run(args: Args) -> Result<Report> {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{named_dlx, queue_args_table, redact};
+    use amq_protocol::types::AMQPValue;
+
+    #[test]
+    fn queue_args_become_a_field_table() {
+        let t = queue_args_table(
+            r#"{"x-dead-letter-exchange":"dlx","x-message-ttl":3600000,"x-max-priority":10,"x-single-active-consumer":true}"#,
+        )
+        .unwrap();
+        let m = t.inner();
+        assert_eq!(
+            m.get("x-message-ttl"),
+            Some(&AMQPValue::LongLongInt(3_600_000))
+        );
+        assert_eq!(m.get("x-max-priority"), Some(&AMQPValue::LongLongInt(10)));
+        assert_eq!(
+            m.get("x-single-active-consumer"),
+            Some(&AMQPValue::Boolean(true))
+        );
+        assert_eq!(named_dlx(&t).as_deref(), Some("dlx"));
+        assert!(queue_args_table("[1]").is_err());
+        assert!(queue_args_table("{").is_err());
+        assert!(queue_args_table(r#"{"x-max-length":18446744073709551615}"#).is_err());
+        assert_eq!(
+            named_dlx(&queue_args_table(r#"{"x-dead-letter-exchange":""}"#).unwrap()),
+            None
+        );
+    }
 
     #[test]
     fn redact_hides_the_password_only() {

@@ -7,7 +7,9 @@ use amq_protocol::protocol::{basic, AMQPClass};
 use hdrhistogram::Histogram;
 use tokio::sync::watch;
 
-use crate::conn::{encode_publish, err, Conn, Context, Result};
+use amq_protocol::protocol::BasicProperties;
+
+use crate::conn::{encode_publish_with, err, Conn, Context, Result};
 use crate::stats::{self, new_histogram, now_ns, record_ns};
 use crate::Plan;
 
@@ -25,31 +27,67 @@ pub struct PubStats {
     pub confirm_service: Histogram<u64>,
 }
 
-/// Pre-encoded publish (basic.publish + content header + body frames) for one message, plus the offset
-/// of the body's first byte, where each copy gets its 8-byte timestamp.
+/// Pre-encoded publishes (basic.publish + content header + body frames), one per variant, each with
+/// the offset of the body's first byte, where each copy gets its 8-byte timestamp.
 ///
 /// Encoding the frames once with `gen_frame` and copying the bytes per message keeps the per-message
-/// cost to a ~300-byte memcpy: every publish of a run is identical except for that timestamp.
+/// cost to a ~300-byte memcpy: every publish of a run is identical except for that timestamp and,
+/// with `--priorities N`, which of the N pre-encoded priority variants it is.
 pub struct Template {
-    bytes: Vec<u8>,
-    ts_offset: usize,
+    variants: Vec<(Vec<u8>, usize)>,
 }
 
 impl Template {
-    /// Encode the frames that publish `size` bytes to `queue` through the default exchange.
-    pub fn new(frame_max: u32, queue: &str, size: usize, persistent: bool) -> Result<Template> {
-        let (bytes, ts_offset) = encode_publish(frame_max, "", queue, size, persistent)
+    /// Encode the frames that publish `size` bytes to `queue` through the default exchange: one
+    /// variant without a priority when `priorities` is 0, else one per priority `0..priorities`.
+    pub fn new(
+        frame_max: u32,
+        queue: &str,
+        size: usize,
+        persistent: bool,
+        priorities: u8,
+    ) -> Result<Template> {
+        let mode = if persistent { 2 } else { 1 };
+        let props = BasicProperties::default().with_delivery_mode(mode);
+        let all: Vec<BasicProperties> = if priorities == 0 {
+            vec![props]
+        } else {
+            (0..priorities)
+                .map(|p| props.clone().with_priority(p))
+                .collect()
+        };
+        let variants = all
+            .into_iter()
+            .map(|props| encode_publish_with(frame_max, "", queue, size, props))
+            .collect::<Result<Vec<_>>>()
             .ctx("encoding publish template")?;
-        Ok(Template { bytes, ts_offset })
+        Ok(Template { variants })
     }
 
-    /// Append one publish stamped with `ts_ns` to `out`.
+    /// Append one publish stamped with `ts_ns` to `out`; with several variants, a uniformly random
+    /// one drawn from `rng`.
     #[inline]
-    fn append(&self, out: &mut Vec<u8>, ts_ns: u64) {
-        let at = out.len() + self.ts_offset;
-        out.extend_from_slice(&self.bytes);
+    fn append(&self, out: &mut Vec<u8>, ts_ns: u64, rng: &mut u64) {
+        let (bytes, ts_offset) = if self.variants.len() == 1 {
+            &self.variants[0]
+        } else {
+            &self.variants[(xorshift(rng) % self.variants.len() as u64) as usize]
+        };
+        let at = out.len() + ts_offset;
+        out.extend_from_slice(bytes);
         out[at..at + 8].copy_from_slice(&ts_ns.to_be_bytes());
     }
+}
+
+/// xorshift64: a few cycles per draw, plenty for spreading priorities (state must not be 0).
+#[inline]
+pub fn xorshift(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
 }
 
 /// Put the channel in confirm mode.
@@ -106,6 +144,8 @@ pub async fn run(
         Pace::Rate { index, .. } => *index,
     };
     let end = stats::deadline(plan.end_ns);
+    // Priority draws: a seed that differs per publisher (the clock), never 0 (xorshift's fixed point).
+    let mut rng = (now_ns() ^ 0x9E37_79B9_7F4A_7C15).wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1;
 
     loop {
         let now = now_ns();
@@ -127,7 +167,7 @@ pub async fn run(
                     due
                 }
             };
-            template.append(&mut conn.wbuf, intended);
+            template.append(&mut conn.wbuf, intended, &mut rng);
             pending.slots.push_back(Some((intended, now)));
             pending.inflight += 1;
             st.sent += 1;
@@ -303,9 +343,9 @@ mod tests {
     /// timestamp in the first 8 body bytes.
     #[test]
     fn template_round_trips_through_the_codec() {
-        let t = Template::new(4096, "q", 5000, true).unwrap();
+        let t = Template::new(4096, "q", 5000, true, 0).unwrap();
         let mut out = Vec::new();
-        t.append(&mut out, 0x0102_0304_0506_0708);
+        t.append(&mut out, 0x0102_0304_0506_0708, &mut 1);
         let mut rest = &out[..];
         let mut frames = Vec::new();
         while !rest.is_empty() {
@@ -328,6 +368,25 @@ mod tests {
             }
             other => panic!("expected two body frames, got {other:?}"),
         }
+    }
+
+    /// With `priorities` 10 every publish carries a priority 0..=9, and all ten occur.
+    #[test]
+    fn priority_variants_are_drawn_uniformly() {
+        let t = Template::new(4096, "q", 16, true, 10).unwrap();
+        let (mut rng, mut seen) = (12345u64, [0u32; 10]);
+        for _ in 0..10_000 {
+            let mut out = Vec::new();
+            t.append(&mut out, 7, &mut rng);
+            let (rest, _) = parse_frame(&out[..]).unwrap();
+            match parse_frame(rest).unwrap().1 {
+                AMQPFrame::Header(_, h) => {
+                    seen[usize::from(h.properties.priority().unwrap())] += 1;
+                }
+                other => panic!("expected header, got {other:?}"),
+            }
+        }
+        assert!(seen.iter().all(|&n| (800..1200).contains(&n)), "{seen:?}");
     }
 
     #[test]
