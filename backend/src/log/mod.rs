@@ -310,6 +310,7 @@ impl LogStore {
         // Before reading anything: a second process must not even truncate a
         // "torn" tail that is really the first one's append in flight.
         let lock = crate::lock::DirLock::acquire(dir)?;
+        segment::remove_trash(&log_dir);
 
         // A spare segment's worth of disk, so that acks, purges and deletes
         // can still be recorded (and space reclaimed) once publishers filled

@@ -83,6 +83,33 @@ pub(crate) fn segment_path(log_dir: &Path, id: SegmentId) -> PathBuf {
     log_dir.join(format!("{id:08}{SUFFIX}"))
 }
 
+/// Suffix of a segment renamed for deletion: its unlink (tens of ms for a
+/// large file) runs off the writer thread.
+const TRASH_SUFFIX: &str = ".seg.del";
+
+/// `<log_dir>/00000001.seg.del`: where a reclaimed segment waits for its unlink.
+pub(crate) fn trash_path(log_dir: &Path, id: SegmentId) -> PathBuf {
+    log_dir.join(format!("{id:08}{TRASH_SUFFIX}"))
+}
+
+/// Deletes segments renamed for deletion whose unlink a crash interrupted.
+pub(crate) fn remove_trash(log_dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(log_dir) else {
+        return;
+    };
+    for entry in rd.flatten() {
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.ends_with(TRASH_SUFFIX))
+        {
+            if let Err(e) = std::fs::remove_file(entry.path()) {
+                tracing::warn!(error = %e, file = %entry.path().display(), "deleting a reclaimed segment failed");
+            }
+        }
+    }
+}
+
 /// Ids of every segment file in `log_dir`, ascending. Other files are ignored.
 pub(crate) fn list_segments(log_dir: &Path) -> Result<Vec<SegmentId>, StoreError> {
     let mut ids = Vec::new();

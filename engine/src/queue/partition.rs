@@ -543,17 +543,7 @@ impl Partition {
                 }
             }
             work.dead.append(&mut st.dead);
-            // Stale index entries (delivered before expiring) are dropped
-            // when they outnumber the ready list, so the index stays O(ready).
-            if st.expiry.len() > 2 * st.ready.len() + 1024 {
-                let live: Vec<_> = st
-                    .ready
-                    .iter()
-                    .filter(|e| e.expires_at_ms != 0)
-                    .map(|e| Reverse((e.expires_at_ms, e.seq, e.priority)))
-                    .collect();
-                st.expiry = BinaryHeap::from(live);
-            }
+            prune_expiry(&mut st);
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
             let expiry = st.expiry.peek().map(|Reverse((at, _, _))| *at);
@@ -992,6 +982,7 @@ impl Partition {
                 entry,
             });
         }
+        prune_expiry(st);
     }
 
     /// Whether the head has expired (`now` is read once, lazily); if so it
@@ -1195,6 +1186,23 @@ impl Partition {
     }
 }
 
+/// Drops stale expiry-index entries (delivered before they expired) once
+/// they outnumber the ready list, so the index stays O(ready): called where
+/// messages leave (dispatch) as well as from the timer, since a consumer
+/// that keeps up may leave the earliest deadline hours away. Amortised O(1)
+/// per stale entry.
+fn prune_expiry(st: &mut PartitionState) {
+    if st.expiry.len() > 2 * st.ready.len() + 1024 {
+        let live: Vec<_> = st
+            .ready
+            .iter()
+            .filter(|e| e.expires_at_ms != 0)
+            .map(|e| Reverse((e.expires_at_ms, e.seq, e.priority)))
+            .collect();
+        st.expiry = BinaryHeap::from(live);
+    }
+}
+
 /// Adds to the delayed heap, growing it by an eighth rather than doubling
 /// (a deep delay heap would otherwise keep up to twice its size).
 fn push_delayed(heap: &mut BinaryHeap<Delayed>, at: u64, entry: Entry) {
@@ -1318,6 +1326,26 @@ mod tests {
         p.dispatch();
         let next = drained(&conn).into_iter().next().expect("second delivery");
         assert_eq!(next.entry.location, Some(at(9)));
+    }
+
+    #[test]
+    fn the_expiry_index_stays_bounded_while_a_consumer_keeps_up() {
+        let args = QueueArgs {
+            message_ttl: Some(3_600_000),
+            ..QueueArgs::default()
+        };
+        let p = Partition::with_args(PartitionId(1), false, Arc::new(args));
+        let conn = ConnHandle::new(1);
+        assert!(p.add_consumer(consumer(&conn, 0)));
+        for id in 0..20_000 {
+            assert!(p.enqueue(entry(id)).is_queued());
+            // Delivered at once: each leaves a stale index entry behind.
+            let d = drained(&conn);
+            conn.unsent_done(d.len() as u32);
+        }
+        assert_eq!(p.ready_len(), 0);
+        let index = p.lock().expiry.len();
+        assert!(index <= 1024 + 1, "stale expiry entries kept: {index}");
     }
 
     #[test]
