@@ -82,6 +82,7 @@ impl ConsumerSet {
     }
 
     /// Whether none is attached.
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub(crate) fn is_empty(&self) -> bool {
         self.list.is_empty()
     }

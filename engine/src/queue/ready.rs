@@ -77,6 +77,7 @@ impl ReadyList {
     }
 
     /// Whether no live entry is ready.
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -204,6 +205,7 @@ impl ReadyList {
     }
 
     /// Slots in use, tombstones included (what the list costs in memory).
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub(crate) fn total_slots(&self) -> usize {
         self.levels.iter().map(|l| l.q.len()).sum()
     }
