@@ -333,13 +333,17 @@ impl Broker {
         let timers = tokio::spawn(run_timers(self.shared.engine.clone()));
         let engine = self.shared.engine.clone();
         let compactor = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            // Every 5 s; while rounds find work, again after 100 ms, so small
+            // rounds (short stalls, little memory) keep up with churn.
+            let mut next = Duration::from_secs(5);
             loop {
-                tick.tick().await;
+                tokio::time::sleep(next).await;
                 let e = engine.clone();
+                next = Duration::from_secs(5);
                 match tokio::task::spawn_blocking(move || e.compact()).await {
                     Ok(Ok(n)) if n > 0 => {
-                        tracing::info!(relocated = n, "compacted sparse segments")
+                        tracing::info!(relocated = n, "compacted sparse segments");
+                        next = Duration::from_millis(100);
                     }
                     Ok(Err(e)) => tracing::warn!(error = %e, "compaction failed"),
                     _ => {}

@@ -100,8 +100,11 @@ const MAX_COMPACTION_CANDIDATES: usize = 4;
 /// How many of the oldest sealed segments it looks at.
 const COMPACTION_WINDOW: usize = 16;
 /// How many records one [`Store::compact`] copies at most (bounds the
-/// memory of its candidate list; the next call continues).
-const MAX_RELOCATIONS: usize = 1 << 17;
+/// memory of its candidate list and the time of its location swaps; the
+/// next call continues). 32,768: a round of 131,072 cost ~18 MB of working
+/// set and a 17-27 ms stall of concurrent commits (docs/BENCHMARKS.md,
+/// issue 7); the gateway calls again soon while rounds find work.
+const MAX_RELOCATIONS: usize = 1 << 15;
 
 /// A segment whose idempotency receipts all expire within this many ms is
 /// left to them rather than read to copy its receipts out: waiting that
