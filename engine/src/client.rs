@@ -1283,3 +1283,37 @@ fn delay_header(headers: &dyn crate::exchange::HeaderLookup) -> u64 {
         _ => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::delay_header;
+    use crate::exchange::HeaderLookup;
+    use serde_json::{json, Value};
+
+    struct One(Value);
+    impl HeaderLookup for One {
+        fn header(&self, name: &str) -> Option<Value> {
+            (name == "x-delay").then(|| self.0.clone())
+        }
+    }
+
+    #[test]
+    fn x_delay_reads_numbers_and_digit_strings_and_ignores_the_rest() {
+        for (v, ms) in [
+            (json!(1500), 1500),
+            (json!(2.9), 2),
+            (json!("750"), 750),
+            (json!(" 40 "), 40),
+            (json!(-5), 0),
+            (json!(-0.5), 0),
+            (json!("soon"), 0),
+            (json!("-3"), 0),
+            (json!(null), 0),
+            (json!([1, 2]), 0),
+            (json!({"ms": 1}), 0),
+            (json!(u64::MAX), u64::MAX),
+        ] {
+            assert_eq!(delay_header(&One(v.clone())), ms, "{v}");
+        }
+    }
+}

@@ -3,7 +3,9 @@
 //! (also those that arrive asynchronously, as connection events).
 
 use futures_lite::StreamExt;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
@@ -164,4 +166,16 @@ pub async fn next_error_code(
             None => panic!("event stream ended"),
         }
     }
+}
+
+/// basic.consume on `queue` with tag `tag` (acks required), panicking on error.
+pub async fn consume(ch: &Channel, queue: &str, tag: &str) -> lapin::Consumer {
+    ch.basic_consume(
+        queue.into(),
+        tag.into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("basic.consume {queue}: {e}"))
 }

@@ -76,17 +76,6 @@ async fn declare_dlx(ch: &Channel, exchange: &str, queue: &str) {
     .expect("queue.bind");
 }
 
-async fn consume(ch: &Channel, queue: &str, tag: &str) -> lapin::Consumer {
-    ch.basic_consume(
-        queue.into(),
-        tag.into(),
-        BasicConsumeOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("basic.consume {queue}: {e}"))
-}
-
 async fn get(ch: &Channel, queue: &str) -> Option<Delivery> {
     ch.basic_get(queue.into(), BasicGetOptions { no_ack: false })
         .await

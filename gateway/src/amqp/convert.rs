@@ -1268,4 +1268,32 @@ mod tests {
             h.properties(codecs()).unwrap()
         );
     }
+
+    #[test]
+    fn may_have_rules_out_headers_cheaply_and_never_misses_one() {
+        use weir_engine::exchange::HeaderLookup;
+        let mut t = Vec::new();
+        entry(&mut t, "CC", b'S', &long(b"k"));
+        let with_cc = Block::default()
+            .short(P_CONTENT_TYPE, b"text/plain")
+            .table(&t)
+            .bytes();
+        let h = LazyHeaders::new(&with_cc);
+        assert!(h.may_have("CC"));
+        assert!(h.header("CC").is_some());
+        // BCC's bytes contain "CC" but not its length-prefixed key.
+        assert!(!h.may_have("BCC"));
+        // No headers flag: nothing to find, whatever the other fields say.
+        let no_table = Block::default().short(P_CONTENT_TYPE, b"\x02CC").bytes();
+        assert!(!LazyHeaders::new(&no_table).may_have("CC"));
+        // Hostile blocks (truncated, empty, absurd names) never panic and
+        // err on the side of parsing.
+        for raw in [&[][..], &[0x20][..], &with_cc[..with_cc.len() / 2]] {
+            let h = LazyHeaders::new(raw);
+            let _ = h.may_have("CC");
+            assert!(h.header("CC").is_none() || raw.len() > 2);
+        }
+        assert!(LazyHeaders::new(&with_cc).may_have(""));
+        assert!(LazyHeaders::new(&with_cc).may_have(&"x".repeat(300)));
+    }
 }
