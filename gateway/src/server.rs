@@ -671,9 +671,14 @@ async fn run_timers(engine: Arc<Engine>) {
     loop {
         let now = now_ms();
         let e = engine.clone();
+        let started = std::time::Instant::now();
         let next = tokio::task::spawn_blocking(move || e.run_timers(now))
             .await
             .unwrap_or(None);
+        let took = started.elapsed();
+        if took >= Duration::from_millis(5) {
+            tracing::debug!(ms = took.as_secs_f64() * 1e3, "slow timer round");
+        }
         match next {
             // More is due (a partition hands out a bounded batch per round):
             // go again, letting other tasks run first.

@@ -30,6 +30,7 @@ mod recovery;
 mod repair;
 mod scan;
 mod segment;
+mod spares;
 mod writer;
 
 pub use repair::{repair, RepairReport, QUARANTINE_DIR};
@@ -224,6 +225,8 @@ pub(crate) struct Shared {
     /// record before it can be read from disk.
     written: AtomicU64,
     reads: ReadCache,
+    /// Zeroed reclaimed segments the writer reuses.
+    spares: Arc<spares::Spares>,
     stats: Stats,
     /// The last segment when open continued appending into it (disk full):
     /// the only segment the writer opens instead of creating.
@@ -374,6 +377,7 @@ impl LogStore {
             segments.insert(head, SegmentInfo::default());
         }
 
+        let (opts_segment_size, opts_sync) = (opts.segment_size, opts.sync);
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             log_dir: log_dir.clone(),
@@ -400,7 +404,8 @@ impl LogStore {
             wake: Condvar::new(),
             next_id: AtomicU64::new(rec.next_id),
             written: AtomicU64::new(pack_pos(head, head_size)),
-            reads: ReadCache::new(log_dir),
+            reads: ReadCache::new(log_dir.clone()),
+            spares: Arc::new(spares::Spares::open(&log_dir, opts_segment_size, opts_sync)),
             stats,
             continued_head: rec.continued_head.map(|(seg, _)| seg),
             #[cfg(test)]
@@ -1091,12 +1096,14 @@ impl LogStore {
         };
         let _done = CompactionDone(&self.shared);
         // Phase 1, under the engine's locks: only collect.
+        let started = std::time::Instant::now();
         let mut todo = Vec::new();
         live.for_each_live(&mut |partition, id, location| {
             if todo.len() < MAX_RELOCATIONS && candidates.contains(&location.segment()) {
                 todo.push((partition, id, location));
             }
         });
+        let collected = started.elapsed();
         // Phase 2, no engine lock held: read and copy.
         let mut copies = Vec::with_capacity(todo.len());
         let mut err = None;
@@ -1117,11 +1124,19 @@ impl LogStore {
         }
         // Phase 3, under the engine's locks again: swap in what is still
         // where it was. Also after an error: the copies made are accounted.
+        let copied = started.elapsed();
         let swapped = if copies.is_empty() {
             Vec::new()
         } else {
             live.relocate(&copies)
         };
+        tracing::debug!(
+            collect_ms = collected.as_secs_f64() * 1e3,
+            copy_ms = (copied - collected).as_secs_f64() * 1e3,
+            swap_ms = (started.elapsed() - copied).as_secs_f64() * 1e3,
+            records = copies.len(),
+            "compaction round"
+        );
         debug_assert_eq!(swapped.len(), copies.len());
         let mut moved = 0;
         let mut st = self.shared.state.lock();

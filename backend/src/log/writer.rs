@@ -185,6 +185,10 @@ pub(crate) fn ensure_meta_reserve(log_dir: &std::path::Path) {
 /// while the disk is full.
 const RESERVE_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// A commit round or reclamation this slow is logged (debug): commits
+/// queued behind it wait that long.
+const SLOW_ROUND: std::time::Duration = std::time::Duration::from_millis(5);
+
 fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
     // When the head segment first held written but unsynced data.
     let mut dirty_since: Option<std::time::Instant> = None;
@@ -200,7 +204,20 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             reserve_tried = Some(std::time::Instant::now());
             retry_reserve(shared);
         }
-        match write_round(shared, cur, &round.chunks, round.sync) {
+        let started = std::time::Instant::now();
+        let segment_before = cur.as_ref().map(|c| c.id);
+        let written = write_round(shared, cur, &round.chunks, round.sync);
+        let took = started.elapsed();
+        if took >= SLOW_ROUND {
+            tracing::debug!(
+                ms = took.as_secs_f64() * 1e3,
+                bytes = round.chunks.iter().map(|c| c.buf.len()).sum::<usize>(),
+                sync = round.sync,
+                rolled = segment_before != cur.as_ref().map(|c| c.id),
+                "slow commit round"
+            );
+        }
+        match written {
             Ok(()) => {}
             Err(RoundError::Fatal(err)) => {
                 fail(shared, round.waiters, err);
@@ -240,7 +257,19 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             call_waiter(w, Ok(()));
         }
         if let Some(r) = round.reclaim {
+            let started = std::time::Instant::now();
+            let segments = r.segments.len();
+            let checkpoint = r.checkpoint.is_some();
             reclaim(shared, r);
+            let took = started.elapsed();
+            if took >= SLOW_ROUND {
+                tracing::debug!(
+                    ms = took.as_secs_f64() * 1e3,
+                    segments,
+                    checkpoint,
+                    "slow reclamation"
+                );
+            }
         }
     }
 }
@@ -472,9 +501,17 @@ fn write_round(
     Ok(())
 }
 
-/// Creates a segment file with all its blocks allocated. Fails with ENOSPC
-/// (and removes the file) when the disk cannot hold a whole segment.
+/// Creates a segment file with all its blocks allocated: a zeroed spare
+/// (`spares.rs`) when one is ready, else a new file. Fails with ENOSPC (and
+/// removes the file) when the disk cannot hold a whole segment.
 fn allocate_segment(shared: &Shared, path: &std::path::Path) -> std::io::Result<File> {
+    // Only this thread creates segments: nothing can appear between the
+    // check and the rename.
+    if !path.exists() {
+        if let Some(file) = shared.spares.take(path) {
+            return Ok(file);
+        }
+    }
     let file = OpenOptions::new().write(true).create_new(true).open(path)?;
     if let Err(e) = preallocate(&file, shared.opts.segment_size) {
         drop(file);
@@ -605,8 +642,9 @@ fn reclaim(shared: &Shared, r: Reclaim) {
         let path = segment_path(&shared.log_dir, id);
         // A rename is a metadata change; the unlink of a large file can take
         // tens of ms (measured: 24-31 ms for 64 MiB), which every commit
-        // waiting on this thread would pay. The unlink runs on its own
-        // thread; a crash before it leaves a `.seg.del` that open deletes.
+        // waiting on this thread would pay. Its recycling (`spares.rs`:
+        // zeroed for reuse, or deleted) runs on its own thread; a crash
+        // before it leaves a `.seg.del` that open deletes.
         let to = trash_path(&shared.log_dir, id);
         match std::fs::rename(&path, &to) {
             Ok(()) => trash.push(to),
@@ -629,21 +667,7 @@ fn reclaim(shared: &Shared, r: Reclaim) {
             tracing::warn!(error = %e, "fsync of the log directory after reclamation failed");
         }
     }
-    if !trash.is_empty() {
-        let unlink = move || {
-            for p in trash {
-                if let Err(e) = std::fs::remove_file(&p) {
-                    tracing::warn!(error = %e, file = %p.display(), "deleting a reclaimed segment failed");
-                }
-            }
-        };
-        if let Err(e) = std::thread::Builder::new()
-            .name("weir-unlink".into())
-            .spawn(unlink)
-        {
-            tracing::warn!(error = %e, "no thread to delete reclaimed segments; left for the next start");
-        }
-    }
+    shared.spares.recycle_in_background(trash);
     if shared.opts.reserve {
         // Space was just freed: take back the checkpoint reserve if a full
         // disk made us spend it.
