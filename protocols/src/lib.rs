@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod amqp;
+pub mod mqtt;
 mod secret;
 
 pub use secret::Secret;
