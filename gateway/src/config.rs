@@ -90,7 +90,7 @@ settings! {
         "Seconds a connection may hold a partly received message without progress before it is \
          closed (0 = never) [default: 30]";
     "mqtt.listen", "mqtt-listen", "WEIR_MQTT_LISTEN", Str, None,
-        "MQTT listen address (reserved: not served yet)";
+        "MQTT 3.1.1 and 5 listen address [default: 0.0.0.0:1883]";
     "http.listen", "http-listen", "WEIR_HTTP_LISTEN", Str, None,
         "HTTP listen address (reserved: not served yet)";
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
@@ -276,7 +276,48 @@ impl Default for AmqpConfig {
     }
 }
 
-/// `[mqtt]`, `[http]`, `[native]`: listeners reserved for the adapters to
+/// `[mqtt]`: the MQTT 3.1.1 and 5 listener and its limits.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Largest packet accepted from a client, bytes (MQTT 5: offered in
+    /// CONNACK; larger packets: 0x95).
+    pub max_packet_size: u32,
+    /// QoS 1/2 publishes a client may have unacknowledged towards the
+    /// broker (CONNACK receive maximum; more: 0x93).
+    pub receive_maximum: u16,
+    /// Most MQTT connections at once (0 = no limit; more: CONNACK 0x97).
+    pub max_connections: usize,
+    /// Most messages queued for one session (0 = no limit); beyond it the
+    /// oldest are dropped.
+    pub max_queued_messages: u64,
+    /// Most levels in a topic name or filter.
+    pub max_topic_levels: usize,
+    /// Longest session expiry granted, seconds (0 = as asked; MQTT 3.1.1
+    /// persistent sessions never expire then).
+    pub max_session_expiry: u32,
+    /// Topic aliases a client may use towards the broker.
+    pub topic_alias_maximum: u16,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 1883)),
+            max_packet_size: 16 << 20,
+            receive_maximum: 1024,
+            max_connections: 0,
+            max_queued_messages: 1_000_000,
+            max_topic_levels: 32,
+            max_session_expiry: 0,
+            topic_alias_maximum: 64,
+        }
+    }
+}
+
+/// `[http]`, `[native]`: listeners reserved for the adapters to
 /// come. Parsed and kept, **not served yet** (no socket is opened).
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -507,8 +548,8 @@ pub struct Config {
     pub log: String,
     /// `[amqp]`.
     pub amqp: AmqpConfig,
-    /// `[mqtt]` (not served yet).
-    pub mqtt: ReservedListener,
+    /// `[mqtt]`.
+    pub mqtt: MqttConfig,
     /// `[http]` (not served yet).
     pub http: ReservedListener,
     /// `[native]` (not served yet).
@@ -684,7 +725,7 @@ impl Config {
                 .unwrap_or_else(|| Value::Table(Table::new()))
         };
         let amqp: AmqpConfig = typed("amqp", section("amqp"), &describe)?;
-        let mqtt: ReservedListener = typed("mqtt", section("mqtt"), &describe)?;
+        let mqtt: MqttConfig = typed("mqtt", section("mqtt"), &describe)?;
         let http: ReservedListener = typed("http", section("http"), &describe)?;
         let native: ReservedListener = typed("native", section("native"), &describe)?;
         let store: StoreConfig = typed("store", section("store"), &describe)?;
@@ -704,7 +745,7 @@ impl Config {
         debug_assert!(table.is_empty(), "unhandled sections: {table:?}");
 
         validate(&amqp, &store, &auth)?;
-        for (name, l) in [("mqtt", &mqtt), ("http", &http), ("native", &native)] {
+        for (name, l) in [("http", &http), ("native", &native)] {
             if let Some(addr) = l.listen {
                 warnings.push(format!(
                     "{name}.listen = {addr} is reserved: the {name} adapter is not served yet, nothing listens there"
@@ -1092,6 +1133,7 @@ mod tests {
                 ("WEIR_DATA_DIR", "/d"),
                 ("WEIR_DEFAULT_PASS", "pw"),
                 ("WEIR_MQTT_LISTEN", "127.0.0.1:1883"),
+                ("WEIR_HTTP_LISTEN", "127.0.0.1:15672"),
                 ("WEIR_PARTIAL_CONTENT_TIMEOUT", "0"),
                 ("WEIR_DISK_FREE_LIMIT", "50MB"),
             ],
@@ -1103,10 +1145,7 @@ mod tests {
         assert_eq!(cfg.store.log.data_dir, PathBuf::from("/d"));
         assert_eq!(cfg.amqp.partial_content_timeout, 0);
         assert_eq!(cfg.quota.disk_free_limit, 50 << 20);
-        assert_eq!(
-            cfg.mqtt.listen,
-            Some("127.0.0.1:1883".parse().expect("addr"))
-        );
+        assert_eq!(cfg.mqtt.listen, "127.0.0.1:1883".parse().expect("addr"));
         assert!(cfg.warnings.iter().any(|w| w.contains("not served yet")));
         assert!(!cfg.auth.user_specs()[0].loopback_only);
     }

@@ -7,6 +7,7 @@
 //! * [`server`]: listeners, store opening, graceful shutdown.
 
 pub mod amqp;
+pub mod mqtt;
 pub mod config;
 pub mod server;
 

@@ -24,6 +24,8 @@ pub struct Shared {
     pub engine: Arc<Engine>,
     /// AMQP limits and identity.
     pub amqp: ServerConfig,
+    /// MQTT limits, connected client ids, delayed wills.
+    pub mqtt: crate::mqtt::MqttShared,
     /// Users and their password hashes (every protocol logs in here).
     pub auth: Arc<Authenticator>,
     /// Slow password verifications running at once: each holds ~19 MiB for
@@ -218,6 +220,7 @@ pub struct Broker {
     shared: Arc<Shared>,
     store: Arc<dyn Store>,
     listener: TcpListener,
+    mqtt_listener: TcpListener,
     limits: Limits,
 }
 
@@ -294,10 +297,36 @@ impl Broker {
                     addr: cfg.amqp.listen,
                     source,
                 })?;
+        let mqtt_listener =
+            TcpListener::bind(cfg.mqtt.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: cfg.mqtt.listen,
+                    source,
+                })?;
+        let m = &cfg.mqtt;
+        let mqtt_defaults = weir_protocols::mqtt::ServerConfig::default();
+        let mqtt = crate::mqtt::MqttShared {
+            server: weir_protocols::mqtt::ServerConfig {
+                // A persistent message is one store record: it must fit a segment.
+                maximum_packet_size: m
+                    .max_packet_size
+                    .min(log_cfg.segment_bytes().saturating_sub(64 * 1024).min(u64::from(u32::MAX)) as u32),
+                receive_maximum: m.receive_maximum.max(1),
+                topic_alias_maximum: m.topic_alias_maximum,
+                max_topic_levels: m.max_topic_levels.max(1),
+                ..mqtt_defaults
+            },
+            registry: Default::default(),
+            max_connections: m.max_connections,
+            max_queued_messages: m.max_queued_messages,
+            max_session_expiry_secs: m.max_session_expiry,
+        };
         Ok(Broker {
             shared: Arc::new(Shared {
                 engine,
                 amqp,
+                mqtt,
                 auth: Arc::new(auth),
                 verify_slots: Arc::new(Semaphore::new(
                     std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -312,6 +341,7 @@ impl Broker {
             }),
             store,
             listener,
+            mqtt_listener,
             limits: Limits {
                 memory: cfg.quota.memory_limit,
                 disk_free: cfg.quota.disk_free_limit,
@@ -367,6 +397,9 @@ impl Broker {
         if let Ok(addr) = self.amqp_addr() {
             tracing::info!(%addr, "AMQP listener ready");
         }
+        if let Ok(addr) = self.mqtt_listener.local_addr() {
+            tracing::info!(%addr, "MQTT listener ready");
+        }
         tokio::pin!(stop);
         loop {
             tokio::select! {
@@ -381,6 +414,15 @@ impl Broker {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
+                accepted = self.mqtt_listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        conns.spawn(crate::mqtt::session::serve(stream, peer, self.shared.clone(), shutdown_rx.clone()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "MQTT accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
@@ -389,6 +431,7 @@ impl Broker {
             "shutting down: closing connections"
         );
         drop(self.listener);
+        drop(self.mqtt_listener);
         let _ = shutdown_tx.send(true);
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
             while conns.join_next().await.is_some() {}

@@ -54,7 +54,7 @@ class Weir:
         self.port = free_port()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [str(binary), "--data-dir", str(self.data_dir), "--amqp-listen", f"127.0.0.1:{self.port}"],
+            [str(binary), "--data-dir", str(self.data_dir), "--amqp-listen", f"127.0.0.1:{self.port}", "--mqtt-listen", "127.0.0.1:0"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()

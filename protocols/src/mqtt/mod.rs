@@ -20,6 +20,6 @@ mod connection;
 mod event;
 mod topic;
 
-pub use connection::{Connection, ServerConfig};
+pub use connection::{Connection, OutgoingPublish, SendError, ServerConfig};
 pub use event::*;
-pub use topic::{validate_filter, validate_topic, SharedFilter, TopicError};
+pub use topic::{matches, validate_filter, validate_topic, SharedFilter, TopicError};

@@ -41,3 +41,10 @@ pub fn validate_filter(
     let _ = (filter, max_levels);
     todo!()
 }
+
+/// Whether `filter` matches `topic` (the `$` rule: a filter starting with a
+/// wildcard does not match a topic starting with `$`).
+pub fn matches(filter: &str, topic: &str) -> bool {
+    let _ = (filter, topic);
+    todo!()
+}

@@ -172,6 +172,7 @@ impl Session {
         }
         let frame_max = self.conn.frame_max();
         let m = &got.message;
+        let properties = crate::amqp::convert::amqp_properties(m);
         self.reply_frames(ch, |out| {
             codec::write_get_ok(
                 out,
@@ -182,7 +183,7 @@ impl Session {
                 &m.routing_key,
                 got.remaining.min(u32::MAX as u64) as u32,
             );
-            codec::write_content(out, ch, &m.properties, &m.body, frame_max);
+            codec::write_content(out, ch, &properties, &m.body, frame_max);
         });
         Ok(())
     }

@@ -88,7 +88,8 @@ impl Session {
                 &message.exchange,
                 &message.routing_key,
             );
-            codec::write_content(out, ch, &message.properties, &message.body, frame_max);
+            let properties = crate::amqp::convert::amqp_properties(&message);
+            codec::write_content(out, ch, &properties, &message.body, frame_max);
             client.lease(d.consumer.scope(), tag, d, batch_time);
         }
         // Held deliveries go back first in line, in their order.

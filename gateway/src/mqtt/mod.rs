@@ -1,0 +1,28 @@
+//! MQTT 3.1.1 and 5.0: the listener's sessions over the engine.
+//!
+//! * [`session`]: one connection's task (socket I/O around the sans-IO
+//!   adapter `weir_protocols::mqtt`, events onto an engine client).
+//! * [`convert`]: topics ⇄ routing keys, MQTT messages ⇄ the engine's
+//!   message properties.
+//! * [`registry`]: connected client ids (takeover) and delayed wills.
+
+pub mod convert;
+pub mod registry;
+pub mod session;
+
+use weir_protocols::mqtt::ServerConfig;
+
+/// What every MQTT connection shares.
+pub struct MqttShared {
+    /// The adapter's limits.
+    pub server: ServerConfig,
+    /// Connected client ids and delayed wills.
+    pub registry: registry::Registry,
+    /// Most MQTT connections at once (0 = no limit).
+    pub max_connections: usize,
+    /// Most messages queued per session (0 = no limit); beyond it the
+    /// oldest are dropped.
+    pub max_queued_messages: u64,
+    /// Longest session expiry granted, seconds (0 = no limit).
+    pub max_session_expiry_secs: u32,
+}

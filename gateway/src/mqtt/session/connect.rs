@@ -1,0 +1,277 @@
+//! CONNECT: login (the tenant from a `tenant:user` username, as RabbitMQ's
+//! MQTT plugin takes the vhost), takeover of a connected client id, the
+//! session queue (kept or started anew), and what happens at the end: the
+//! clean session's queue goes, the will is published (after its delay).
+
+use super::{Session, Subscription, SCOPE};
+use crate::engine::client::SubscribeOptions;
+use crate::engine::exchange::Destination;
+use crate::engine::tenant::QueueDeclare;
+use crate::engine::{Client, EngineError, DEFAULT_TENANT};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use weir_protocols::mqtt::{Connect, ConnectAccept, ConnectRefusal, QoS, Version, Will};
+
+/// The exchange MQTT topics route through.
+pub(crate) const TOPIC_EXCHANGE: &str = "amq.topic";
+
+/// The session queue of `client_id`, named as RabbitMQ's MQTT plugin names it.
+pub(crate) fn session_queue(client_id: &str) -> String {
+    format!("mqtt-subscription-{client_id}qos1")
+}
+
+/// Binding arguments recording a subscription's options (so a resumed
+/// session knows them).
+pub(crate) fn binding_arguments(s: &Subscription) -> Value {
+    json!({
+        "x-mqtt-filter": s.filter,
+        "x-mqtt-qos": s.qos as u8,
+        "x-mqtt-no-local": s.no_local,
+        "x-mqtt-retain-as-published": s.retain_as_published,
+        "x-mqtt-subscription-id": s.subscription_id,
+    })
+}
+
+/// The subscription a binding records, if it is one of ours.
+fn subscription_of(args: &Value) -> Option<Subscription> {
+    let filter = args.get("x-mqtt-filter")?.as_str()?.to_string();
+    let qos = match args.get("x-mqtt-qos")?.as_u64()? {
+        0 => QoS::AtMostOnce,
+        1 => QoS::AtLeastOnce,
+        _ => QoS::ExactlyOnce,
+    };
+    Some(Subscription {
+        filter,
+        qos,
+        no_local: args
+            .get("x-mqtt-no-local")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        retain_as_published: args
+            .get("x-mqtt-retain-as-published")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        subscription_id: args
+            .get("x-mqtt-subscription-id")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok()),
+    })
+}
+
+impl Session {
+    pub(super) async fn on_connect(&mut self, c: Connect) {
+        // Tenant and user.
+        let Some(username) = c.username.clone() else {
+            self.refuse(ConnectRefusal::NotAuthorized, "a username is required");
+            return;
+        };
+        let (tenant, user) = match username.split_once(':') {
+            Some((t, u)) if !t.is_empty() => (t.to_string(), u.to_string()),
+            _ => (DEFAULT_TENANT.to_string(), username.clone()),
+        };
+        let password = c.password.as_ref().map(|p| p.expose()).unwrap_or_default();
+        if !self.shared.authenticate(&user, password, self.peer).await {
+            let delay = self.shared.logins.failed(self.peer.ip());
+            tracing::info!(peer = %self.peer, %user, delay_ms = delay.as_millis() as u64, "MQTT login refused");
+            tokio::time::sleep(delay).await;
+            self.refuse(
+                ConnectRefusal::BadUserNameOrPassword,
+                "bad user name or password",
+            );
+            return;
+        }
+        let limit = self.shared.mqtt.max_connections;
+        if limit > 0 && self.shared.mqtt.registry.connected() >= limit {
+            self.refuse(ConnectRefusal::QuotaExceeded, "too many MQTT connections");
+            return;
+        }
+        let client = match Client::open(&self.engine, &tenant, &user) {
+            Ok(c) => c,
+            Err(_) => {
+                self.refuse(
+                    ConnectRefusal::NotAuthorized,
+                    &format!("no vhost '{tenant}'"),
+                );
+                return;
+            }
+        };
+        let assigned = c.client_id.is_empty().then(|| {
+            format!(
+                "weir-{}-{}",
+                client.id(),
+                crate::engine::message::now_ms() % 1_000_000
+            )
+        });
+        let client_id = assigned.clone().unwrap_or_else(|| c.client_id.clone());
+        self.user = user;
+        self.tenant = tenant;
+        self.client_id = client_id.clone();
+        self.conn_id = client.id();
+        self.client = Some(client);
+
+        let (registration, _took_over) = self
+            .shared
+            .mqtt
+            .registry
+            .take(&self.tenant, &client_id, self.conn_id)
+            .await;
+        self.registration = Some(registration);
+
+        self.session_expiry_secs = c.session_expiry_secs;
+        let max_expiry = self.shared.mqtt.max_session_expiry_secs;
+        let granted = (max_expiry > 0 && self.session_expiry_secs > max_expiry).then_some(max_expiry);
+        if let Some(g) = granted {
+            self.session_expiry_secs = g;
+        }
+        self.queue = session_queue(&client_id);
+        let session_present = match self.open_session_queue(c.clean_start).await {
+            Ok(present) => present,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, client_id = %client_id, error = %e, "cannot open the MQTT session");
+                self.refuse(ConnectRefusal::ServerUnavailable, "cannot open the session");
+                return;
+            }
+        };
+        let receive_maximum = u32::from(c.receive_maximum);
+        let queue = self.queue.clone();
+        if let Some(client) = self.client.as_mut() {
+            let sub = client.subscribe(
+                &queue,
+                SubscribeOptions {
+                    scope: SCOPE,
+                    tag: bytes::Bytes::from_static(b"session"),
+                    exclusive: true,
+                    prefetch_count: receive_maximum,
+                    ..Default::default()
+                },
+            );
+            if let Err(e) = sub {
+                tracing::warn!(peer = %self.peer, client_id = %client_id, error = %e, "cannot consume the MQTT session queue");
+                self.refuse(ConnectRefusal::ServerBusy, "the session is in use");
+                return;
+            }
+        }
+        self.will = c.will.clone();
+        self.conn.accept(ConnectAccept {
+            session_present,
+            assigned_client_id: assigned,
+            server_keep_alive: None,
+            session_expiry_secs: granted.filter(|_| c.version == Version::V5),
+            response_information: None,
+        });
+        tracing::debug!(peer = %self.peer, client_id = %self.client_id, tenant = %self.tenant, session_present, "MQTT session opened");
+    }
+
+    fn refuse(&mut self, r: ConnectRefusal, text: &str) {
+        self.end_reason = Some(text.to_string());
+        self.conn.refuse(r, text);
+    }
+
+    /// Declares the session queue (deleting an old one first for a clean
+    /// start) and, for a resumed session, reads its subscriptions back from
+    /// the queue's bindings. Returns whether a session was present.
+    async fn open_session_queue(&mut self, clean_start: bool) -> Result<bool, EngineError> {
+        let Some(client) = self.client.as_ref() else {
+            return Ok(false);
+        };
+        let tenant = client.tenant().clone();
+        let conn = self.conn_id;
+        let exists = tenant.queue(&self.queue, conn).is_ok();
+        if exists && clean_start {
+            let (_, wait) = tenant.delete_queue(&self.queue, false, false, conn)?;
+            if let Some(w) = wait {
+                let _ = w.await;
+            }
+        }
+        if exists && !clean_start {
+            self.subscriptions = tenant
+                .exchange(TOPIC_EXCHANGE)?
+                .bindings()
+                .into_iter()
+                .filter(|b| matches!(&b.destination, Destination::Queue(q) if q.name() == self.queue))
+                .filter_map(|b| subscription_of(&b.arguments))
+                .collect();
+            return Ok(true);
+        }
+        let persistent = self.session_expiry_secs > 0;
+        let mut args = serde_json::Map::new();
+        if persistent && self.session_expiry_secs != u32::MAX {
+            args.insert(
+                "x-expires".into(),
+                json!(u64::from(self.session_expiry_secs) * 1000),
+            );
+        }
+        let max_queued = self.shared.mqtt.max_queued_messages;
+        if max_queued > 0 {
+            args.insert("x-max-length".into(), json!(max_queued));
+            args.insert("x-overflow".into(), json!("drop-head"));
+        }
+        let (_, wait) = tenant.declare_queue(QueueDeclare {
+            name: self.queue.clone(),
+            passive: false,
+            durable: persistent,
+            exclusive: !persistent,
+            auto_delete: false,
+            arguments: Value::Object(args),
+            connection: conn,
+        })?;
+        if let Some(w) = wait {
+            // A persistent session exists once CONNACK says so.
+            let _ = w.await;
+        }
+        Ok(false)
+    }
+
+    /// Deletes a clean session's queue (and a persistent one that the
+    /// client ended with session expiry 0).
+    pub(super) fn delete_session_queue(&mut self) {
+        if let Some(t) = self.engine.tenant(&self.tenant) {
+            let _ = t.delete_queue(&self.queue, false, false, self.conn_id);
+        }
+    }
+
+    pub(super) fn engine_conn_id(&self) -> u64 {
+        self.conn_id
+    }
+
+    /// Publishes the will now, or after its delay (cancelled if the client
+    /// reconnects first; never later than the session's expiry).
+    pub(super) fn schedule_will(&mut self, w: Will) {
+        let engine = self.engine.clone();
+        let (tenant, user, client_id) = (self.tenant.clone(), self.user.clone(), self.client_id.clone());
+        let delay = w.delay_secs.min(self.session_expiry_secs);
+        let shared = self.shared.clone();
+        if delay == 0 {
+            publish_will(&engine, &tenant, &user, &client_id, &w);
+            return;
+        }
+        let (t2, c2) = (tenant.clone(), client_id.clone());
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(u64::from(delay))).await;
+            publish_will(&engine, &tenant, &user, &client_id, &w);
+            shared.mqtt.registry.will_done(&tenant, &client_id);
+        });
+        self.shared.mqtt.registry.delay_will(&t2, &c2, task.abort_handle());
+    }
+}
+
+/// Publishes a will message through `amq.topic` as its client would have.
+fn publish_will(engine: &Arc<crate::engine::Engine>, tenant: &str, user: &str, client_id: &str, w: &Will) {
+    let Ok(mut client) = Client::open(engine, tenant, user) else {
+        return;
+    };
+    let p = weir_protocols::mqtt::Publish {
+        topic: w.topic.clone(),
+        payload: w.payload.clone(),
+        qos: w.qos,
+        retain: w.retain,
+        dup: false,
+        packet_id: None,
+        properties: w.properties.clone(),
+    };
+    if let Err(e) = super::inbound::route(&mut client, &p, client_id) {
+        tracing::debug!(error = %e, %client_id, "will message not published");
+    }
+    client.commit();
+    client.close();
+}

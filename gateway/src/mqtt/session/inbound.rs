@@ -1,0 +1,123 @@
+//! PUBLISH from the client: routed through `amq.topic` (the topic mapped to
+//! a routing key), stored like any publish; QoS 1 and 2 are answered
+//! (PUBACK / PUBREC) in arrival order once what they stored is durable, as
+//! AMQP confirms are. QoS 0 never waits.
+
+use super::connect::TOPIC_EXCHANGE;
+use super::{PendingAck, Session};
+use crate::engine::client::Published;
+use crate::engine::exchange::HeaderLookup;
+use crate::engine::message::{now_ms, Message};
+use crate::engine::tenant::RouteInput;
+use crate::engine::{Client, EngineError};
+use crate::mqtt::convert;
+use bytes::Bytes;
+use weir_protocols::mqtt::{Publish, QoS, Version};
+
+/// MQTT 5 reason codes used here.
+const NO_MATCHING_SUBSCRIBERS: u8 = 0x10;
+const UNSPECIFIED_ERROR: u8 = 0x80;
+const QUOTA_EXCEEDED: u8 = 0x97;
+
+/// MQTT messages route by topic only: no header is looked at.
+struct NoHeaders;
+
+impl HeaderLookup for NoHeaders {
+    fn header(&self, _: &str) -> Option<serde_json::Value> {
+        None
+    }
+    fn may_have(&self, _: &str) -> bool {
+        false
+    }
+}
+
+/// Routes and stores one MQTT publish through `client`.
+pub(super) fn route(client: &mut Client, p: &Publish, client_id: &str) -> Result<Published, EngineError> {
+    let routing_key = convert::topic_to_routing_key(&p.topic);
+    let (header, format) = convert::inbound_header(p, client_id, now_ms());
+    let route = RouteInput {
+        exchange: TOPIC_EXCHANGE,
+        routing_key: &routing_key,
+        headers: &NoHeaders,
+    };
+    let persistent = p.qos > QoS::AtMostOnce;
+    let r = client.publish(&route, |id| Message {
+        id,
+        exchange: Bytes::from_static(TOPIC_EXCHANGE.as_bytes()),
+        routing_key: Bytes::from(routing_key.clone().into_bytes()),
+        properties: header,
+        body: p.payload.clone(),
+        header_format: format,
+        persistent,
+        priority: 0,
+        ttl_ms: None,
+    });
+    r
+}
+
+impl Session {
+    pub(super) fn on_publish(&mut self, p: Publish) {
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        let published = route(client, &p, &self.client_id);
+        // Retained messages are kept per topic (an empty payload clears).
+        if p.retain {
+            self.retain(&p);
+        }
+        let Some(packet_id) = p.packet_id else {
+            return;
+        };
+        let v5 = self.conn.version() == Some(Version::V5);
+        let (reason, needs_barrier) = match published {
+            Ok(Published::Routed {
+                needs_barrier,
+                refused,
+            }) => (if refused { QUOTA_EXCEEDED } else { 0 }, needs_barrier),
+            Ok(Published::Unroutable) => (if v5 { NO_MATCHING_SUBSCRIBERS } else { 0 }, false),
+            Ok(Published::NoSpace) => (QUOTA_EXCEEDED, false),
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, error = %e, "MQTT publish failed");
+                (UNSPECIFIED_ERROR, false)
+            }
+        };
+        // 3.1.1 has no negative PUBACK: a refused publish is acknowledged
+        // (the message is dropped, as an unconfirmed publish may be).
+        let reason = if v5 { reason } else { 0 };
+        self.batch_needs_barrier |= needs_barrier;
+        // Every ack waits for the barrier of its batch when any is pending,
+        // so acks leave in arrival order.
+        let barrier = if needs_barrier || self.barriers_sent > self.barriers_done || self.batch_needs_barrier {
+            self.barriers_sent + 1
+        } else {
+            0
+        };
+        self.acks.push_back(PendingAck {
+            packet_id,
+            qos: p.qos,
+            reason,
+            barrier,
+        });
+    }
+
+    /// Sends the acks whose store barrier completed, in order.
+    pub(super) fn send_ready_acks(&mut self) {
+        while let Some(a) = self.acks.front() {
+            if a.barrier > self.barriers_done {
+                break;
+            }
+            let (packet_id, qos, reason) = (a.packet_id, a.qos, a.reason);
+            self.acks.pop_front();
+            match qos {
+                QoS::AtLeastOnce => self.conn.puback(packet_id, reason),
+                QoS::ExactlyOnce => self.conn.pubrec(packet_id, reason),
+                QoS::AtMostOnce => {}
+            }
+        }
+    }
+
+    /// Sets or clears the retained message of the publish's topic.
+    fn retain(&mut self, _p: &Publish) {
+        // Wired to the engine's retained store at merge.
+    }
+}

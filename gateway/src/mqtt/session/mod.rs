@@ -1,0 +1,413 @@
+//! One MQTT connection's task: socket I/O around the sans-IO adapter
+//! (`weir_protocols::mqtt`), and the mapping of its events onto the engine's
+//! [`Client`].
+//!
+//! An MQTT session is a queue in the engine, as in RabbitMQ's MQTT plugin:
+//! `mqtt-subscription-<client id>qos1`, bound to the tenant's `amq.topic`
+//! with one binding per subscription (the filter mapped to a binding key,
+//! the subscription's options in the binding's arguments, so a resumed
+//! session finds them again). A persistent session's queue is durable and
+//! expires with the session (`x-expires`); a clean session's is exclusive to
+//! the connection. Publishes route through `amq.topic`, so AMQP consumers
+//! and MQTT subscribers meet. The session keeps only protocol state: packet
+//! ids, which lease each in-flight id holds, the acks waiting for the store.
+//!
+//! * `connect`: login, tenant, takeover, the session queue, will messages.
+//! * `inbound`: PUBLISH from the client, PUBACK/PUBREC in order once durable.
+//! * `subscriptions`: SUBSCRIBE / UNSUBSCRIBE, retained messages at subscribe.
+//! * `outbound`: deliveries to the client and their acks.
+
+mod connect;
+mod inbound;
+mod outbound;
+mod subscriptions;
+
+use super::registry::Registration;
+use crate::engine::consumer::Scope;
+use crate::engine::{Client, Engine};
+use crate::server::{Alarms, Shared};
+use bytes::BytesMut;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use weir_protocols::mqtt::{Connection, Event, QoS, Will};
+
+/// Stop reading from a client while this much output is unwritten.
+const OUT_HIGH_WATER: usize = 4 << 20;
+/// Stop encoding deliveries while this much output is unwritten.
+const DELIVERY_HIGH_WATER: usize = 1 << 20;
+/// The engine scope of the session's subscriptions (MQTT has no channels).
+const SCOPE: Scope = 1;
+
+/// One subscription of the session, as the client made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Subscription {
+    pub filter: String,
+    pub qos: QoS,
+    pub no_local: bool,
+    pub retain_as_published: bool,
+    pub subscription_id: Option<u32>,
+}
+
+/// A QoS 1/2 publish of the client waiting for its answer, in arrival order.
+struct PendingAck {
+    packet_id: u16,
+    qos: QoS,
+    reason: u8,
+    /// The store barrier it waits for (0 = none).
+    barrier: u64,
+}
+
+/// Serves one accepted MQTT connection until it closes.
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (durable_tx, durable_rx) = mpsc::unbounded_channel();
+    let alarms = shared.alarms.subscribe();
+    let mut s = Session {
+        engine: shared.engine.clone(),
+        conn: Connection::new(shared.mqtt.server.clone(), Instant::now()),
+        shared,
+        client: None,
+        peer,
+        user: String::new(),
+        tenant: String::new(),
+        client_id: String::new(),
+        conn_id: 0,
+        registration: None,
+        will: None,
+        session_expiry_secs: 0,
+        queue: String::new(),
+        subscriptions: Vec::new(),
+        shared_subs: HashMap::new(),
+        acks: VecDeque::new(),
+        durable_tx,
+        barriers_sent: 0,
+        barriers_done: 0,
+        batch_needs_barrier: false,
+        inflight: HashMap::new(),
+        next_tag: 0,
+        alarms,
+        alarm: Alarms::default(),
+        blocked: false,
+        end_reason: None,
+        publish_will: false,
+    };
+    tracing::debug!(%peer, "MQTT connection accepted");
+    let result = s.run(stream, durable_rx, shutdown).await;
+    s.finish();
+    match result {
+        Ok(()) => tracing::debug!(%peer, "MQTT connection closed"),
+        Err(e) => tracing::info!(%peer, error = %e, "MQTT connection ended"),
+    }
+}
+
+pub(crate) struct Session {
+    shared: Arc<Shared>,
+    engine: Arc<Engine>,
+    conn: Connection,
+    client: Option<Client>,
+    peer: SocketAddr,
+    /// Who logged in, and in which tenant.
+    user: String,
+    tenant: String,
+    client_id: String,
+    /// The engine client's connection id.
+    conn_id: u64,
+    /// Held while connected: takeover notice and our finish signal.
+    registration: Option<Registration>,
+    /// Published if the connection ends without a clean DISCONNECT.
+    will: Option<Will>,
+    session_expiry_secs: u32,
+    /// The session queue's name (once connected).
+    queue: String,
+    /// The client's subscriptions on the session queue.
+    subscriptions: Vec<Subscription>,
+    /// Shared subscriptions: consumer tag → (queue, subscription).
+    shared_subs: HashMap<Vec<u8>, (String, Subscription)>,
+    /// Answers to the client's QoS 1/2 publishes, in arrival order.
+    acks: VecDeque<PendingAck>,
+    durable_tx: mpsc::UnboundedSender<u64>,
+    /// Store barriers asked for, and how many completed (in order).
+    barriers_sent: u64,
+    barriers_done: u64,
+    /// A publish of the current batch was stored durably.
+    batch_needs_barrier: bool,
+    /// Our QoS 1/2 publishes the client has not acknowledged: packet id →
+    /// lease tag (None once settled: a QoS 2 publish after PUBREC).
+    inflight: HashMap<u16, Option<u64>>,
+    /// Lease tags, increasing.
+    next_tag: u64,
+    alarms: watch::Receiver<Alarms>,
+    alarm: Alarms,
+    /// It published while an alarm was set: not read until it clears.
+    blocked: bool,
+    /// Why the connection ended, for the log.
+    end_reason: Option<String>,
+    /// Publish the will at the end (abnormal end, or DISCONNECT 0x04).
+    publish_will: bool,
+}
+
+/// Resolves when `client`'s outbox is notified; never without a client.
+async fn notified(client: Option<&Client>) {
+    match client {
+        Some(c) => c.handle().notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves when a takeover is announced; never without a registration.
+async fn kicked(reg: Option<&mut Registration>) {
+    match reg {
+        Some(r) => {
+            let _ = (&mut r.kicked).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Session {
+    async fn run(
+        &mut self,
+        stream: TcpStream,
+        mut durable_rx: mpsc::UnboundedReceiver<u64>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<()> {
+        let mut input = BytesMut::with_capacity(16 * 1024);
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
+        let mut armed: Option<Instant> = None;
+        let mut fired = false;
+        let mut got_input = false;
+        let mut eof = false;
+        self.alarm = *self.alarms.borrow_and_update();
+        loop {
+            if self.alarms.has_changed().unwrap_or(false) {
+                self.refresh_alarm();
+            }
+            // 1. Every complete packet we have.
+            while let Some(ev) = self.conn.poll(&mut input) {
+                self.handle_event(ev).await;
+                tokio::task::consume_budget().await;
+                if self.blocked {
+                    break;
+                }
+            }
+            self.end_batch();
+            // 2. Deliveries.
+            if self.conn.out.len() < DELIVERY_HIGH_WATER && !self.conn.is_finished() {
+                self.write_deliveries();
+            }
+            // 3. Timers and writes.
+            let now = Instant::now();
+            if std::mem::take(&mut got_input) {
+                self.conn.on_read(now);
+            }
+            if std::mem::take(&mut fired) {
+                self.conn.handle_timeout(now);
+            }
+            if !self.conn.out.is_empty() {
+                write_some(&stream, &mut self.conn.out)?;
+            }
+            if (self.conn.is_finished() && self.conn.out.is_empty()) || eof {
+                return Ok(());
+            }
+            // 4. Wait.
+            let want_read =
+                self.conn.out.len() < OUT_HIGH_WATER && !self.conn.is_finished() && !self.blocked;
+            if let Some(at) = self.conn.poll_timeout() {
+                if armed.is_none_or(|a| at < a) {
+                    timer.as_mut().reset(tokio::time::Instant::from_std(at));
+                    armed = Some(at);
+                }
+            }
+            let want_write = !self.conn.out.is_empty();
+            tokio::select! {
+                r = stream.readable(), if want_read => {
+                    r?;
+                    input.reserve(16 * 1024);
+                    match stream.try_read_buf(&mut input) {
+                        Ok(0) => {
+                            eof = true;
+                            if self.end_reason.is_none() {
+                                self.end_reason = Some("client closed the socket".into());
+                                self.publish_will = true;
+                            }
+                        }
+                        Ok(_) => got_input = true,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => {
+                            self.publish_will = true;
+                            return Err(e);
+                        }
+                    }
+                }
+                r = stream.writable(), if want_write => {
+                    if r.is_err() {
+                        self.publish_will = true;
+                    }
+                    r?;
+                }
+                _ = notified(self.client.as_ref()) => {}
+                Some(done) = durable_rx.recv() => {
+                    self.barriers_done = self.barriers_done.max(done);
+                    while let Ok(done) = durable_rx.try_recv() {
+                        self.barriers_done = self.barriers_done.max(done);
+                    }
+                    self.send_ready_acks();
+                }
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
+                    fired = true;
+                }
+                () = kicked(self.registration.as_mut()) => {
+                    // Another connection took the session over: its will
+                    // is not ours to publish (MQTT 5: 0x8E).
+                    self.registration.as_mut().map(|r| r.kicked = tokio::sync::oneshot::channel().1);
+                    self.end_reason = Some("session taken over".into());
+                    self.publish_will = true;
+                    self.conn.disconnect(0x8E, "session taken over");
+                }
+                r = self.alarms.changed(), if self.blocked => {
+                    if r.is_ok() {
+                        self.refresh_alarm();
+                    }
+                }
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        self.end_reason = Some("broker shutdown".into());
+                        self.conn.disconnect(0x8B, "server shutting down");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle_event(&mut self, ev: Event) {
+        match ev {
+            Event::Connect(c) => self.on_connect(*c).await,
+            Event::Publish(p) => {
+                self.blocked |= self.alarm.any();
+                self.on_publish(p);
+            }
+            Event::PubAck { packet_id, .. } | Event::PubComp { packet_id } => {
+                self.on_client_ack(packet_id, true)
+            }
+            Event::PubRec { packet_id, reason } => {
+                // Received by the client (or refused, reason >= 0x80): the
+                // message leaves the queue; the id stays in flight until
+                // PUBCOMP.
+                self.on_client_ack(packet_id, reason >= 0x80);
+            }
+            Event::PubRel { packet_id } => self.conn.pubcomp(packet_id),
+            Event::Subscribe {
+                packet_id,
+                filters,
+                subscription_id,
+                ..
+            } => self.on_subscribe(packet_id, filters, subscription_id),
+            Event::Unsubscribe { packet_id, filters } => self.on_unsubscribe(packet_id, filters),
+            Event::Disconnect {
+                publish_will,
+                session_expiry_secs,
+            } => {
+                self.publish_will = publish_will;
+                if let Some(s) = session_expiry_secs {
+                    self.session_expiry_secs = s;
+                }
+                self.end_reason = Some("client disconnected".into());
+            }
+            Event::Closed { reason, text } => {
+                tracing::info!(peer = %self.peer, client_id = %self.client_id, reason, %text, "MQTT connection closed for an error");
+                self.end_reason = Some(text);
+                self.publish_will = true;
+            }
+        }
+    }
+
+
+    /// Ends the batch: the client's settles and dispatches, one store
+    /// barrier for the durable publishes, and the acks that can go now.
+    fn end_batch(&mut self) {
+        if let Some(c) = self.client.as_mut() {
+            c.commit();
+        }
+        if std::mem::take(&mut self.batch_needs_barrier) {
+            self.barriers_sent += 1;
+            let n = self.barriers_sent;
+            let tx = self.durable_tx.clone();
+            let waiter: weir_backend::Waiter = Box::new(move |r| {
+                if r.is_ok() {
+                    let _ = tx.send(n);
+                }
+            });
+            let ok = self
+                .client
+                .as_ref()
+                .is_some_and(|c| c.durability_barrier(waiter).is_ok());
+            if !ok {
+                // The store failed: nothing more is acknowledged.
+                self.end_reason = Some("the store failed".into());
+                self.conn.disconnect(0x80, "the store failed");
+            }
+        }
+        self.send_ready_acks();
+    }
+
+    fn refresh_alarm(&mut self) {
+        self.alarm = *self.alarms.borrow_and_update();
+        self.blocked &= self.alarm.any();
+    }
+
+    /// Releases everything: leases back to the queue, the session queue's
+    /// fate, the will, the registration.
+    fn finish(&mut self) {
+        if let Some(mut c) = self.client.take() {
+            c.close();
+        }
+        if !self.client_id.is_empty() {
+            if self.session_expiry_secs == 0 {
+                self.delete_session_queue();
+            }
+            if self.publish_will {
+                if let Some(w) = self.will.take() {
+                    self.schedule_will(w);
+                }
+            }
+            self.shared
+                .mqtt
+                .registry
+                .release(&self.tenant, &self.client_id, self.engine_conn_id());
+        }
+        if let Some(r) = self.registration.take() {
+            let _ = r.finished.send(true);
+        }
+        if let Some(reason) = &self.end_reason {
+            tracing::debug!(peer = %self.peer, client_id = %self.client_id, %reason, "MQTT session ended");
+        }
+    }
+}
+
+/// Writes as much of `out` as the socket takes now.
+fn write_some(stream: &TcpStream, out: &mut BytesMut) -> std::io::Result<usize> {
+    let mut total = 0;
+    while !out.is_empty() {
+        match stream.try_write(out) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                bytes::Buf::advance(out, n);
+                total += n;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,194 @@
+//! SUBSCRIBE and UNSUBSCRIBE: a subscription is a binding of the session
+//! queue to `amq.topic` (its options in the binding's arguments); a shared
+//! subscription (`$share/group/filter`) is a consumer on the group's queue,
+//! which every member consumes, so its messages spread over the group.
+
+use super::connect::{binding_arguments, TOPIC_EXCHANGE};
+use super::{Session, Subscription, SCOPE};
+use crate::engine::client::SubscribeOptions;
+use crate::engine::meta::DestinationKind;
+use crate::engine::tenant::QueueDeclare;
+use crate::mqtt::convert;
+use serde_json::Value;
+use weir_protocols::mqtt::{QoS, SubscribeFilter, Version};
+
+const UNSPECIFIED_ERROR: u8 = 0x80;
+const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
+
+/// The queue of a shared subscription group.
+fn shared_queue(group: &str, filter: &str) -> String {
+    format!("mqtt-shared-{group}-{filter}")
+}
+
+impl Session {
+    pub(super) fn on_subscribe(
+        &mut self,
+        packet_id: u16,
+        filters: Vec<SubscribeFilter>,
+        subscription_id: Option<u32>,
+    ) {
+        let mut codes = Vec::with_capacity(filters.len());
+        for f in filters {
+            if let Some(code) = f.invalid {
+                codes.push(code);
+                continue;
+            }
+            let sub = Subscription {
+                filter: f.shared.as_ref().map_or_else(|| f.filter.clone(), |s| s.filter.clone()),
+                qos: f.qos,
+                no_local: f.no_local,
+                retain_as_published: f.retain_as_published,
+                subscription_id,
+            };
+            let r = match &f.shared {
+                Some(s) => self.subscribe_shared(&s.group, sub),
+                None => self.subscribe_own(sub, f.retain_handling),
+            };
+            codes.push(match r {
+                Ok(()) => f.qos as u8,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer, filter = %f.filter, error = %e, "MQTT subscribe failed");
+                    UNSPECIFIED_ERROR
+                }
+            });
+        }
+        self.conn.suback(packet_id, &codes);
+    }
+
+    /// A subscription on the session queue: bound, or re-bound with new
+    /// options.
+    fn subscribe_own(
+        &mut self,
+        sub: Subscription,
+        retain_handling: u8,
+    ) -> Result<(), crate::engine::EngineError> {
+        let tenant = match self.client.as_ref() {
+            Some(c) => c.tenant().clone(),
+            None => return Ok(()),
+        };
+        let key = convert::filter_to_binding_key(&sub.filter);
+        let existed = self.subscriptions.iter().position(|s| s.filter == sub.filter);
+        if let Some(i) = existed {
+            let old = self.subscriptions.remove(i);
+            tenant.unbind(
+                TOPIC_EXCHANGE,
+                DestinationKind::Queue,
+                &self.queue,
+                &key,
+                binding_arguments(&old),
+                self.conn_id,
+            )?;
+        }
+        tenant.bind(
+            TOPIC_EXCHANGE,
+            DestinationKind::Queue,
+            &self.queue,
+            &key,
+            binding_arguments(&sub),
+            self.conn_id,
+        )?;
+        let send_retained = match retain_handling {
+            0 => true,
+            1 => existed.is_none(),
+            _ => false,
+        };
+        if send_retained {
+            self.send_retained(&sub);
+        }
+        self.subscriptions.push(sub);
+        Ok(())
+    }
+
+    /// A member of a shared subscription group consumes the group's queue.
+    fn subscribe_shared(
+        &mut self,
+        group: &str,
+        sub: Subscription,
+    ) -> Result<(), crate::engine::EngineError> {
+        let queue = shared_queue(group, &sub.filter);
+        let tag = format!("share:{group}:{}", sub.filter).into_bytes();
+        if self.shared_subs.contains_key(&tag) {
+            self.shared_subs.insert(tag, (queue, sub));
+            return Ok(());
+        }
+        let Some(client) = self.client.as_mut() else {
+            return Ok(());
+        };
+        let tenant = client.tenant().clone();
+        tenant.declare_queue(QueueDeclare {
+            name: queue.clone(),
+            passive: false,
+            durable: false,
+            exclusive: false,
+            auto_delete: true,
+            arguments: Value::Object(Default::default()),
+            connection: self.conn_id,
+        })?;
+        tenant.bind(
+            TOPIC_EXCHANGE,
+            DestinationKind::Queue,
+            &queue,
+            &convert::filter_to_binding_key(&sub.filter),
+            Value::Object(Default::default()),
+            self.conn_id,
+        )?;
+        client
+            .subscribe(
+                &queue,
+                SubscribeOptions {
+                    scope: SCOPE,
+                    tag: tag.clone().into(),
+                    prefetch_count: 0,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| crate::engine::EngineError::CommandInvalid(e.to_string()))?;
+        self.shared_subs.insert(tag, (queue, sub));
+        Ok(())
+    }
+
+    pub(super) fn on_unsubscribe(&mut self, packet_id: u16, filters: Vec<String>) {
+        let mut codes = Vec::with_capacity(filters.len());
+        for f in filters {
+            let found = match weir_protocols::mqtt::validate_filter(&f, usize::MAX) {
+                Ok(Some(shared)) => {
+                    let tag = format!("share:{}:{}", shared.group, shared.filter).into_bytes();
+                    let had = self.shared_subs.remove(&tag).is_some();
+                    if had {
+                        if let Some(c) = self.client.as_mut() {
+                            c.unsubscribe(SCOPE, &tag);
+                        }
+                    }
+                    had
+                }
+                _ => self.unsubscribe_own(&f),
+            };
+            codes.push(if found { 0 } else { NO_SUBSCRIPTION_EXISTED });
+        }
+        self.conn.unsuback(packet_id, &codes);
+    }
+
+    fn unsubscribe_own(&mut self, filter: &str) -> bool {
+        let Some(i) = self.subscriptions.iter().position(|s| s.filter == filter) else {
+            return false;
+        };
+        let old = self.subscriptions.remove(i);
+        if let Some(c) = self.client.as_ref() {
+            let _ = c.tenant().unbind(
+                TOPIC_EXCHANGE,
+                DestinationKind::Queue,
+                &self.queue,
+                &convert::filter_to_binding_key(filter),
+                binding_arguments(&old),
+                self.conn_id,
+            );
+        }
+        true
+    }
+
+    /// Sends the retained messages matching a new subscription.
+    fn send_retained(&mut self, _sub: &Subscription) {
+        // Wired to the engine's retained store at merge.
+        let _ = (QoS::AtMostOnce, Version::V5);
+    }
+}
