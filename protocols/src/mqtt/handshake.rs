@@ -11,7 +11,7 @@ use super::reason;
 use super::topic::{validate_topic, TopicError};
 use super::wire::{self, prop, Fault, Header, Reader, Value};
 use crate::Secret;
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use mqttbytes::{v4, v5};
 
 /// Longest reason string sent (MQTT allows 64 KiB; these are one-liners).
@@ -417,22 +417,30 @@ impl Connection {
     /// An MQTT 5 DISCONNECT with `code` and, when it fits the client's
     /// maximum packet size, `text` as the reason string (3.14.2.2.3; always
     /// allowed on DISCONNECT, whatever request problem information says).
+    ///
+    /// Encoded here: mqttbytes writes a DISCONNECT whose remaining length
+    /// is 2 (reason code and an empty property block) as `E0 00`, losing
+    /// the reason code.
     pub(super) fn write_disconnect(&mut self, code: u8, text: &str) {
         let text = truncate(text, MAX_REASON_STRING);
-        let mut p = v5::DisconnectProperties::new();
-        // Reason code, property length, reason string property.
-        let remaining = 1 + 1 + 3 + text.len();
-        if !text.is_empty() && self.fits(remaining) {
-            p.reason_string = Some(text.to_string());
+        let with_text = 1 + 1 + 3 + text.len();
+        let text = if !text.is_empty() && self.fits(with_text) {
+            text
+        } else {
+            ""
+        };
+        let props_len = if text.is_empty() { 0 } else { 3 + text.len() };
+        let remaining = 1 + wire::varint_len(props_len) + props_len;
+        self.out.put_u8(0xE0);
+        wire::put_varint(&mut self.out, remaining);
+        self.out.put_u8(code);
+        wire::put_varint(&mut self.out, props_len);
+        if !text.is_empty() {
+            self.out.put_u8(prop::REASON_STRING);
+            // At most MAX_REASON_STRING bytes: the length fits.
+            self.out.put_u16(text.len() as u16);
+            self.out.put_slice(text.as_bytes());
         }
-        let reason_code = disconnect_code(code);
-        let _ = v5::Disconnect {
-            reason_code,
-            // Always a property block, even empty: readers that expect one
-            // after a reason code (mqttbytes does) parse it.
-            properties: Some(p),
-        }
-        .write(&mut self.out);
     }
 
     /// An MQTT 5 CONNACK with failure `code` (0x80 where CONNACK has no
@@ -504,10 +512,6 @@ fn cap_string(s: String) -> String {
         return s;
     }
     truncate(&s, usize::from(u16::MAX)).to_string()
-}
-
-fn disconnect_code(code: u8) -> v5::DisconnectReasonCode {
-    v5::DisconnectReasonCode::try_from(code).unwrap_or(v5::DisconnectReasonCode::UnspecifiedError)
 }
 
 fn connack_code(code: u8) -> v5::ConnectReturnCode {

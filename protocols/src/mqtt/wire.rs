@@ -28,6 +28,7 @@
 //! through [`Reader`], which fails with a malformed-packet [`Fault`].
 
 use super::reason;
+use bytes::{BufMut, BytesMut};
 use std::borrow::Cow;
 
 /// Packet types (the high nibble of the first byte).
@@ -183,6 +184,21 @@ pub(super) fn varint_len(v: usize) -> usize {
         128..=16_383 => 2,
         16_384..=2_097_151 => 3,
         _ => 4,
+    }
+}
+
+/// Writes a variable byte integer (`v` at most [`MAX_VARINT`]).
+pub(super) fn put_varint(out: &mut BytesMut, mut v: usize) {
+    loop {
+        let mut b = (v % 128) as u8;
+        v /= 128;
+        if v > 0 {
+            b |= 0x80;
+        }
+        out.put_u8(b);
+        if v == 0 {
+            return;
+        }
     }
 }
 
@@ -494,6 +510,25 @@ mod tests {
     }
 
     #[test]
+    fn varint_round_trip() {
+        for v in [
+            0usize,
+            127,
+            128,
+            16_383,
+            16_384,
+            2_097_151,
+            2_097_152,
+            MAX_VARINT as usize,
+        ] {
+            let mut b = BytesMut::new();
+            put_varint(&mut b, v);
+            assert_eq!(b.len(), varint_len(v), "{v}");
+            assert_eq!(Reader::new(&b).varint().unwrap() as usize, v);
+        }
+    }
+
+    #[test]
     fn property_walk() {
         // Length 3: payload format 1, then a truncated message expiry.
         let mut r = Reader::new(&[3, 1, 1, 2]);
@@ -519,7 +554,7 @@ mod tests {
         let e = props(&mut r, prop::PUBLISH, "t", |_, _| Ok(())).unwrap_err();
         assert_eq!(e.code, reason::MALFORMED_PACKET);
         // Two user properties, then the block ends where declared.
-        let mut r = Reader::new(&[10, 38, 0, 1, b'k', 0, 0, 38, 0, 0, 0, 0, 0xAA]);
+        let mut r = Reader::new(&[11, 38, 0, 1, b'k', 0, 0, 38, 0, 0, 0, 0, 0xAA]);
         let mut n = 0;
         props(&mut r, prop::PUBLISH, "t", |_, _| {
             n += 1;
