@@ -36,7 +36,7 @@ fi
 # Larger inputs where a whole conversation is one input.
 max_len() {
     case "$1" in
-        amqp_connection) echo 16384 ;;
+        amqp_connection | mqtt_connection) echo 16384 ;;
         store_*) echo 65536 ;;
         *) echo 4096 ;;
     esac

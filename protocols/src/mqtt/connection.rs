@@ -1,210 +1,329 @@
-//! The state machine of one MQTT connection.
+//! The state machine of one MQTT connection: its phases, packet dispatch,
+//! and how a connection ends.
 //!
-//! CONTRACT SKELETON (issue 8): signatures fixed for the session; bodies to
-//! be written with the adapter.
+//! The other concerns are in sibling files, each an `impl Connection`
+//! block: `handshake` (CONNECT, CONNACK, DISCONNECT both ways), `inbound`
+//! (PUBLISH from the client and its acknowledgements), `outbound` (PUBLISH
+//! to the client and its acknowledgements), `subscribe` (SUBSCRIBE and
+//! UNSUBSCRIBE), `timers` (CONNECT timeout and keep-alive), `wire`
+//! (framing and the checks `mqttbytes` does not make).
 
+use super::config::ServerConfig;
 use super::event::*;
+use super::inbound::Inbound;
+use super::outbound::Outbound;
+use super::reason;
+use super::timers::Timers;
+use super::wire::{self, kind, Fault, Header};
 use bytes::{Bytes, BytesMut};
 use std::time::Instant;
 
-/// Limits and identity the server offers (from the configuration).
-#[derive(Clone, Debug)]
-pub struct ServerConfig {
-    /// Largest packet accepted from a client (MQTT 5 CONNACK maximum packet
-    /// size; larger packets: 0x95 packet too large).
-    pub maximum_packet_size: u32,
-    /// QoS 1/2 publishes a client may have unacknowledged towards us
-    /// (CONNACK receive maximum; more: 0x93).
-    pub receive_maximum: u16,
-    /// Topic aliases a client may use towards us (CONNACK).
-    pub topic_alias_maximum: u16,
-    /// Most levels in a topic name or filter (more: 0x90 / 0x8F).
-    pub max_topic_levels: usize,
-    /// Time allowed between accepting the socket and a complete CONNECT.
-    pub connect_timeout: std::time::Duration,
-    /// Server keep-alive imposed on clients asking for none or a longer
-    /// one (MQTT 5 only; `None`: the client's own).
-    pub server_keep_alive: Option<u16>,
-    /// Whether `$share/...` filters are accepted (CONNACK shared
-    /// subscription available).
-    pub shared_subscriptions: bool,
-    /// Highest QoS accepted (CONNACK maximum QoS).
-    pub maximum_qos: QoS,
-    /// Whether retained messages are supported (CONNACK retain available).
-    pub retain_available: bool,
+/// Where the connection is in its life, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Nothing but a CONNECT is accepted.
+    AwaitingConnect,
+    /// [`Event::Connect`] was returned: the session's `accept` or `refuse`
+    /// comes next; further input waits in the buffer until then.
+    Connecting,
+    /// CONNACK success sent.
+    Open,
+    /// Nothing more is read; `out` holds the last bytes to write.
+    Finished,
 }
 
-impl Default for ServerConfig {
+/// What the client declared in CONNECT about itself.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ClientLimits {
+    /// QoS 1/2 publishes it accepts in flight.
+    pub receive_maximum: u16,
+    /// Largest packet it accepts.
+    pub maximum_packet_size: Option<u32>,
+    /// Topic aliases it accepts from us.
+    pub topic_alias_maximum: u16,
+    /// Keep-alive it asked for, seconds.
+    pub keep_alive: u16,
+    /// Its CONNECT asked for a clean start (session present must be 0).
+    pub clean_start: bool,
+    /// Its CONNECT had session expiry 0: a DISCONNECT must not raise it.
+    pub session_expiry_zero: bool,
+    /// It asked for response information (MQTT 5).
+    pub request_response_information: bool,
+}
+
+impl Default for ClientLimits {
     fn default() -> Self {
-        ServerConfig {
-            maximum_packet_size: 1 << 20,
-            receive_maximum: 1024,
-            topic_alias_maximum: 64,
-            max_topic_levels: 32,
-            connect_timeout: std::time::Duration::from_secs(10),
-            server_keep_alive: None,
-            shared_subscriptions: true,
-            maximum_qos: QoS::ExactlyOnce,
-            retain_available: true,
+        ClientLimits {
+            receive_maximum: u16::MAX,
+            maximum_packet_size: None,
+            topic_alias_maximum: 0,
+            keep_alive: 0,
+            clean_start: true,
+            session_expiry_zero: true,
+            request_response_information: false,
         }
     }
 }
 
-/// A message for the client.
-#[derive(Clone, Debug)]
-pub struct OutgoingPublish {
-    pub topic: String,
-    pub payload: Bytes,
-    pub qos: QoS,
-    pub retain: bool,
-    /// A resend of a publish the client may have seen (persistent session
-    /// resumed): keeps `packet_id`.
-    pub dup: bool,
-    /// For a resend: the id it had. `None`: the adapter allocates one (QoS > 0).
-    pub packet_id: Option<u16>,
-    pub properties: MessageProperties,
-    /// MQTT 5 subscription identifiers of the matching subscriptions.
-    pub subscription_ids: Vec<u32>,
-}
-
-/// Why a publish was not sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SendError {
-    /// Larger than the client's maximum packet size: MQTT 5 says discard
-    /// it as if it had been delivered.
-    #[error("larger than the client's maximum packet size")]
-    TooLarge,
-    /// The client's receive maximum is reached: wait for an ack.
-    #[error("the client's receive maximum is reached")]
-    NoQuota,
-    /// Not connected (before CONNACK or after the end).
-    #[error("not connected")]
-    NotConnected,
-}
-
 /// One MQTT connection, server side.
+///
+/// # Driving it
+///
+/// Time comes in as `Instant` arguments; nothing here reads a clock or a
+/// socket. A session loops:
+///
+/// 1. **Read**: append the bytes read to an input buffer and call
+///    [`Connection::on_read`]`(now)`.
+/// 2. **Input**: call [`Connection::poll`] until it returns `None`, acting on
+///    each [`Event`]. Answers ([`Connection::accept`], [`Connection::puback`],
+///    …) encode into [`Connection::out`] at once. After
+///    [`Connection::accept`], poll again even if nothing new was read: input
+///    that arrived behind the CONNECT waits until the CONNECT is answered.
+/// 3. **Timers**: sleep until [`Connection::poll_timeout`] (a deadline in the
+///    past means "now"), then call [`Connection::handle_timeout`]`(now)` and
+///    poll: a timeout that ends the connection is reported as
+///    [`Event::Closed`] by the next poll.
+/// 4. **Write**: write [`Connection::out`] to the socket (all of it, before
+///    hanging up). Hang up once [`Connection::is_finished`] and `out` is
+///    empty. A finished connection still returns its one [`Event::Closed`]
+///    from `poll`, so poll before hanging up.
+///
+/// # How a connection ends
+///
+/// * The client sends DISCONNECT: [`Event::Disconnect`], nothing written.
+/// * The adapter ends it (malformed packet, protocol error, limit, keep-alive
+///   or CONNECT timeout, an unsupported protocol version): exactly one
+///   [`Event::Closed`] with an MQTT 5 reason code (for 3.1.1 too, where only
+///   a CONNACK return code or nothing is written). MQTT 5 writes a DISCONNECT
+///   with that reason (or a CONNACK, while the CONNECT is read) first.
+/// * The session ends it ([`Connection::refuse`], [`Connection::disconnect`]):
+///   no event.
+/// * The socket closes: the session's business (no event from here).
 pub struct Connection {
     /// Bytes to write to the socket.
     pub out: BytesMut,
-    _private: (),
+    pub(super) config: ServerConfig,
+    pub(super) phase: Phase,
+    pub(super) version: Option<Version>,
+    pub(super) client: ClientLimits,
+    /// The keep-alive in force (seconds, 0 = none), set by `accept`.
+    pub(super) keep_alive: u16,
+    pub(super) inbound: Inbound,
+    pub(super) outbound: Outbound,
+    pub(super) timers: Timers,
+    /// [`Event::Closed`] waiting for the next poll.
+    pub(super) pending: Option<Event>,
 }
 
 impl Connection {
     /// A connection accepted at `now`, waiting for CONNECT.
     pub fn new(config: ServerConfig, now: Instant) -> Connection {
-        let _ = (config, now);
-        todo!()
+        Connection {
+            // Allocated on first write: an idle connection costs little.
+            out: BytesMut::new(),
+            config,
+            phase: Phase::AwaitingConnect,
+            version: None,
+            client: ClientLimits::default(),
+            keep_alive: 0,
+            inbound: Inbound::default(),
+            outbound: Outbound::default(),
+            timers: Timers::new(now),
+            pending: None,
+        }
     }
 
     /// The protocol level, once CONNECT was read.
     pub fn version(&self) -> Option<Version> {
-        todo!()
+        self.version
     }
 
-    /// Bytes were read at `now` (keep-alive counts from here).
-    pub fn on_read(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
+    /// The keep-alive in force after [`Self::accept`], seconds (0: none):
+    /// the server keep-alive when one applied, else the client's.
+    pub fn keep_alive(&self) -> u16 {
+        self.keep_alive
+    }
+
+    /// Whether CONNACK success was sent and the connection is not over.
+    pub fn is_open(&self) -> bool {
+        self.phase == Phase::Open
     }
 
     /// The next event from `input` (complete packets are cut off it), or
     /// `None` when more bytes are needed or the connection is finished.
     /// PINGREQ, PUBREL bookkeeping, malformed packets and protocol errors
     /// are handled inside (a fatal one yields [`Event::Closed`] once).
+    ///
+    /// Payloads are slices of `input`'s buffer (no copy).
     pub fn poll(&mut self, input: &mut BytesMut) -> Option<Event> {
-        let _ = input;
-        todo!()
+        loop {
+            if let Some(ev) = self.pending.take() {
+                return Some(ev);
+            }
+            match self.phase {
+                Phase::Finished => {
+                    input.clear();
+                    return None;
+                }
+                Phase::Connecting => return None,
+                Phase::AwaitingConnect | Phase::Open => {}
+            }
+            let header = match wire::fixed_header(input) {
+                Ok(Some(h)) => h,
+                Ok(None) => return None,
+                Err(f) => {
+                    input.clear();
+                    self.fail(f);
+                    continue;
+                }
+            };
+            let max = self.config.maximum_packet_size as usize;
+            if header.total() > max {
+                if self.phase == Phase::AwaitingConnect {
+                    self.peek_version(input, &header);
+                }
+                input.clear();
+                self.fail(Fault::new(
+                    reason::PACKET_TOO_LARGE,
+                    format!("packet of {} bytes, the maximum is {max}", header.total()),
+                ));
+                continue;
+            }
+            if input.len() < header.total() {
+                return None;
+            }
+            let packet = input.split_to(header.total()).freeze();
+            match wire::check_flags(&header).and_then(|()| self.on_packet(header, packet)) {
+                Ok(Some(ev)) => return Some(ev),
+                Ok(None) => {}
+                Err(f) => {
+                    // Nothing after a fatal packet is interpreted.
+                    input.clear();
+                    self.fail(f);
+                }
+            }
+        }
     }
 
-    /// CONNACK success.
-    pub fn accept(&mut self, accept: ConnectAccept) {
-        let _ = accept;
-        todo!()
+    /// One complete packet, flags checked.
+    fn on_packet(&mut self, h: Header, packet: Bytes) -> Result<Option<Event>, Fault> {
+        if self.phase == Phase::AwaitingConnect {
+            if h.kind() != kind::CONNECT {
+                return Err(Fault::protocol(format!(
+                    "the first packet must be CONNECT, got type {}",
+                    h.kind()
+                )));
+            }
+            return self.on_connect(h, packet);
+        }
+        let v5 = self.version == Some(Version::V5);
+        let body = packet.get(h.header_len..).unwrap_or_default();
+        match h.kind() {
+            kind::PUBLISH => self.on_publish(h, packet),
+            kind::PUBACK => {
+                let ack = wire::ack(body, v5, "PUBACK")?;
+                Ok(self.on_puback(ack))
+            }
+            kind::PUBREC => {
+                let ack = wire::ack(body, v5, "PUBREC")?;
+                Ok(self.on_pubrec(ack))
+            }
+            kind::PUBREL => {
+                let ack = wire::ack(body, v5, "PUBREL")?;
+                self.on_pubrel(ack)
+            }
+            kind::PUBCOMP => {
+                let ack = wire::ack(body, v5, "PUBCOMP")?;
+                Ok(self.on_pubcomp(ack))
+            }
+            kind::SUBSCRIBE => self.on_subscribe(h, packet),
+            kind::UNSUBSCRIBE => self.on_unsubscribe(h, packet),
+            kind::PINGREQ => {
+                if h.remaining != 0 {
+                    return Err(Fault::malformed("PINGREQ with a body"));
+                }
+                let _ = mqttbytes::v4::PingResp.write(&mut self.out);
+                Ok(None)
+            }
+            kind::DISCONNECT => self.on_disconnect(body),
+            kind::CONNECT => Err(Fault::protocol("second CONNECT")),
+            kind::AUTH if v5 => Err(Fault::protocol(
+                "AUTH without an authentication method in CONNECT",
+            )),
+            kind::CONNACK | kind::SUBACK | kind::UNSUBACK | kind::PINGRESP => Err(Fault::protocol(
+                format!("packet type {} is sent by servers only", h.kind()),
+            )),
+            other => Err(Fault::malformed(format!("reserved packet type {other}"))),
+        }
     }
 
-    /// CONNACK failure (with `text` as the MQTT 5 reason string); the
-    /// connection then finishes.
-    pub fn refuse(&mut self, refusal: ConnectRefusal, text: &str) {
-        let _ = (refusal, text);
-        todo!()
+    /// A CONNECT too large to buffer: if its first bytes say MQTT 5, the
+    /// refusal can still be a CONNACK 0x95.
+    fn peek_version(&mut self, input: &[u8], h: &Header) {
+        let level = h.header_len + 6;
+        if input.get(h.header_len..level) == Some(&[0, 4, b'M', b'Q', b'T', b'T'][..])
+            && input.get(level) == Some(&5)
+            && h.kind() == kind::CONNECT
+        {
+            self.version = Some(Version::V5);
+        }
     }
 
-    /// Whether a QoS 1/2 publish can be sent now (client's receive maximum).
-    pub fn can_send(&self) -> bool {
-        todo!()
+    /// Ends the connection for `f`, telling the client as the version
+    /// allows: MQTT 5 writes DISCONNECT (or CONNACK while reading the
+    /// CONNECT); 3.1.1 writes nothing. Then [`Event::Closed`] is pending.
+    pub(super) fn fail(&mut self, f: Fault) {
+        if self.phase == Phase::Finished {
+            return;
+        }
+        if self.version == Some(Version::V5) {
+            match self.phase {
+                Phase::Open => self.write_disconnect(f.code, &f.text),
+                Phase::AwaitingConnect => self.write_connack_refusal(f.code, &f.text),
+                Phase::Connecting | Phase::Finished => {}
+            }
+        }
+        self.end(f);
     }
 
-    /// Encodes a publish to the client; returns its packet id (QoS 1/2).
-    /// Applies an outgoing topic alias when the client allows them.
-    pub fn publish(&mut self, msg: OutgoingPublish) -> Result<Option<u16>, SendError> {
-        let _ = msg;
-        todo!()
+    /// Ends the connection with [`Event::Closed`] and writes nothing more.
+    pub(super) fn end(&mut self, f: Fault) {
+        if self.phase == Phase::Finished {
+            return;
+        }
+        self.phase = Phase::Finished;
+        self.pending = Some(Event::Closed {
+            reason: f.code,
+            text: f.text.into_owned(),
+        });
     }
 
-    /// Re-sends PUBREL for a QoS 2 publish the client acknowledged with
-    /// PUBREC before a reconnect.
-    pub fn pubrel(&mut self, packet_id: u16) {
-        let _ = packet_id;
-        todo!()
+    /// Ends the connection at the session's request: no event.
+    pub(super) fn finish(&mut self) {
+        self.phase = Phase::Finished;
     }
 
-    /// Answers a QoS 1 publish (reason 0 = success; MQTT 5 codes such as
-    /// 0x10 no matching subscribers, 0x87, 0x90, 0x97).
-    pub fn puback(&mut self, packet_id: u16, reason: u8) {
-        let _ = (packet_id, reason);
-        todo!()
-    }
-
-    /// Answers a QoS 2 publish (reason < 0x80: the adapter remembers the id
-    /// until PUBREL).
-    pub fn pubrec(&mut self, packet_id: u16, reason: u8) {
-        let _ = (packet_id, reason);
-        todo!()
-    }
-
-    /// Completes a QoS 2 publish after [`Event::PubRel`].
-    pub fn pubcomp(&mut self, packet_id: u16) {
-        let _ = packet_id;
-        todo!()
-    }
-
-    /// Answers a SUBSCRIBE: one reason code per filter (granted QoS 0-2,
-    /// or a failure code; 3.1.1 maps every failure to 0x80).
-    pub fn suback(&mut self, packet_id: u16, codes: &[u8]) {
-        let _ = (packet_id, codes);
-        todo!()
-    }
-
-    /// Answers an UNSUBSCRIBE (MQTT 5: one code per filter, 0x00 or 0x11
-    /// no subscription existed).
-    pub fn unsuback(&mut self, packet_id: u16, codes: &[u8]) {
-        let _ = (packet_id, codes);
-        todo!()
-    }
-
-    /// Ends the connection from the server side: MQTT 5 sends DISCONNECT
-    /// with `reason` and `text` (0x8E session taken over, 0x8B server
-    /// shutting down, 0x97 quota exceeded, …); 3.1.1 just closes.
-    pub fn disconnect(&mut self, reason: u8, text: &str) {
-        let _ = (reason, text);
-        todo!()
-    }
-
-    /// When [`Connection::handle_timeout`] must be called next.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        todo!()
-    }
-
-    /// Keep-alive (1.5× the negotiated value without a packet: the
-    /// connection ends with [`Event::Closed`] on the next poll) and the
-    /// CONNECT timeout.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        let _ = now;
-        todo!()
-    }
-
-    /// Nothing more will be read; hang up once `out` is written.
+    /// Nothing more will be read; hang up once `out` is written (and
+    /// `poll` returned `None`).
     pub fn is_finished(&self) -> bool {
-        todo!()
+        self.phase == Phase::Finished
     }
+
+    /// Whether the MQTT 5 encoding applies.
+    pub(super) fn v5(&self) -> bool {
+        self.version == Some(Version::V5)
+    }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary (reason
+/// strings are for people; they need not be long).
+pub(super) fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }

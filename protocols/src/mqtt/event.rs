@@ -165,7 +165,10 @@ pub enum Event {
         user_properties: Vec<(String, String)>,
     },
     /// Answer with `unsuback`.
-    Unsubscribe { packet_id: u16, filters: Vec<String> },
+    Unsubscribe {
+        packet_id: u16,
+        filters: Vec<String>,
+    },
     /// A clean DISCONNECT. `publish_will`: MQTT 5 reason 0x04 (disconnect
     /// with will message). `session_expiry_secs`: a new expiry the client set.
     Disconnect {
