@@ -56,7 +56,9 @@
 //! When the engine rewrites an MQTT message's header (dead-lettering adds
 //! `x-death`, a redelivery `x-delivery-count`) it encodes [`Properties`]
 //! through [`MqttCodec`], which keeps them whole: the flag byte, then the
-//! engine's own encoding ([`Properties::encode`]).
+//! engine's own encoding ([`Properties::encode`]). Such a rewritten copy
+//! keeps its QoS (from `x-mqtt-publish-qos`) but not the retain flag or the
+//! publisher's client id, which [`Properties`] has no place for.
 //!
 //! # Delivering to an MQTT subscriber ([`outbound`], [`outbound_retained`])
 //!
@@ -453,7 +455,10 @@ fn parse(raw: &[u8]) -> Result<Parsed, PropertiesError> {
             let n = u32::from_be_bytes(r.array()?) as usize;
             // Each pair takes at least its two lengths: nothing larger than
             // the input is allocated.
-            if n == 0 || n.saturating_mul(4) > r.remaining() {
+            if n == 0 {
+                return Err(PropertiesError::Invalid("MQTT user property count"));
+            }
+            if n.saturating_mul(4) > r.remaining() {
                 return Err(PropertiesError::Truncated);
             }
             let mut user = Vec::with_capacity(n);
