@@ -11,6 +11,7 @@
 //! * [`consumer`]: consumers, credit windows, the per-connection outbox.
 //! * [`message`]: messages and queue entries.
 //! * [`meta`]: how definitions are stored in the store's metadata map.
+//! * [`retained`]: MQTT retained messages, per tenant and topic, durable.
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +28,7 @@ pub mod meta;
 pub mod policy;
 pub mod properties;
 pub mod queue;
+pub mod retained;
 pub mod tenant;
 pub mod timers;
 
@@ -64,6 +66,8 @@ pub struct Engine {
     /// Header codecs of every protocol (dead-lettering rewrites headers in
     /// the message's own format).
     codecs: parking_lot::RwLock<Arc<properties::HeaderCodecs>>,
+    /// Bounds of retained messages and the bytes they take.
+    pub(crate) retained: retained::RetainedBudget,
 }
 
 impl Engine {
@@ -83,12 +87,22 @@ impl Engine {
             timers: Arc::default(),
             dead_letters: Default::default(),
             codecs: parking_lot::RwLock::new(Arc::new(properties::HeaderCodecs::new())),
+            retained: Default::default(),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
 
         let mut bindings = Vec::new();
         let mut queues = Vec::new();
         for (k, v) in &recovered.meta {
+            if let Some(r) = retained::decode_entry(k, v) {
+                match r {
+                    Ok((t, m)) => engine.tenant_or_create(&t).retained.restore(&engine, m),
+                    Err(e) => {
+                        tracing::warn!(key = %String::from_utf8_lossy(k), error = %e, "ignoring an unreadable retained message")
+                    }
+                }
+                continue;
+            }
             match meta::decode(k, v) {
                 Some(meta::MetaEntry::Tenant(t)) => {
                     engine.tenant_or_create(&t);
@@ -180,6 +194,8 @@ impl Engine {
             );
             store.append(&orphans, &mut Vec::new(), None)?;
         }
+        // Retained messages that expired while the broker was down.
+        engine.sweep_retained(now_ms());
         if recovered.truncated_bytes > 0 {
             tracing::warn!(
                 bytes = recovered.truncated_bytes,
@@ -224,6 +240,33 @@ impl Engine {
     /// The registered header codecs.
     pub fn codecs(&self) -> Arc<properties::HeaderCodecs> {
         self.codecs.read().clone()
+    }
+
+    /// Sets the bounds of retained messages (before accepting connections;
+    /// a change applies to retained publishes from then on).
+    pub fn set_retained_limits(&self, limits: retained::RetainedLimits) {
+        self.retained.set_limits(limits);
+    }
+
+    /// The bounds of retained messages.
+    pub fn retained_limits(&self) -> retained::RetainedLimits {
+        self.retained.limits()
+    }
+
+    /// Bytes (topic + header + body) every tenant's retained messages take.
+    pub fn retained_bytes(&self) -> u64 {
+        self.retained.bytes()
+    }
+
+    /// Removes the retained messages of every tenant that expired at
+    /// `now_ms`, from memory and (without waiting) from the store; returns
+    /// how many. Lookups skip expired ones anyway: this only frees their
+    /// space, so calling it every few seconds is plenty.
+    pub fn sweep_retained(&self, now_ms: u64) -> usize {
+        self.tenants()
+            .iter()
+            .map(|t| t.sweep_retained(self, now_ms))
+            .sum()
     }
 
     /// Runs the timed work due at `now_ms` (expiry, dead-lettering), one

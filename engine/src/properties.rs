@@ -12,8 +12,11 @@
 //!   same bytes, never decoded or re-encoded.
 //! * [`HeaderFormat::Weir`]: [`Properties`] in this module's own compact
 //!   binary encoding ([`Properties::encode`]/[`Properties::decode`]), used by
-//!   every protocol that has no property block worth keeping (MQTT 5, the
-//!   native protocol, HTTP).
+//!   every protocol that has no property block worth keeping (the native
+//!   protocol, HTTP).
+//! * [`HeaderFormat::Mqtt`]: an MQTT publish's QoS, retain flag and MQTT 5
+//!   properties, compactly (a 3.1.1 publish's header is one byte); its
+//!   codec is the MQTT adapter's.
 //!
 //! The engine never sees a wire format, so it cannot decode an AMQP block
 //! itself: adapters register a [`HeaderCodec`] for their format in a
@@ -85,6 +88,10 @@ pub enum HeaderFormat {
     Amqp091 = 1,
     /// [`Properties`] in this module's encoding ([`Properties::encode`]).
     Weir = 2,
+    /// An MQTT publish's QoS, retain flag and MQTT 5 properties, in the
+    /// MQTT adapter's compact encoding (its codec lives in the gateway,
+    /// `gateway/src/mqtt/convert.rs`).
+    Mqtt = 3,
 }
 
 impl HeaderFormat {
@@ -98,6 +105,7 @@ impl HeaderFormat {
         match b {
             1 => Ok(HeaderFormat::Amqp091),
             2 => Ok(HeaderFormat::Weir),
+            3 => Ok(HeaderFormat::Mqtt),
             other => Err(PropertiesError::UnknownFormat(other)),
         }
     }
@@ -1344,6 +1352,7 @@ mod tests {
     fn header_format_bytes_are_fixed() {
         assert_eq!(HeaderFormat::Amqp091.to_u8(), 1);
         assert_eq!(HeaderFormat::Weir.to_u8(), 2);
+        assert_eq!(HeaderFormat::Mqtt.to_u8(), 3);
         for b in 0..=255u8 {
             match HeaderFormat::try_from(b) {
                 Ok(f) => assert_eq!(f.to_u8(), b),

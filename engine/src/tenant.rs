@@ -98,6 +98,8 @@ pub struct Tenant {
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     /// Policies by name.
     policies: RwLock<Vec<Policy>>,
+    /// Retained messages (MQTT) by topic (see [`crate::retained`]).
+    pub(crate) retained: crate::retained::Retained,
 }
 
 fn not_found_queue(name: &str, tenant: &str) -> EngineError {
@@ -144,6 +146,7 @@ impl Tenant {
             exchanges: RwLock::new(exchanges),
             queues: RwLock::new(HashMap::new()),
             policies: RwLock::new(Vec::new()),
+            retained: Default::default(),
         })
     }
 
@@ -231,7 +234,7 @@ impl Tenant {
         }
     }
 
-    fn engine(&self) -> Result<Arc<Engine>> {
+    pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
         self.engine
             .upgrade()
             .ok_or_else(|| EngineError::CommandInvalid("broker is shutting down".into()))

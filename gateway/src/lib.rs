@@ -4,11 +4,13 @@
 //! * [`config`]: settings from file, environment and flags.
 //! * [`engine`]: tenants, exchanges, queues, consumers, leases.
 //! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
+//! * [`mqtt`]: MQTT topic and message conversion.
 //! * [`server`]: listeners, store opening, graceful shutdown.
 
 pub mod amqp;
 pub mod mqtt;
 pub mod config;
+pub mod mqtt;
 pub mod server;
 
 /// The engine lives in its own crate (`weir-engine`); re-exported for the sessions.

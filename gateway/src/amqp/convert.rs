@@ -116,6 +116,7 @@ impl HeaderLookup for LazyHeaders<'_> {
             .get_or_init(|| match self.format {
                 HeaderFormat::Amqp091 => amqp_headers(self.raw).ok().flatten(),
                 HeaderFormat::Weir => Properties::decode(self.raw).ok()?.headers,
+                HeaderFormat::Mqtt => crate::mqtt::convert::MqttCodec.headers(self.raw).ok()?,
             })
             .as_ref()?
             .get(name)
@@ -159,7 +160,7 @@ impl HeaderCodec for AmqpCodec {
     }
 }
 
-/// The engine's codecs with AMQP's registered (built once).
+/// The engine's codecs with AMQP's and MQTT's registered (built once).
 pub fn codecs() -> &'static HeaderCodecs {
     shared_codecs_ref()
 }
@@ -169,7 +170,13 @@ pub fn codecs() -> &'static HeaderCodecs {
 pub fn shared_codecs() -> Arc<HeaderCodecs> {
     static CODECS: OnceLock<Arc<HeaderCodecs>> = OnceLock::new();
     CODECS
-        .get_or_init(|| Arc::new(HeaderCodecs::new().with(Arc::new(AmqpCodec))))
+        .get_or_init(|| {
+            Arc::new(
+                HeaderCodecs::new()
+                    .with(Arc::new(AmqpCodec))
+                    .with(Arc::new(crate::mqtt::convert::MqttCodec)),
+            )
+        })
         .clone()
 }
 
