@@ -300,6 +300,10 @@ pub struct MqttConfig {
     pub max_session_expiry: u32,
     /// Topic aliases a client may use towards the broker.
     pub topic_alias_maximum: u16,
+    /// Retained messages kept per tenant (0 = no limit; more: 0x97).
+    pub max_retained_per_tenant: usize,
+    /// Bytes of retained messages kept in all (0 = no limit; more: 0x97).
+    pub max_retained_bytes: u64,
 }
 
 impl Default for MqttConfig {
@@ -313,6 +317,8 @@ impl Default for MqttConfig {
             max_topic_levels: 32,
             max_session_expiry: 0,
             topic_alias_maximum: 64,
+            max_retained_per_tenant: 100_000,
+            max_retained_bytes: 64 << 20,
         }
     }
 }

@@ -8,7 +8,6 @@
 //! * [`server`]: listeners, store opening, graceful shutdown.
 
 pub mod amqp;
-pub mod mqtt;
 pub mod config;
 pub mod mqtt;
 pub mod server;

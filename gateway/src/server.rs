@@ -305,13 +305,20 @@ impl Broker {
                     source,
                 })?;
         let m = &cfg.mqtt;
+        engine.set_retained_limits(weir_engine::retained::RetainedLimits {
+            max_messages_per_tenant: m.max_retained_per_tenant,
+            max_total_bytes: m.max_retained_bytes,
+        });
         let mqtt_defaults = weir_protocols::mqtt::ServerConfig::default();
         let mqtt = crate::mqtt::MqttShared {
             server: weir_protocols::mqtt::ServerConfig {
                 // A persistent message is one store record: it must fit a segment.
-                maximum_packet_size: m
-                    .max_packet_size
-                    .min(log_cfg.segment_bytes().saturating_sub(64 * 1024).min(u64::from(u32::MAX)) as u32),
+                maximum_packet_size: m.max_packet_size.min(
+                    log_cfg
+                        .segment_bytes()
+                        .saturating_sub(64 * 1024)
+                        .min(u64::from(u32::MAX)) as u32,
+                ),
                 receive_maximum: m.receive_maximum.max(1),
                 topic_alias_maximum: m.topic_alias_maximum,
                 max_topic_levels: m.max_topic_levels.max(1),
@@ -370,6 +377,9 @@ impl Broker {
                 tokio::time::sleep(next).await;
                 let e = engine.clone();
                 next = Duration::from_secs(5);
+                // Expired retained messages go too (else only the next
+                // retained publish of their tenant or a restart drops them).
+                engine.sweep_retained(crate::engine::message::now_ms());
                 match tokio::task::spawn_blocking(move || e.compact()).await {
                     Ok(Ok(n)) if n > 0 => {
                         tracing::info!(relocated = n, "compacted sparse segments");

@@ -149,7 +149,11 @@ impl Broker {
             .arg(&self.data_dir)
             .arg("--amqp-listen")
             .arg(format!("127.0.0.1:{port}"));
-        if !self.extra_args.iter().any(|a| a.starts_with("--mqtt-listen")) {
+        if !self
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--mqtt-listen"))
+        {
             // Tests run in parallel: never the default 1883.
             cmd.arg("--mqtt-listen").arg("127.0.0.1:0");
         }

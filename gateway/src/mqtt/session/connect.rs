@@ -119,7 +119,8 @@ impl Session {
 
         self.session_expiry_secs = c.session_expiry_secs;
         let max_expiry = self.shared.mqtt.max_session_expiry_secs;
-        let granted = (max_expiry > 0 && self.session_expiry_secs > max_expiry).then_some(max_expiry);
+        let granted =
+            (max_expiry > 0 && self.session_expiry_secs > max_expiry).then_some(max_expiry);
         if let Some(g) = granted {
             self.session_expiry_secs = g;
         }
@@ -188,7 +189,9 @@ impl Session {
                 .exchange(TOPIC_EXCHANGE)?
                 .bindings()
                 .into_iter()
-                .filter(|b| matches!(&b.destination, Destination::Queue(q) if q.name() == self.queue))
+                .filter(
+                    |b| matches!(&b.destination, Destination::Queue(q) if q.name() == self.queue),
+                )
                 .filter_map(|b| subscription_of(&b.arguments))
                 .collect();
             return Ok(true);
@@ -238,7 +241,11 @@ impl Session {
     /// reconnects first; never later than the session's expiry).
     pub(super) fn schedule_will(&mut self, w: Will) {
         let engine = self.engine.clone();
-        let (tenant, user, client_id) = (self.tenant.clone(), self.user.clone(), self.client_id.clone());
+        let (tenant, user, client_id) = (
+            self.tenant.clone(),
+            self.user.clone(),
+            self.client_id.clone(),
+        );
         let delay = w.delay_secs.min(self.session_expiry_secs);
         let shared = self.shared.clone();
         if delay == 0 {
@@ -251,12 +258,21 @@ impl Session {
             publish_will(&engine, &tenant, &user, &client_id, &w);
             shared.mqtt.registry.will_done(&tenant, &client_id);
         });
-        self.shared.mqtt.registry.delay_will(&t2, &c2, task.abort_handle());
+        self.shared
+            .mqtt
+            .registry
+            .delay_will(&t2, &c2, task.abort_handle());
     }
 }
 
 /// Publishes a will message through `amq.topic` as its client would have.
-fn publish_will(engine: &Arc<crate::engine::Engine>, tenant: &str, user: &str, client_id: &str, w: &Will) {
+fn publish_will(
+    engine: &Arc<crate::engine::Engine>,
+    tenant: &str,
+    user: &str,
+    client_id: &str,
+    w: &Will,
+) {
     let Ok(mut client) = Client::open(engine, tenant, user) else {
         return;
     };
@@ -269,7 +285,14 @@ fn publish_will(engine: &Arc<crate::engine::Engine>, tenant: &str, user: &str, c
         packet_id: None,
         properties: w.properties.clone(),
     };
-    if let Err(e) = super::inbound::route(&mut client, &p, client_id) {
+    if w.retain {
+        let now = crate::engine::message::now_ms();
+        let i = crate::mqtt::convert::inbound(&p, None, now);
+        let _ = client
+            .tenant()
+            .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now);
+    }
+    if let Err(e) = super::inbound::route(&mut client, &p, Some(client_id)) {
         tracing::debug!(error = %e, %client_id, "will message not published");
     }
     client.commit();

@@ -31,28 +31,30 @@ impl HeaderLookup for NoHeaders {
     }
 }
 
-/// Routes and stores one MQTT publish through `client`.
-pub(super) fn route(client: &mut Client, p: &Publish, client_id: &str) -> Result<Published, EngineError> {
-    let routing_key = convert::topic_to_routing_key(&p.topic);
-    let (header, format) = convert::inbound_header(p, client_id, now_ms());
+/// Routes and stores one MQTT publish through `client`. `publisher`: the
+/// client id recorded for no-local subscriptions.
+pub(super) fn route(
+    client: &mut Client,
+    p: &Publish,
+    publisher: Option<&str>,
+) -> Result<Published, EngineError> {
+    let i = convert::inbound(p, publisher, now_ms());
     let route = RouteInput {
         exchange: TOPIC_EXCHANGE,
-        routing_key: &routing_key,
+        routing_key: &i.routing_key,
         headers: &NoHeaders,
     };
-    let persistent = p.qos > QoS::AtMostOnce;
-    let r = client.publish(&route, |id| Message {
+    client.publish(&route, |id| Message {
         id,
         exchange: Bytes::from_static(TOPIC_EXCHANGE.as_bytes()),
-        routing_key: Bytes::from(routing_key.clone().into_bytes()),
-        properties: header,
+        routing_key: Bytes::from(i.routing_key.clone().into_bytes()),
+        properties: i.header.raw.clone(),
         body: p.payload.clone(),
-        header_format: format,
-        persistent,
+        header_format: i.header.format,
+        persistent: i.persistent,
         priority: 0,
-        ttl_ms: None,
-    });
-    r
+        ttl_ms: i.ttl_ms,
+    })
 }
 
 impl Session {
@@ -60,11 +62,10 @@ impl Session {
         let Some(client) = self.client.as_mut() else {
             return;
         };
-        let published = route(client, &p, &self.client_id);
-        // Retained messages are kept per topic (an empty payload clears).
-        if p.retain {
-            self.retain(&p);
-        }
+        let published = route(client, &p, Some(&self.client_id));
+        // Retained messages are kept per topic (an empty payload clears);
+        // the store barrier below covers their metadata record too.
+        let retained_ok = if p.retain { self.retain(&p) } else { true };
         let Some(packet_id) = p.packet_id else {
             return;
         };
@@ -81,17 +82,20 @@ impl Session {
                 (UNSPECIFIED_ERROR, false)
             }
         };
+        let reason = if retained_ok { reason } else { QUOTA_EXCEEDED };
         // 3.1.1 has no negative PUBACK: a refused publish is acknowledged
         // (the message is dropped, as an unconfirmed publish may be).
         let reason = if v5 { reason } else { 0 };
         self.batch_needs_barrier |= needs_barrier;
         // Every ack waits for the barrier of its batch when any is pending,
         // so acks leave in arrival order.
-        let barrier = if needs_barrier || self.barriers_sent > self.barriers_done || self.batch_needs_barrier {
-            self.barriers_sent + 1
-        } else {
-            0
-        };
+        let barrier =
+            if needs_barrier || self.barriers_sent > self.barriers_done || self.batch_needs_barrier
+            {
+                self.barriers_sent + 1
+            } else {
+                0
+            };
         self.acks.push_back(PendingAck {
             packet_id,
             qos: p.qos,
@@ -116,8 +120,26 @@ impl Session {
         }
     }
 
-    /// Sets or clears the retained message of the publish's topic.
-    fn retain(&mut self, _p: &Publish) {
-        // Wired to the engine's retained store at merge.
+    /// Sets or clears the retained message of the publish's topic; false
+    /// when a bound refused it.
+    fn retain(&mut self, p: &Publish) -> bool {
+        let Some(client) = self.client.as_ref() else {
+            return true;
+        };
+        let now = now_ms();
+        let i = convert::inbound(p, None, now);
+        match client
+            .tenant()
+            .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now)
+        {
+            Ok(wait) => {
+                self.batch_needs_barrier |= wait.is_some();
+                true
+            }
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, topic = %p.topic, error = %e, "retained message refused");
+                false
+            }
+        }
     }
 }

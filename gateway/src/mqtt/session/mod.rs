@@ -87,6 +87,7 @@ pub async fn serve(
         queue: String::new(),
         subscriptions: Vec::new(),
         shared_subs: HashMap::new(),
+        retained_out: VecDeque::new(),
         acks: VecDeque::new(),
         durable_tx,
         barriers_sent: 0,
@@ -132,6 +133,8 @@ pub(crate) struct Session {
     subscriptions: Vec<Subscription>,
     /// Shared subscriptions: consumer tag → (queue, subscription).
     shared_subs: HashMap<Vec<u8>, (String, Subscription)>,
+    /// Retained messages owed to new subscriptions.
+    retained_out: VecDeque<weir_protocols::mqtt::OutgoingPublish>,
     /// Answers to the client's QoS 1/2 publishes, in arrival order.
     acks: VecDeque<PendingAck>,
     durable_tx: mpsc::UnboundedSender<u64>,
@@ -331,7 +334,6 @@ impl Session {
             }
         }
     }
-
 
     /// Ends the batch: the client's settles and dispatches, one store
     /// barrier for the durable publishes, and the acks that can go now.

@@ -13,6 +13,7 @@ use weir_protocols::mqtt::{self, OutgoingPublish, QoS, SendError};
 
 impl Session {
     pub(super) fn write_deliveries(&mut self) {
+        self.write_retained();
         let Some(client) = self.client.as_mut() else {
             return;
         };
@@ -29,18 +30,29 @@ impl Session {
                 client.discard(d);
                 continue;
             };
-            let out = convert::outbound(&message, &codecs, d.entry.enqueued_ms, now);
-            let subs: Vec<&super::Subscription> = match self.shared_subs.get(d.consumer.tag().as_ref()) {
-                Some((_, s)) => vec![s],
-                None => self.subscriptions.iter().collect(),
+            let out = match convert::outbound(&message, &d.entry, &codecs, now) {
+                Ok(o) => o,
+                Err(e) => {
+                    // Published over AMQP with a key no MQTT topic has.
+                    tracing::debug!(peer = %self.peer, error = %e, "delivery dropped");
+                    self.next_tag += 1;
+                    client.lease(SCOPE, self.next_tag, d, batch_time);
+                    let _ = client.settle(SCOPE, self.next_tag, false, Settle::Ack);
+                    continue;
+                }
             };
+            let subs: Vec<&super::Subscription> =
+                match self.shared_subs.get(d.consumer.tag().as_ref()) {
+                    Some((_, s)) => vec![s],
+                    None => self.subscriptions.iter().collect(),
+                };
             let matching: Vec<&super::Subscription> = subs
                 .into_iter()
                 .filter(|s| mqtt::matches(&s.filter, &out.topic))
                 .collect();
             let own = out.publisher.as_deref() == Some(self.client_id.as_str());
             let wanted = matching.iter().any(|s| !(own && s.no_local));
-            let expired = out.properties.message_expiry_secs == Some(0);
+            let expired = out.expired;
             self.next_tag += 1;
             let tag = self.next_tag;
             if !wanted || expired {
@@ -49,7 +61,11 @@ impl Session {
                 let _ = client.settle(SCOPE, tag, false, Settle::Ack);
                 continue;
             }
-            let granted = matching.iter().map(|s| s.qos).max().unwrap_or(QoS::AtMostOnce);
+            let granted = matching
+                .iter()
+                .map(|s| s.qos)
+                .max()
+                .unwrap_or(QoS::AtMostOnce);
             let qos = granted.min(out.qos);
             if qos > QoS::AtMostOnce && !self.conn.can_send() {
                 client.unsend(d);
@@ -61,9 +77,9 @@ impl Session {
             ids.dedup();
             let sent = self.conn.publish(OutgoingPublish {
                 topic: out.topic,
-                payload: message.body.clone(),
+                payload: out.payload,
                 qos,
-                retain: false,
+                retain: out.retain && matching.iter().any(|s| s.retain_as_published),
                 dup: false,
                 packet_id: None,
                 properties: out.properties,
@@ -105,6 +121,31 @@ impl Session {
         }
         if let (Some(tag), Some(c)) = (tag, self.client.as_mut()) {
             let _ = c.settle(SCOPE, tag, false, Settle::Ack);
+        }
+    }
+}
+
+impl Session {
+    /// Retained messages owed to new subscriptions, sent before queued
+    /// deliveries and within the client's receive maximum. Not leased: an
+    /// ack only frees the packet id.
+    fn write_retained(&mut self) {
+        while let Some(p) = self.retained_out.front() {
+            if self.conn.out.len() >= DELIVERY_HIGH_WATER
+                || (p.qos > QoS::AtMostOnce && !self.conn.can_send())
+            {
+                return;
+            }
+            let Some(p) = self.retained_out.pop_front() else {
+                return;
+            };
+            match self.conn.publish(p) {
+                Ok(Some(packet_id)) => {
+                    self.inflight.insert(packet_id, None);
+                }
+                Ok(None) | Err(SendError::TooLarge) => {}
+                Err(SendError::NoQuota) | Err(SendError::NotConnected) => return,
+            }
         }
     }
 }

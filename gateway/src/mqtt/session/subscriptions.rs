@@ -6,11 +6,12 @@
 use super::connect::{binding_arguments, TOPIC_EXCHANGE};
 use super::{Session, Subscription, SCOPE};
 use crate::engine::client::SubscribeOptions;
+use crate::engine::message::now_ms;
 use crate::engine::meta::DestinationKind;
 use crate::engine::tenant::QueueDeclare;
 use crate::mqtt::convert;
 use serde_json::Value;
-use weir_protocols::mqtt::{QoS, SubscribeFilter, Version};
+use weir_protocols::mqtt::{OutgoingPublish, SubscribeFilter};
 
 const UNSPECIFIED_ERROR: u8 = 0x80;
 const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
@@ -34,7 +35,10 @@ impl Session {
                 continue;
             }
             let sub = Subscription {
-                filter: f.shared.as_ref().map_or_else(|| f.filter.clone(), |s| s.filter.clone()),
+                filter: f
+                    .shared
+                    .as_ref()
+                    .map_or_else(|| f.filter.clone(), |s| s.filter.clone()),
                 qos: f.qos,
                 no_local: f.no_local,
                 retain_as_published: f.retain_as_published,
@@ -67,7 +71,10 @@ impl Session {
             None => return Ok(()),
         };
         let key = convert::filter_to_binding_key(&sub.filter);
-        let existed = self.subscriptions.iter().position(|s| s.filter == sub.filter);
+        let existed = self
+            .subscriptions
+            .iter()
+            .position(|s| s.filter == sub.filter);
         if let Some(i) = existed {
             let old = self.subscriptions.remove(i);
             tenant.unbind(
@@ -186,9 +193,32 @@ impl Session {
         true
     }
 
-    /// Sends the retained messages matching a new subscription.
-    fn send_retained(&mut self, _sub: &Subscription) {
-        // Wired to the engine's retained store at merge.
-        let _ = (QoS::AtMostOnce, Version::V5);
+    /// Queues the retained messages matching a new subscription (sent by
+    /// `write_retained` with the retain flag, at most at the
+    /// subscription's QoS).
+    fn send_retained(&mut self, sub: &Subscription) {
+        let Some(client) = self.client.as_ref() else {
+            return;
+        };
+        let now = now_ms();
+        let codecs = self.engine.codecs();
+        for r in client.tenant().retained(&sub.filter, now) {
+            let Ok(out) = convert::outbound_retained(&r, &codecs, now) else {
+                continue;
+            };
+            if out.expired {
+                continue;
+            }
+            self.retained_out.push_back(OutgoingPublish {
+                topic: out.topic,
+                payload: out.payload,
+                qos: out.qos.min(sub.qos),
+                retain: true,
+                dup: false,
+                packet_id: None,
+                properties: out.properties,
+                subscription_ids: sub.subscription_id.into_iter().collect(),
+            });
+        }
     }
 }
