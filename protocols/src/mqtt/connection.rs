@@ -168,6 +168,14 @@ impl Connection {
                 Phase::Connecting => return None,
                 Phase::AwaitingConnect | Phase::Open => {}
             }
+            if self.phase == Phase::AwaitingConnect
+                && input.first().is_some_and(|b| b >> 4 != kind::CONNECT)
+            {
+                // Known from the first byte: no need to wait for the rest.
+                input.clear();
+                self.fail(Fault::protocol("the first packet must be CONNECT"));
+                continue;
+            }
             let header = match wire::fixed_header(input) {
                 Ok(Some(h)) => h,
                 Ok(None) => return None,
@@ -208,12 +216,7 @@ impl Connection {
     /// One complete packet, flags checked.
     fn on_packet(&mut self, h: Header, packet: Bytes) -> Result<Option<Event>, Fault> {
         if self.phase == Phase::AwaitingConnect {
-            if h.kind() != kind::CONNECT {
-                return Err(Fault::protocol(format!(
-                    "the first packet must be CONNECT, got type {}",
-                    h.kind()
-                )));
-            }
+            // poll checked the type.
             return self.on_connect(h, packet);
         }
         let v5 = self.version == Some(Version::V5);
