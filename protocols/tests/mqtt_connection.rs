@@ -1805,3 +1805,16 @@ fn topic_matching() {
         assert!(!matches(f, t), "{f} should not match {t}");
     }
 }
+
+// ---------------------------------------------------------------- memory
+
+/// Issue 8 budgets 4 KB of broker memory per idle connection; the
+/// adapter's share is its struct (nothing is allocated until used).
+#[test]
+fn idle_connection_is_small() {
+    let size = std::mem::size_of::<Connection>();
+    eprintln!("Connection: {size} bytes");
+    assert!(size <= 512, "{size} bytes");
+    let p = Connection::new(ServerConfig::default(), t0());
+    assert_eq!(p.out.capacity(), 0, "out is allocated on first write");
+}

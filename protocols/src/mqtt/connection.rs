@@ -111,8 +111,9 @@ pub struct Connection {
     pub(super) inbound: Inbound,
     pub(super) outbound: Outbound,
     pub(super) timers: Timers,
-    /// [`Event::Closed`] waiting for the next poll.
-    pub(super) pending: Option<Event>,
+    /// [`Event::Closed`] waiting for the next poll (reason, text): kept
+    /// this small rather than as an `Event`, which is ~200 bytes.
+    pub(super) pending: Option<(u8, String)>,
 }
 
 impl Connection {
@@ -157,8 +158,8 @@ impl Connection {
     /// Payloads are slices of `input`'s buffer (no copy).
     pub fn poll(&mut self, input: &mut BytesMut) -> Option<Event> {
         loop {
-            if let Some(ev) = self.pending.take() {
-                return Some(ev);
+            if let Some((reason, text)) = self.pending.take() {
+                return Some(Event::Closed { reason, text });
             }
             match self.phase {
                 Phase::Finished => {
@@ -295,10 +296,7 @@ impl Connection {
             return;
         }
         self.phase = Phase::Finished;
-        self.pending = Some(Event::Closed {
-            reason: f.code,
-            text: f.text.into_owned(),
-        });
+        self.pending = Some((f.code, f.text.into_owned()));
     }
 
     /// Ends the connection at the session's request: no event.
