@@ -486,6 +486,13 @@ fn first_packet_must_be_connect() {
 }
 
 #[test]
+fn first_packet_type_is_checked_on_its_first_byte() {
+    let mut p = Peer::new(ServerConfig::default());
+    let events = p.feed(&[0x30]);
+    assert_closed4(&mut p, events, reason::PROTOCOL_ERROR);
+}
+
+#[test]
 fn second_connect_is_a_protocol_error() {
     let mut p = open5();
     let events = p.feed(&enc(|b| connect5("again", None).write(b)));
@@ -1273,6 +1280,16 @@ fn publish_out_skips_ids_in_flight() {
 }
 
 #[test]
+fn publish_out_qos0_never_dup() {
+    let mut p = open4();
+    let mut m = outgoing("a", QoS::AtMostOnce);
+    m.dup = true;
+    m.packet_id = Some(3);
+    assert_eq!(p.c.publish(m), Ok(None));
+    assert_eq!(p.raw()[0], 0x30, "no DUP, no packet id on QoS 0");
+}
+
+#[test]
 fn publish_out_pubrec_failure_frees_the_id() {
     let mut p = open5();
     assert_eq!(p.c.publish(outgoing("a", QoS::ExactlyOnce)), Ok(Some(1)));
@@ -1359,6 +1376,26 @@ fn topic_aliases_out() {
             ("c".into(), None)
         ]
     );
+    // The server's own maximum bounds them too.
+    let mut props = connect_props();
+    props.topic_alias_max = Some(1000);
+    let config = ServerConfig {
+        topic_alias_maximum: 1,
+        ..ServerConfig::default()
+    };
+    let (mut p, _) = open5_with(config, connect5("x", Some(props)));
+    for topic in ["a", "b"] {
+        p.c.publish(outgoing(topic, QoS::AtMostOnce)).expect("sent");
+    }
+    let aliases: Vec<Option<u16>> = p
+        .out5()
+        .into_iter()
+        .map(|x| match x {
+            v5::Packet::Publish(x) => x.properties.and_then(|p| p.topic_alias),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(aliases, [Some(1), None]);
     // Without the client's consent: never.
     let mut p = open5();
     p.c.publish(outgoing("a/b", QoS::AtMostOnce)).expect("sent");
@@ -1767,4 +1804,17 @@ fn topic_matching() {
     for (f, t) in no {
         assert!(!matches(f, t), "{f} should not match {t}");
     }
+}
+
+// ---------------------------------------------------------------- memory
+
+/// Issue 8 budgets 4 KB of broker memory per idle connection; the
+/// adapter's share is its struct (nothing is allocated until used).
+#[test]
+fn idle_connection_is_small() {
+    let size = std::mem::size_of::<Connection>();
+    eprintln!("Connection: {size} bytes");
+    assert!(size <= 512, "{size} bytes");
+    let p = Connection::new(ServerConfig::default(), t0());
+    assert_eq!(p.out.capacity(), 0, "out is allocated on first write");
 }

@@ -16,7 +16,8 @@ pub struct ServerConfig {
     /// such limit on the wire, so the session paces a 3.1.1 client by
     /// reading less ([`super::Connection::incoming_in_flight`]).
     pub receive_maximum: u16,
-    /// Topic aliases a client may use towards us (CONNACK).
+    /// Topic aliases a client may use towards us (CONNACK), and the most
+    /// the server uses towards a client (which may allow fewer).
     pub topic_alias_maximum: u16,
     /// Most levels in a topic name or filter (more: 0x90 / 0x8F).
     pub max_topic_levels: usize,

@@ -111,8 +111,9 @@ pub struct Connection {
     pub(super) inbound: Inbound,
     pub(super) outbound: Outbound,
     pub(super) timers: Timers,
-    /// [`Event::Closed`] waiting for the next poll.
-    pub(super) pending: Option<Event>,
+    /// [`Event::Closed`] waiting for the next poll (reason, text): kept
+    /// this small rather than as an `Event`, which is ~200 bytes.
+    pub(super) pending: Option<(u8, String)>,
 }
 
 impl Connection {
@@ -157,8 +158,8 @@ impl Connection {
     /// Payloads are slices of `input`'s buffer (no copy).
     pub fn poll(&mut self, input: &mut BytesMut) -> Option<Event> {
         loop {
-            if let Some(ev) = self.pending.take() {
-                return Some(ev);
+            if let Some((reason, text)) = self.pending.take() {
+                return Some(Event::Closed { reason, text });
             }
             match self.phase {
                 Phase::Finished => {
@@ -167,6 +168,14 @@ impl Connection {
                 }
                 Phase::Connecting => return None,
                 Phase::AwaitingConnect | Phase::Open => {}
+            }
+            if self.phase == Phase::AwaitingConnect
+                && input.first().is_some_and(|b| b >> 4 != kind::CONNECT)
+            {
+                // Known from the first byte: no need to wait for the rest.
+                input.clear();
+                self.fail(Fault::protocol("the first packet must be CONNECT"));
+                continue;
             }
             let header = match wire::fixed_header(input) {
                 Ok(Some(h)) => h,
@@ -208,12 +217,7 @@ impl Connection {
     /// One complete packet, flags checked.
     fn on_packet(&mut self, h: Header, packet: Bytes) -> Result<Option<Event>, Fault> {
         if self.phase == Phase::AwaitingConnect {
-            if h.kind() != kind::CONNECT {
-                return Err(Fault::protocol(format!(
-                    "the first packet must be CONNECT, got type {}",
-                    h.kind()
-                )));
-            }
+            // poll checked the type.
             return self.on_connect(h, packet);
         }
         let v5 = self.version == Some(Version::V5);
@@ -292,10 +296,7 @@ impl Connection {
             return;
         }
         self.phase = Phase::Finished;
-        self.pending = Some(Event::Closed {
-            reason: f.code,
-            text: f.text.into_owned(),
-        });
+        self.pending = Some((f.code, f.text.into_owned()));
     }
 
     /// Ends the connection at the session's request: no event.

@@ -151,7 +151,10 @@ pub enum Event {
     Publish(Publish),
     /// The client acknowledged our QoS 1 publish.
     PubAck { packet_id: u16, reason: u8 },
-    /// The client received our QoS 2 publish; the adapter answered PUBREL.
+    /// The client received our QoS 2 publish; the adapter answered PUBREL
+    /// (the id stays in flight until [`Event::PubComp`]). With a failure
+    /// `reason` (≥ 0x80, MQTT 5) no PUBREL is sent: the exchange is over
+    /// and the id is free.
     PubRec { packet_id: u16, reason: u8 },
     /// The client released its QoS 2 publish: answer with `pubcomp`.
     PubRel { packet_id: u16 },
@@ -169,8 +172,12 @@ pub enum Event {
         packet_id: u16,
         filters: Vec<String>,
     },
-    /// A clean DISCONNECT. `publish_will`: MQTT 5 reason 0x04 (disconnect
-    /// with will message). `session_expiry_secs`: a new expiry the client set.
+    /// A clean DISCONNECT; the connection is finished. `publish_will`:
+    /// MQTT 5 reason 0x04 (disconnect with will message), or any other
+    /// reason but 0x00 (MQTT 5 3.1.2.5: only a normal disconnection discards
+    /// the will); always false for 3.1.1. `session_expiry_secs`: a new
+    /// expiry the client set (MQTT 5; raising it from 0 is refused with
+    /// [`Event::Closed`] 0x82 instead).
     Disconnect {
         publish_will: bool,
         session_expiry_secs: Option<u32>,
@@ -178,5 +185,15 @@ pub enum Event {
     /// The connection ends for a protocol error or a keep-alive timeout
     /// (already answered on the wire as the version allows): the will is
     /// published.
+    ///
+    /// Returned once, by `poll`, for every ending the adapter decides: a
+    /// malformed packet (0x81), a protocol error (0x82), a limit (0x93,
+    /// 0x94, 0x95, 0x9A, 0x9B, …), the keep-alive (0x8D) or CONNECT timeout
+    /// (0x80), an unsupported protocol level (0x84), or a refused CONNECT
+    /// (0x85, 0x86, 0x8C, 0x90, …; no session exists then). `reason` is the
+    /// MQTT 5 code for 3.1.1 too, where the wire got at most a CONNACK
+    /// return code. Never after the session's own `refuse` / `disconnect`
+    /// nor after [`Event::Disconnect`]. `out` may hold a last DISCONNECT or
+    /// CONNACK to flush before closing.
     Closed { reason: u8, text: String },
 }

@@ -109,7 +109,8 @@ impl Connection {
                     // 3.1.1 has no receive maximum to enforce: the session
                     // paces such clients by reading less.
                     if self.v5()
-                        && self.inbound.in_flight.len() >= usize::from(self.config.receive_maximum)
+                        && self.inbound.in_flight.len()
+                            >= usize::from(self.config.receive_maximum.max(1))
                     {
                         return Err(Fault::new(
                             reason::RECEIVE_MAXIMUM_EXCEEDED,

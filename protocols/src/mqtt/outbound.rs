@@ -63,7 +63,8 @@ pub(super) struct Outbound {
     /// Where the search for a free packet id starts.
     next_id: u16,
     /// Topic → alias, for topics sent with an alias (at most the client's
-    /// topic alias maximum; first come, first served, never replaced).
+    /// topic alias maximum and the server's; first come, first served,
+    /// never replaced).
     aliases: HashMap<String, u16>,
 }
 
@@ -137,9 +138,16 @@ impl Connection {
             return Err(SendError::TooLarge);
         }
         let pkid = packet_id.unwrap_or(0);
+        // MQTT-3.3.1-2: DUP is 0 on every QoS 0 message.
+        let dup = msg.dup && packet_id.is_some();
         let mut new_alias = None;
         let remaining = if self.v5() {
-            let max_alias = self.client.topic_alias_maximum;
+            // Each alias keeps its topic for the connection's life: the
+            // server's own maximum bounds that memory too.
+            let max_alias = self
+                .client
+                .topic_alias_maximum
+                .min(self.config.topic_alias_maximum);
             let (topic, alias) = match self.outbound.aliases.get(&msg.topic) {
                 Some(&a) => (String::new(), Some(a)),
                 None if max_alias > 0 && self.outbound.aliases.len() < usize::from(max_alias) => {
@@ -152,7 +160,7 @@ impl Connection {
             };
             let properties = publish_properties(&msg.properties, &msg.subscription_ids, alias);
             let p = v5::Publish {
-                dup: msg.dup,
+                dup,
                 qos: codec_qos(msg.qos),
                 retain: msg.retain,
                 topic,
@@ -165,7 +173,7 @@ impl Connection {
             remaining
         } else {
             let p = v4::Publish {
-                dup: msg.dup,
+                dup,
                 qos: codec_qos(msg.qos),
                 retain: msg.retain,
                 topic: msg.topic.clone(),

@@ -53,8 +53,11 @@ impl Connection {
     /// When [`Connection::handle_timeout`] must be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.phase {
-            Phase::AwaitingConnect => Some(self.timers.started + self.config.connect_timeout),
-            Phase::Open => self.keep_alive_limit().map(|d| self.timers.last_read + d),
+            // A timeout too large for the clock is no timeout.
+            Phase::AwaitingConnect => self.timers.started.checked_add(self.config.connect_timeout),
+            Phase::Open => self
+                .keep_alive_limit()
+                .and_then(|d| self.timers.last_read.checked_add(d)),
             Phase::Connecting | Phase::Finished => None,
         }
     }
