@@ -75,7 +75,9 @@ def read_props(props) -> dict:
     for attr, name in PROP_NAMES.items():
         if hasattr(props, attr):
             v = getattr(props, attr)
-            if isinstance(v, (bytes, bytearray)):
+            if attr == "CorrelationData":
+                v = bytes(v).hex()  # binary: every byte value is legal
+            elif isinstance(v, (bytes, bytearray)):
                 v = bytes(v).decode("utf-8", "replace")
             elif attr == "UserProperty":
                 v = [list(kv) for kv in v]

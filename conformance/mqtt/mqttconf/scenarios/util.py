@@ -49,6 +49,8 @@ def error_outcome(o: dict, classes: dict | None = None) -> dict:
 def refused(o: dict) -> dict:
     """A server may answer a bad packet with a negative SUBACK code, a
     DISCONNECT with a reason, or by just closing: all refuse it."""
+    if o.get("disconnect") is not None and o["disconnect"] < 0x80:
+        return {"refused": False, "disconnect": o["disconnect"]}  # a success code is no refusal
     if o.get("closed") or o.get("disconnect") is not None:
         return {"refused": True, "closed": bool(o.get("closed"))}
     if o.get("packet") == "SUBACK":
