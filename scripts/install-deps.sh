@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Install the Debian packages that the Python conformance suite, the Python
-# black-box tests and CI need. Idempotent: packages already present are not
+# black-box tests, the MQTT tests and CI need. Idempotent: packages already present are not
 # touched, and nothing is installed when everything is there.
 #
 # Services are never started as a side effect of installing: a package's
 # postinst would start rabbitmq-server through invoke-rc.d, so while we install
 # we put a policy-rc.d in place that forbids it (exit 101), and restore
 # whatever was there before. scripts/start-rabbitmq.sh starts RabbitMQ
-# explicitly when a caller wants it.
+# explicitly when a caller wants it. The same holds for mosquitto, whose
+# postinst would start a system broker on 1883 (Weir's default MQTT port):
+# scripts/start-mosquitto.sh runs its own instance on 127.0.0.1:1884.
 set -euo pipefail
 
 PACKAGES=(
     rabbitmq-server   # the reference broker for conformance/
     amqp-tools        # amqp-publish / amqp-consume for quick manual checks
+    mosquitto         # the MQTT reference broker for conformance/mqtt (2.0 on bookworm)
+    mosquitto-clients # mosquitto_pub / mosquitto_sub: CLI tests against weir (tests/tests/mqtt.rs)
     python3           # Debian's python: the venv is built on it if no other python3 is on PATH
     python3-venv
     procps            # pgrep/pkill/ps used by service scripts
@@ -69,11 +73,8 @@ printf '#!/bin/sh\n# installed by scripts/install-deps.sh: do not start services
 "${SUDO[@]}" chmod 755 "$POLICY"
 
 export DEBIAN_FRONTEND=noninteractive
-# A stale or empty package list makes apt-get install fail with "Unable to
-# locate package"; refresh once and retry in that case.
-if ! "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"; then
-    log "install failed; running apt-get update and retrying"
-    "${SUDO[@]}" apt-get update
-    "${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+# A clean machine's package lists are empty or stale ("Unable to locate
+# package", or a 404 on a superseded version): refresh them before installing.
+"${SUDO[@]}" apt-get update -q
+"${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 log "done"

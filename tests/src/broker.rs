@@ -78,6 +78,9 @@ pub struct Broker {
     /// Offset into `logs` where the current process's output starts.
     run_start: usize,
     extra_args: Vec<String>,
+    /// Serve MQTT on `127.0.0.1:mqtt_port` (see [`Broker::start_mqtt_with`]).
+    mqtt: bool,
+    mqtt_port: u16,
 }
 
 impl Broker {
@@ -117,7 +120,39 @@ impl Broker {
             logs: Arc::new(LogBuf::default()),
             run_start: 0,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
+            mqtt: false,
+            mqtt_port: 0,
         }
+    }
+
+    /// Like [`Broker::start_with`], plus an MQTT listener on a free loopback
+    /// port ([`Broker::mqtt_port`]; `--mqtt-listen`). A restart keeps both
+    /// ports, so MQTT clients reconnect to the same address.
+    pub fn start_mqtt_with(args: &[&str]) -> Broker {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        let mut b = Self::new(dir, Some(tmp), args);
+        b.mqtt = true;
+        b.spawn_ready(None);
+        b
+    }
+
+    /// Like [`Broker::start_mqtt_with`] on an existing data directory (the
+    /// caller keeps it).
+    pub fn start_mqtt_in(dir: &Path, args: &[&str]) -> Broker {
+        let mut b = Self::new(dir.to_path_buf(), None, args);
+        b.mqtt = true;
+        b.spawn_ready(None);
+        b
+    }
+
+    /// The MQTT listener's port (brokers started with `start_mqtt_*`).
+    pub fn mqtt_port(&self) -> u16 {
+        assert!(
+            self.mqtt,
+            "this broker was started without an MQTT listener"
+        );
+        self.mqtt_port
     }
 
     /// Starts the broker again on the same data directory, on the same port
@@ -131,6 +166,11 @@ impl Broker {
     fn spawn_ready(&mut self, mut port: Option<u16>) {
         let mut last_err = String::new();
         for _attempt in 0..4 {
+            // A restart keeps the MQTT port on its first attempt, as it
+            // keeps the AMQP one; otherwise a fresh one each attempt.
+            if self.mqtt && (port.is_none() || self.mqtt_port == 0) {
+                self.mqtt_port = free_port();
+            }
             let p = port.take().unwrap_or_else(free_port);
             match self.spawn_once(p) {
                 Ok(()) => return,
@@ -149,7 +189,10 @@ impl Broker {
             .arg(&self.data_dir)
             .arg("--amqp-listen")
             .arg(format!("127.0.0.1:{port}"));
-        if !self
+        if self.mqtt {
+            cmd.arg("--mqtt-listen")
+                .arg(format!("127.0.0.1:{}", self.mqtt_port));
+        } else if !self
             .extra_args
             .iter()
             .any(|a| a.starts_with("--mqtt-listen"))
