@@ -160,7 +160,7 @@ impl Session {
             session_expiry_secs: granted.filter(|_| c.version == Version::V5),
             response_information: None,
         });
-        tracing::debug!(peer = %self.peer, client_id = %self.client_id, tenant = %self.tenant, session_present, "MQTT session opened");
+        tracing::debug!(peer = %self.peer, client_id = %self.client_id, tenant = %self.tenant, session_present, subscriptions = self.subscriptions.len(), "MQTT session opened");
     }
 
     fn refuse(&mut self, r: ConnectRefusal, text: &str) {
