@@ -90,8 +90,9 @@ def dollar_topics_not_matched_by_wildcards(ctx, v):
     starting with '$'; a filter spelling out the '$' level does."""
     # $-topic of this run: "$wc/<run>/<scenario>/d"
     dollar = "$" + ctx.topic("d")
-    level1, _, rest = dollar.partition("/")
-    filters = {"#": "#", "+/...": "+/" + rest, "$.../#": level1 + "/#", "exact": dollar}
+    _, _, rest = dollar.partition("/")
+    # "$wc/<run>/<scenario>/#" rather than "$wc/#": concurrent runs stay apart.
+    filters = {"#": "#", "+/...": "+/" + rest, "$.../#": "$" + ctx.prefix + "/#", "exact": dollar}
     subs = {}
     for i, (name, f) in enumerate(filters.items()):
         subs[name] = ctx.client(f"d{i}", v)
@@ -102,7 +103,8 @@ def dollar_topics_not_matched_by_wildcards(ctx, v):
     for name, s in subs.items():
         s.sync()
         # '#' sees every other client's traffic too: keep only ours.
-        out[name] = sorted(m["topic"] for m in s.take() if m["payload"] == "dollar")
+        out[name] = sorted(m["topic"] for m in s.take()
+                           if m["payload"] == "dollar" and m["topic"].startswith(("~", "$~")))
     return out
 
 
