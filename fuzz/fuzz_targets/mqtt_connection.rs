@@ -143,7 +143,10 @@ fuzz_target!(|data: &[u8]| {
                 c.unsuback(packet_id, &vec![0x11; filters.len()]);
             }
             Event::Closed { .. } => *closed += 1,
-            Event::PubAck { .. } | Event::PubRec { .. } | Event::PubComp { .. } | Event::Disconnect { .. } => {}
+            Event::PubAck { .. }
+            | Event::PubRec { .. }
+            | Event::PubComp { .. }
+            | Event::Disconnect { .. } => {}
         }
         if c.can_send() || *n % 4 == 0 {
             let _ = c.publish(outgoing(*n));
