@@ -196,7 +196,7 @@ fn props5(f: impl FnOnce(&mut PublishProperties)) -> PublishProperties {
 // round trips
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the MQTT listener (issue 8)"]
+
 async fn qos1_round_trip_v4() {
     let target = Target::start();
     let addr = target.addr();
@@ -255,7 +255,7 @@ async fn qos1_round_trip_v4() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the MQTT listener (issue 8)"]
+
 async fn qos1_round_trip_v5() {
     let target = Target::start();
     let addr = target.addr();
@@ -568,7 +568,7 @@ fn seen(p: &Publish5) -> (String, bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the MQTT listener (issue 8)"]
+
 async fn persistent_session_survives_kill9_with_qos1_and_qos2_in_flight() {
     let mut broker = if std::env::var_os("WEIR_TEST_MQTT_RESTART_MOSQUITTO").is_some() {
         Restartable::Mosquitto(PrivateMosquitto::start())
@@ -721,7 +721,7 @@ async fn persistent_session_survives_kill9_with_qos1_and_qos2_in_flight() {
 // one broker: MQTT <-> AMQP through amq.topic
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the MQTT listener (issue 8)"]
+
 async fn mqtt_publish_reaches_amqp_consumer_on_amq_topic() {
     if external_broker() {
         return;
@@ -847,7 +847,7 @@ async fn mqtt_publish_reaches_amqp_consumer_on_amq_topic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the MQTT listener (issue 8)"]
+
 async fn amqp_publish_reaches_mqtt_subscribers() {
     if external_broker() {
         return;
@@ -983,7 +983,7 @@ fn next_line(rx: &std::sync::mpsc::Receiver<String>, what: &str) -> String {
 }
 
 #[test]
-#[ignore = "needs the MQTT listener (issue 8)"]
+
 fn mosquitto_cli_clients_v311_and_v5() {
     let target = Target::start();
     let addr = target.addr();

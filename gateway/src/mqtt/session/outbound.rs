@@ -68,7 +68,10 @@ impl Session {
                 .unwrap_or(QoS::AtMostOnce);
             let qos = granted.min(out.qos);
             if qos > QoS::AtMostOnce && !self.conn.can_send() {
-                client.unsend(d);
+                // The client's receive maximum: kept first in line here (a
+                // QoS 2 id stays in flight until PUBCOMP, after its lease
+                // gave the engine its credit back at PUBREC).
+                client.defer(d);
                 self.next_tag -= 1;
                 break;
             }
@@ -80,7 +83,9 @@ impl Session {
                 payload: out.payload,
                 qos,
                 retain: out.retain && matching.iter().any(|s| s.retain_as_published),
-                dup: false,
+                // Delivered before (possibly before a restart): the client
+                // may have seen it.
+                dup: d.entry.redelivered,
                 packet_id: None,
                 properties: out.properties,
                 subscription_ids: ids,
@@ -96,7 +101,12 @@ impl Session {
                     client.lease(SCOPE, tag, d, batch_time);
                     let _ = client.settle(SCOPE, tag, false, Settle::Ack);
                 }
-                Err(SendError::NoQuota) | Err(SendError::NotConnected) => {
+                Err(SendError::NoQuota) => {
+                    client.defer(d);
+                    self.next_tag -= 1;
+                    break;
+                }
+                Err(SendError::NotConnected) => {
                     client.unsend(d);
                     self.next_tag -= 1;
                     break;
