@@ -29,6 +29,7 @@ pub mod policy;
 pub mod properties;
 pub mod queue;
 pub mod retained;
+pub mod session_state;
 pub mod tenant;
 pub mod timers;
 
@@ -94,6 +95,13 @@ impl Engine {
         let mut bindings = Vec::new();
         let mut queues = Vec::new();
         for (k, v) in &recovered.meta {
+            if let Some((t, key)) = session_state::decode_key(k) {
+                engine
+                    .tenant_or_create(&t)
+                    .session_state
+                    .restore(key, v.clone());
+                continue;
+            }
             if let Some(r) = retained::decode_entry(k, v) {
                 match r {
                     Ok((t, m)) => engine.tenant_or_create(&t).retained.restore(&engine, m),

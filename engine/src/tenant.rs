@@ -100,6 +100,8 @@ pub struct Tenant {
     policies: RwLock<Vec<Policy>>,
     /// Retained messages (MQTT) by topic (see [`crate::retained`]).
     pub(crate) retained: crate::retained::Retained,
+    /// Protocol session state (see [`crate::session_state`]).
+    pub(crate) session_state: crate::session_state::SessionState,
 }
 
 fn not_found_queue(name: &str, tenant: &str) -> EngineError {
@@ -147,6 +149,7 @@ impl Tenant {
             queues: RwLock::new(HashMap::new()),
             policies: RwLock::new(Vec::new()),
             retained: Default::default(),
+            session_state: Default::default(),
         })
     }
 

@@ -211,6 +211,16 @@ impl Connection {
         Ok(remaining)
     }
 
+    /// Keeps `packet_id` in flight for a QoS 2 publish an earlier connection
+    /// of the session sent and the client has not acknowledged: it is sent
+    /// again later (DUP) with this id, which no other publish may take
+    /// meanwhile. Call it after [`Self::accept`].
+    pub fn reserve_packet_id(&mut self, packet_id: u16) {
+        if self.phase == Phase::Open && packet_id != 0 {
+            self.outbound.in_flight.insert(packet_id, OutState::Pubrec);
+        }
+    }
+
     /// Re-sends PUBREL for a QoS 2 publish the client acknowledged with
     /// PUBREC before a reconnect (the id is in flight until PUBCOMP).
     pub fn pubrel(&mut self, packet_id: u16) {

@@ -3,7 +3,7 @@
 //! session queue (kept or started anew), and what happens at the end: the
 //! clean session's queue goes, the will is published (after its delay).
 
-use super::{Session, Subscription, SCOPE};
+use super::{state_prefix, InFlight, Session, Subscription, SCOPE};
 use crate::engine::client::SubscribeOptions;
 use crate::engine::exchange::Destination;
 use crate::engine::tenant::QueueDeclare;
@@ -160,6 +160,12 @@ impl Session {
             session_expiry_secs: granted.filter(|_| c.version == Version::V5),
             response_information: None,
         });
+        if session_present {
+            self.resume_session_state();
+        } else {
+            // Left by an expired or ended session of the same client id.
+            self.clear_session_state();
+        }
         tracing::debug!(peer = %self.peer, client_id = %self.client_id, tenant = %self.tenant, session_present, subscriptions = self.subscriptions.len(), "MQTT session opened");
     }
 
@@ -230,6 +236,68 @@ impl Session {
     pub(super) fn delete_session_queue(&mut self) {
         if let Some(t) = self.engine.tenant(&self.tenant) {
             let _ = t.delete_queue(&self.queue, false, false, self.conn_id);
+        }
+    }
+
+    /// Forgets the QoS 2 ids of the session (a new or ended session).
+    pub(super) fn clear_session_state(&mut self) {
+        let Some(t) = self.engine.tenant(&self.tenant) else {
+            return;
+        };
+        let keys: Vec<String> = t
+            .session_state(&state_prefix(&self.client_id))
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let changes: Vec<(&str, Option<&[u8]>)> = keys.iter().map(|k| (k.as_str(), None)).collect();
+        if let Err(e) = t.update_session_state(&changes) {
+            tracing::warn!(client_id = %self.client_id, error = %e, "MQTT session state not cleared");
+        }
+    }
+
+    /// A resumed session's QoS 2 exchanges, as the session state recorded
+    /// them: ids the client awaits PUBREL... for (its publishes), and ours:
+    /// sent (the message goes again with its id, DUP) or received by the
+    /// client (PUBREL again; the message, if its settle was lost, is not
+    /// sent again).
+    fn resume_session_state(&mut self) {
+        let Some(c) = self.client.as_ref() else {
+            return;
+        };
+        let prefix = state_prefix(&self.client_id);
+        for (k, v) in c.tenant().session_state(&prefix) {
+            let Some((dir, id)) = k[prefix.len()..].split_once('\0') else {
+                continue;
+            };
+            let Ok(packet_id) = id.parse::<u16>() else {
+                continue;
+            };
+            let message = v
+                .get(1..9)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_le_bytes);
+            match (dir, v.first(), message) {
+                ("in", _, _) => self.conn.expect_pubrel(packet_id),
+                ("out", Some(b'P'), Some(m)) => {
+                    self.conn.reserve_packet_id(packet_id);
+                    self.resume_send.insert(m, packet_id);
+                }
+                ("out", Some(b'R'), Some(m)) => {
+                    self.resume_skip.insert(m);
+                    self.inflight.insert(
+                        packet_id,
+                        InFlight {
+                            tag: None,
+                            message: Some(m),
+                        },
+                    );
+                    self.conn.pubrel(packet_id);
+                }
+                _ => {}
+            }
         }
     }
 

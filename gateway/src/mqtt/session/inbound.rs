@@ -4,7 +4,7 @@
 //! AMQP confirms are. QoS 0 never waits.
 
 use super::connect::TOPIC_EXCHANGE;
-use super::{PendingAck, Session};
+use super::{state_key, AckKind, PendingAck, Session};
 use crate::engine::client::Published;
 use crate::engine::exchange::HeaderLookup;
 use crate::engine::message::{now_ms, Message};
@@ -83,6 +83,14 @@ impl Session {
             }
         };
         let reason = if retained_ok { reason } else { QUOTA_EXCEEDED };
+        if p.qos == QoS::ExactlyOnce && reason < 0x80 {
+            // Until PUBREL, a repeat of this id is the same message, also
+            // after a restart (appended after the message itself: a crash
+            // between the two can duplicate it, never lose it).
+            let key = state_key(&self.client_id, "in", packet_id);
+            self.state_changes.push((key, Some(Vec::new())));
+            self.batch_needs_barrier = true;
+        }
         // 3.1.1 has no negative PUBACK: a refused publish is acknowledged
         // (the message is dropped, as an unconfirmed publish may be).
         let reason = if v5 { reason } else { 0 };
@@ -96,11 +104,35 @@ impl Session {
             } else {
                 0
             };
+        let kind = if p.qos == QoS::ExactlyOnce {
+            AckKind::PubRec
+        } else {
+            AckKind::PubAck
+        };
+        let barrier = if p.qos == QoS::ExactlyOnce {
+            self.barriers_sent + 1
+        } else {
+            barrier
+        };
         self.acks.push_back(PendingAck {
             packet_id,
-            qos: p.qos,
+            kind,
             reason,
             barrier,
+        });
+    }
+
+    /// PUBREL: the id is free again once that is durable (else a restart
+    /// would take the client's next message with this id for a repeat).
+    pub(super) fn on_pubrel(&mut self, packet_id: u16) {
+        let key = state_key(&self.client_id, "in", packet_id);
+        self.state_changes.push((key, None));
+        self.batch_needs_barrier = true;
+        self.acks.push_back(PendingAck {
+            packet_id,
+            kind: AckKind::PubComp,
+            reason: 0,
+            barrier: self.barriers_sent + 1,
         });
     }
 
@@ -110,12 +142,12 @@ impl Session {
             if a.barrier > self.barriers_done {
                 break;
             }
-            let (packet_id, qos, reason) = (a.packet_id, a.qos, a.reason);
+            let (packet_id, kind, reason) = (a.packet_id, a.kind, a.reason);
             self.acks.pop_front();
-            match qos {
-                QoS::AtLeastOnce => self.conn.puback(packet_id, reason),
-                QoS::ExactlyOnce => self.conn.pubrec(packet_id, reason),
-                QoS::AtMostOnce => {}
+            match kind {
+                AckKind::PubAck => self.conn.puback(packet_id, reason),
+                AckKind::PubRec => self.conn.pubrec(packet_id, reason),
+                AckKind::PubComp => self.conn.pubcomp(packet_id),
             }
         }
     }

@@ -52,13 +52,42 @@ pub(crate) struct Subscription {
     pub subscription_id: Option<u32>,
 }
 
-/// A QoS 1/2 publish of the client waiting for its answer, in arrival order.
+/// Which answer a pending ack is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AckKind {
+    PubAck,
+    PubRec,
+    PubComp,
+}
+
+/// An answer to the client waiting for the store, in arrival order.
 struct PendingAck {
     packet_id: u16,
-    qos: QoS,
+    kind: AckKind,
     reason: u8,
     /// The store barrier it waits for (0 = none).
     barrier: u64,
+}
+
+/// One of our QoS 1/2 publishes the client has not completed.
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    /// Its lease (None once settled: QoS 2 after PUBREC, or a retained
+    /// message, which has none).
+    tag: Option<u64>,
+    /// QoS 2: the message, recorded in the session state with the id.
+    message: Option<u64>,
+}
+
+/// The session-state key of a QoS 2 packet id (`dir`: "in" or "out").
+/// NUL separates: an MQTT client id never holds one.
+fn state_key(client_id: &str, dir: &str, packet_id: u16) -> String {
+    format!("mqtt\0{client_id}\0{dir}\0{packet_id}")
+}
+
+/// The prefix of every session-state key of `client_id`.
+fn state_prefix(client_id: &str) -> String {
+    format!("mqtt\0{client_id}\0")
 }
 
 /// Serves one accepted MQTT connection until it closes.
@@ -94,6 +123,10 @@ pub async fn serve(
         barriers_done: 0,
         batch_needs_barrier: false,
         inflight: HashMap::new(),
+        state_changes: Vec::new(),
+        hold_until: 0,
+        resume_send: HashMap::new(),
+        resume_skip: Default::default(),
         next_tag: 0,
         alarms,
         alarm: Alarms::default(),
@@ -143,9 +176,20 @@ pub(crate) struct Session {
     barriers_done: u64,
     /// A publish of the current batch was stored durably.
     batch_needs_barrier: bool,
-    /// Our QoS 1/2 publishes the client has not acknowledged: packet id →
-    /// lease tag (None once settled: a QoS 2 publish after PUBREC).
-    inflight: HashMap<u16, Option<u64>>,
+    /// Our QoS 1/2 publishes the client has not completed, by packet id.
+    inflight: HashMap<u16, InFlight>,
+    /// Session-state changes of this batch (QoS 2 ids), appended before its
+    /// settles and before its barrier.
+    state_changes: Vec<(String, Option<Vec<u8>>)>,
+    /// Output waits for this store barrier: it says what the session state
+    /// must hold first (a QoS 2 id sent or PUBREL'd).
+    hold_until: u64,
+    /// After a resume: QoS 2 messages sent before under these ids, to send
+    /// again with the same id (DUP).
+    resume_send: HashMap<u64, u16>,
+    /// After a resume: QoS 2 messages the client already received (PUBREC)
+    /// whose settle may not have been stored: settled, not sent again.
+    resume_skip: std::collections::HashSet<u64>,
     /// Lease tags, increasing.
     next_tag: u64,
     alarms: watch::Receiver<Alarms>,
@@ -216,7 +260,8 @@ impl Session {
             if std::mem::take(&mut fired) {
                 self.conn.handle_timeout(now);
             }
-            if !self.conn.out.is_empty() {
+            let released = self.barriers_done >= self.hold_until;
+            if !self.conn.out.is_empty() && released {
                 write_some(&stream, &mut self.conn.out)?;
             }
             if (self.conn.is_finished() && self.conn.out.is_empty()) || eof {
@@ -231,7 +276,7 @@ impl Session {
                     armed = Some(at);
                 }
             }
-            let want_write = !self.conn.out.is_empty();
+            let want_write = !self.conn.out.is_empty() && released;
             tokio::select! {
                 r = stream.readable(), if want_read => {
                     r?;
@@ -300,16 +345,10 @@ impl Session {
                 self.blocked |= self.alarm.any();
                 self.on_publish(p);
             }
-            Event::PubAck { packet_id, .. } | Event::PubComp { packet_id } => {
-                self.on_client_ack(packet_id, true)
-            }
-            Event::PubRec { packet_id, reason } => {
-                // Received by the client (or refused, reason >= 0x80): the
-                // message leaves the queue; the id stays in flight until
-                // PUBCOMP.
-                self.on_client_ack(packet_id, reason >= 0x80);
-            }
-            Event::PubRel { packet_id } => self.conn.pubcomp(packet_id),
+            Event::PubAck { packet_id, .. } => self.on_puback(packet_id),
+            Event::PubRec { packet_id, reason } => self.on_pubrec(packet_id, reason),
+            Event::PubComp { packet_id } => self.on_pubcomp(packet_id),
+            Event::PubRel { packet_id } => self.on_pubrel(packet_id),
             Event::Subscribe {
                 packet_id,
                 filters,
@@ -338,9 +377,43 @@ impl Session {
     /// Ends the batch: the client's settles and dispatches, one store
     /// barrier for the durable publishes, and the acks that can go now.
     fn end_batch(&mut self) {
+        // Session state first: a QoS 2 id's PUBREC state must be in the log
+        // before the settle it allows.
+        self.flush_state();
         if let Some(c) = self.client.as_mut() {
             c.commit();
         }
+        self.request_barrier();
+        self.send_ready_acks();
+    }
+
+    /// Appends the batch's session-state changes; output then waits for
+    /// the barrier that makes them durable.
+    fn flush_state(&mut self) {
+        if self.state_changes.is_empty() {
+            return;
+        }
+        let changes = std::mem::take(&mut self.state_changes);
+        let refs: Vec<(&str, Option<&[u8]>)> = changes
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect();
+        let r = match self.client.as_ref() {
+            Some(c) => c.tenant().update_session_state(&refs).map(|_| ()),
+            None => Ok(()),
+        };
+        if let Err(e) = r {
+            tracing::warn!(peer = %self.peer, error = %e, "MQTT session state not stored");
+            self.end_reason = Some("the store failed".into());
+            self.conn.disconnect(0x80, "the store failed");
+        }
+        self.batch_needs_barrier = true;
+        self.hold_until = self.barriers_sent + 1;
+    }
+
+    /// One store barrier for everything the batch appended that an answer
+    /// waits for.
+    fn request_barrier(&mut self) {
         if std::mem::take(&mut self.batch_needs_barrier) {
             self.barriers_sent += 1;
             let n = self.barriers_sent;
@@ -360,7 +433,6 @@ impl Session {
                 self.conn.disconnect(0x80, "the store failed");
             }
         }
-        self.send_ready_acks();
     }
 
     fn refresh_alarm(&mut self) {
@@ -377,6 +449,7 @@ impl Session {
         if !self.client_id.is_empty() {
             if self.session_expiry_secs == 0 {
                 self.delete_session_queue();
+                self.clear_session_state();
             }
             if self.publish_will {
                 if let Some(w) = self.will.take() {

@@ -4,7 +4,7 @@
 //! 1 and 2 hold their lease until PUBACK / PUBREC, within the client's
 //! receive maximum.
 
-use super::{Session, DELIVERY_HIGH_WATER, SCOPE};
+use super::{state_key, InFlight, Session, DELIVERY_HIGH_WATER, SCOPE};
 use crate::engine::lease::Settle;
 use crate::engine::message::now_ms;
 use crate::mqtt::convert;
@@ -26,6 +26,13 @@ impl Session {
             let Some(d) = client.next_delivery() else {
                 break;
             };
+            if self.resume_skip.remove(&d.entry.id) {
+                // The client received it (PUBREC) before a restart.
+                self.next_tag += 1;
+                client.lease(SCOPE, self.next_tag, d, batch_time);
+                let _ = client.settle(SCOPE, self.next_tag, false, Settle::Ack);
+                continue;
+            }
             let Some(message) = client.message_of(&d) else {
                 client.discard(d);
                 continue;
@@ -66,7 +73,13 @@ impl Session {
                 .map(|s| s.qos)
                 .max()
                 .unwrap_or(QoS::AtMostOnce);
-            let qos = granted.min(out.qos);
+            // Sent at QoS 2 under an id before a restart: again with that id.
+            let resend = self.resume_send.get(&d.entry.id).copied();
+            let qos = if resend.is_some() {
+                QoS::ExactlyOnce
+            } else {
+                granted.min(out.qos)
+            };
             if qos > QoS::AtMostOnce && !self.conn.can_send() {
                 // The client's receive maximum: kept first in line here (a
                 // QoS 2 id stays in flight until PUBCOMP, after its lease
@@ -85,15 +98,32 @@ impl Session {
                 retain: out.retain && matching.iter().any(|s| s.retain_as_published),
                 // Delivered before (possibly before a restart): the client
                 // may have seen it.
-                dup: d.entry.redelivered,
-                packet_id: None,
+                dup: d.entry.redelivered || resend.is_some(),
+                packet_id: resend,
                 properties: out.properties,
                 subscription_ids: ids,
             });
             match sent {
                 Ok(Some(packet_id)) => {
+                    let id = d.entry.id;
                     client.lease(SCOPE, tag, d, batch_time);
-                    self.inflight.insert(packet_id, Some(tag));
+                    self.resume_send.remove(&id);
+                    let message = (qos == QoS::ExactlyOnce).then_some(id);
+                    self.inflight.insert(
+                        packet_id,
+                        InFlight {
+                            tag: Some(tag),
+                            message,
+                        },
+                    );
+                    if qos == QoS::ExactlyOnce {
+                        // The id is the message's from now on, also after a
+                        // restart: stored before the PUBLISH leaves.
+                        let key = state_key(&self.client_id, "out", packet_id);
+                        let mut v = vec![b'P'];
+                        v.extend_from_slice(&id.to_le_bytes());
+                        self.state_changes.push((key, Some(v)));
+                    }
                 }
                 // QoS 0, or too large for the client (MQTT 5: dropped as if
                 // delivered).
@@ -114,21 +144,59 @@ impl Session {
             }
         }
         client.finish_deliveries();
-        if client.has_uncommitted() {
-            client.commit();
+        // State before settles, as at the end of a batch.
+        self.flush_state();
+        if let Some(client) = self.client.as_mut() {
+            if client.has_uncommitted() {
+                client.commit();
+            }
+        }
+        self.request_barrier();
+    }
+
+    /// PUBACK: the message is done.
+    pub(super) fn on_puback(&mut self, packet_id: u16) {
+        if let Some(f) = self.inflight.remove(&packet_id) {
+            self.settle(f.tag);
         }
     }
 
-    /// The client acknowledged our publish `packet_id` (PUBACK, PUBREC or
-    /// PUBCOMP): its lease is settled; `done` frees the id.
-    pub(super) fn on_client_ack(&mut self, packet_id: u16, done: bool) {
-        let tag = match self.inflight.get_mut(&packet_id) {
-            Some(t) => t.take(),
-            None => return,
+    /// PUBREC: the client has the message. Its id stays in flight until
+    /// PUBCOMP, recorded as received before the message's settle (so a
+    /// restart sends PUBREL, never the message again); a failure reason
+    /// ends the exchange.
+    pub(super) fn on_pubrec(&mut self, packet_id: u16, reason: u8) {
+        let Some(f) = self.inflight.get_mut(&packet_id) else {
+            return;
         };
-        if done {
+        let tag = f.tag.take();
+        let message = f.message;
+        let key = state_key(&self.client_id, "out", packet_id);
+        if reason >= 0x80 {
             self.inflight.remove(&packet_id);
+            if message.is_some() {
+                self.state_changes.push((key, None));
+            }
+        } else if let Some(id) = message {
+            let mut v = vec![b'R'];
+            v.extend_from_slice(&id.to_le_bytes());
+            self.state_changes.push((key, Some(v)));
         }
+        self.settle(tag);
+    }
+
+    /// PUBCOMP: the id is free.
+    pub(super) fn on_pubcomp(&mut self, packet_id: u16) {
+        if let Some(f) = self.inflight.remove(&packet_id) {
+            if f.message.is_some() {
+                let key = state_key(&self.client_id, "out", packet_id);
+                self.state_changes.push((key, None));
+            }
+            self.settle(f.tag);
+        }
+    }
+
+    fn settle(&mut self, tag: Option<u64>) {
         if let (Some(tag), Some(c)) = (tag, self.client.as_mut()) {
             let _ = c.settle(SCOPE, tag, false, Settle::Ack);
         }
@@ -151,7 +219,13 @@ impl Session {
             };
             match self.conn.publish(p) {
                 Ok(Some(packet_id)) => {
-                    self.inflight.insert(packet_id, None);
+                    self.inflight.insert(
+                        packet_id,
+                        InFlight {
+                            tag: None,
+                            message: None,
+                        },
+                    );
                 }
                 Ok(None) | Err(SendError::TooLarge) => {}
                 Err(SendError::NoQuota) | Err(SendError::NotConnected) => return,
