@@ -258,8 +258,8 @@ def receive_maximum_from_client_v5(ctx):
 @differs(
     "MQTT 5 3.3.4: a client that has more QoS 2 publishes unacknowledged (no PUBREL yet) than the server's "
     "Receive Maximum (20) gets DISCONNECT 0x93 'Receive Maximum exceeded'; Mosquitto 2.0.11 accepts them",
-    reference={"pubrecs": 21, "then": {"nothing": True}},
-    candidate={"pubrecs": 20, "then": {"disconnect": 147, "closed": True}},
+    reference={"pubrecs_within_maximum": False, "then": {"nothing": True}},
+    candidate={"pubrecs_within_maximum": True, "then": {"disconnect": 147, "closed": True}},
 )
 def receive_maximum_exceeded_v5(ctx):
     r = ctx.raw(V5)
@@ -274,7 +274,10 @@ def receive_maximum_exceeded_v5(ctx):
         if o.get("packet") == "PUBREC":
             pubrecs += 1
             continue
-        return {"pubrecs": pubrecs, "then": o}
+        # How many PUBRECs precede the DISCONNECT is timing: a broker that
+        # answers only once the messages are on disk (Weir) may have
+        # answered none of the burst yet. Never more than the maximum.
+        return {"pubrecs_within_maximum": pubrecs <= limit, "then": o}
 
 
 @scenario
