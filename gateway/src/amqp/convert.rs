@@ -729,6 +729,28 @@ fn write_value(out: &mut Vec<u8>, v: &PValue, depth: usize) -> Result<(), Proper
     Ok(())
 }
 
+/// The AMQP property block of a message to deliver: its own when it was
+/// published over AMQP, else its properties converted once (per message
+/// and format, in a small shared cache) into an AMQP block; a header that
+/// cannot be converted becomes an empty block.
+pub fn amqp_properties(m: &crate::engine::message::Message) -> bytes::Bytes {
+    use crate::engine::properties::ConversionCache;
+    if m.header_format == HeaderFormat::Amqp091 {
+        return m.properties.clone();
+    }
+    static CACHE: OnceLock<ConversionCache> = OnceLock::new();
+    CACHE
+        .get_or_init(|| ConversionCache::new(1024))
+        .convert(
+            m.id,
+            m.header_format,
+            &m.properties,
+            HeaderFormat::Amqp091,
+            shared_codecs_ref(),
+        )
+        .unwrap_or_else(|_| bytes::Bytes::from_static(&[0, 0]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1303,26 +1325,4 @@ mod tests {
         assert!(LazyHeaders::new(&with_cc).may_have(""));
         assert!(LazyHeaders::new(&with_cc).may_have(&"x".repeat(300)));
     }
-}
-
-/// The AMQP property block of a message to deliver: its own when it was
-/// published over AMQP, else its properties converted once (per message
-/// and format, in a small shared cache) into an AMQP block; a header that
-/// cannot be converted becomes an empty block.
-pub fn amqp_properties(m: &crate::engine::message::Message) -> bytes::Bytes {
-    use crate::engine::properties::ConversionCache;
-    if m.header_format == HeaderFormat::Amqp091 {
-        return m.properties.clone();
-    }
-    static CACHE: OnceLock<ConversionCache> = OnceLock::new();
-    CACHE
-        .get_or_init(|| ConversionCache::new(1024))
-        .convert(
-            m.id,
-            m.header_format,
-            &m.properties,
-            HeaderFormat::Amqp091,
-            shared_codecs_ref(),
-        )
-        .unwrap_or_else(|_| bytes::Bytes::from_static(&[0, 0]))
 }

@@ -33,8 +33,9 @@ pub struct Registry {
 
 /// What a connection keeps while it holds a client id.
 pub struct Registration {
-    /// Resolves when another connection takes the session over.
-    pub kicked: oneshot::Receiver<()>,
+    /// Resolves when another connection takes the session over (taken
+    /// once it did).
+    pub kicked: Option<oneshot::Receiver<()>>,
     /// Set when this connection is done with the session.
     pub finished: watch::Sender<bool>,
 }
@@ -65,7 +66,13 @@ impl Registry {
             }
             let _ = tokio::time::timeout(TAKEOVER_WAIT, old.finished.wait_for(|done| *done)).await;
         }
-        (Registration { kicked, finished }, took_over)
+        (
+            Registration {
+                kicked: Some(kicked),
+                finished,
+            },
+            took_over,
+        )
     }
 
     /// Unregisters `conn` as holder of `client_id` (if it still is).

@@ -105,9 +105,9 @@ impl Session {
                 0
             };
         let kind = if p.qos == QoS::ExactlyOnce {
-            AckKind::PubRec
+            AckKind::Received
         } else {
-            AckKind::PubAck
+            AckKind::Ack
         };
         let barrier = if p.qos == QoS::ExactlyOnce {
             self.barriers_sent + 1
@@ -130,7 +130,7 @@ impl Session {
         self.batch_needs_barrier = true;
         self.acks.push_back(PendingAck {
             packet_id,
-            kind: AckKind::PubComp,
+            kind: AckKind::Complete,
             reason: 0,
             barrier: self.barriers_sent + 1,
         });
@@ -145,9 +145,9 @@ impl Session {
             let (packet_id, kind, reason) = (a.packet_id, a.kind, a.reason);
             self.acks.pop_front();
             match kind {
-                AckKind::PubAck => self.conn.puback(packet_id, reason),
-                AckKind::PubRec => self.conn.pubrec(packet_id, reason),
-                AckKind::PubComp => self.conn.pubcomp(packet_id),
+                AckKind::Ack => self.conn.puback(packet_id, reason),
+                AckKind::Received => self.conn.pubrec(packet_id, reason),
+                AckKind::Complete => self.conn.pubcomp(packet_id),
             }
         }
     }

@@ -55,9 +55,12 @@ pub(crate) struct Subscription {
 /// Which answer a pending ack is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum AckKind {
-    PubAck,
-    PubRec,
-    PubComp,
+    /// PUBACK.
+    Ack,
+    /// PUBREC.
+    Received,
+    /// PUBCOMP.
+    Complete,
 }
 
 /// An answer to the client waiting for the store, in arrival order.
@@ -212,9 +215,9 @@ async fn notified(client: Option<&Client>) {
 
 /// Resolves when a takeover is announced; never without a registration.
 async fn kicked(reg: Option<&mut Registration>) {
-    match reg {
-        Some(r) => {
-            let _ = (&mut r.kicked).await;
+    match reg.and_then(|r| r.kicked.as_mut()) {
+        Some(k) => {
+            let _ = k.await;
         }
         None => std::future::pending().await,
     }
@@ -318,7 +321,9 @@ impl Session {
                 () = kicked(self.registration.as_mut()) => {
                     // Another connection took the session over: its will
                     // is not ours to publish (MQTT 5: 0x8E).
-                    self.registration.as_mut().map(|r| r.kicked = tokio::sync::oneshot::channel().1);
+                    if let Some(r) = self.registration.as_mut() {
+                        r.kicked = None;
+                    }
                     self.end_reason = Some("session taken over".into());
                     self.publish_will = true;
                     self.conn.disconnect(0x8E, "session taken over");

@@ -114,8 +114,8 @@ impl Session {
     ) -> Result<(), crate::engine::EngineError> {
         let queue = shared_queue(group, &sub.filter);
         let tag = format!("share:{group}:{}", sub.filter).into_bytes();
-        if self.shared_subs.contains_key(&tag) {
-            self.shared_subs.insert(tag, (queue, sub));
+        if let Some(existing) = self.shared_subs.get_mut(&tag) {
+            *existing = (queue, sub);
             return Ok(());
         }
         let Some(client) = self.client.as_mut() else {
