@@ -428,6 +428,9 @@ impl Broker {
         for _attempt in 0..4 {
             let port = free_port();
             let mut cmd = weir_command();
+            // Tests run in parallel: never the default MQTT port 1883 (an
+            // environment variable, so a setup's flag or env still wins).
+            cmd.env("WEIR_MQTT_LISTEN", "127.0.0.1:0");
             setup(port, &mut cmd);
             match b.spawn_command(cmd, port) {
                 Ok(()) => return b,
