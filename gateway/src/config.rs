@@ -91,6 +91,8 @@ settings! {
          closed (0 = never) [default: 30]";
     "mqtt.listen", "mqtt-listen", "WEIR_MQTT_LISTEN", Str, None,
         "MQTT 3.1.1 and 5 listen address [default: 0.0.0.0:1883]";
+    "mqtt.ws_listen", "mqtt-ws-listen", "WEIR_MQTT_WS_LISTEN", Str, None,
+        "MQTT over WebSocket listen address (path /mqtt, subprotocol mqtt) [default: 0.0.0.0:8083]";
     "http.listen", "http-listen", "WEIR_HTTP_LISTEN", Str, None,
         "HTTP listen address (reserved: not served yet)";
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
@@ -282,6 +284,8 @@ impl Default for AmqpConfig {
 pub struct MqttConfig {
     /// Listen address.
     pub listen: SocketAddr,
+    /// MQTT over WebSocket listen address (path `/mqtt`).
+    pub ws_listen: SocketAddr,
     /// Largest packet accepted from a client, bytes (MQTT 5: offered in
     /// CONNACK; larger packets: 0x95).
     pub max_packet_size: u32,
@@ -310,6 +314,7 @@ impl Default for MqttConfig {
     fn default() -> Self {
         MqttConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 1883)),
+            ws_listen: SocketAddr::from(([0, 0, 0, 0], 8083)),
             max_packet_size: 16 << 20,
             receive_maximum: 1024,
             max_connections: 0,

@@ -221,6 +221,7 @@ pub struct Broker {
     store: Arc<dyn Store>,
     listener: TcpListener,
     mqtt_listener: TcpListener,
+    mqtt_ws_listener: TcpListener,
     limits: Limits,
 }
 
@@ -304,6 +305,12 @@ impl Broker {
                     addr: cfg.mqtt.listen,
                     source,
                 })?;
+        let mqtt_ws_listener = TcpListener::bind(cfg.mqtt.ws_listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: cfg.mqtt.ws_listen,
+                source,
+            })?;
         let m = &cfg.mqtt;
         engine.set_retained_limits(weir_engine::retained::RetainedLimits {
             max_messages_per_tenant: m.max_retained_per_tenant,
@@ -349,6 +356,7 @@ impl Broker {
             store,
             listener,
             mqtt_listener,
+            mqtt_ws_listener,
             limits: Limits {
                 memory: cfg.quota.memory_limit,
                 disk_free: cfg.quota.disk_free_limit,
@@ -410,6 +418,9 @@ impl Broker {
         if let Ok(addr) = self.mqtt_listener.local_addr() {
             tracing::info!(%addr, "MQTT listener ready");
         }
+        if let Ok(addr) = self.mqtt_ws_listener.local_addr() {
+            tracing::info!(%addr, "MQTT WebSocket listener ready");
+        }
         tokio::pin!(stop);
         loop {
             tokio::select! {
@@ -433,6 +444,15 @@ impl Broker {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
+                accepted = self.mqtt_ws_listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        conns.spawn(crate::mqtt::websocket::serve(stream, peer, self.shared.clone(), shutdown_rx.clone()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "MQTT WebSocket accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
@@ -442,6 +462,7 @@ impl Broker {
         );
         drop(self.listener);
         drop(self.mqtt_listener);
+        drop(self.mqtt_ws_listener);
         let _ = shutdown_tx.send(true);
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
             while conns.join_next().await.is_some() {}

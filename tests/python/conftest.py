@@ -78,3 +78,19 @@ def names(conn):
                     getattr(conn.channel(), op)(n)
                 except Exception:
                     pass
+
+
+@pytest.fixture(scope="session")
+def weir_mqtt(tmp_path_factory):
+    """A weir of its own for the MQTT tests: (mqtt port, websocket port)."""
+    base = tmp_path_factory.mktemp("weir-mqtt")
+    (base / "data").mkdir()
+    w = Weir(base / "data", base / "weir.log").start()
+    try:
+        yield w
+    finally:
+        if w.proc.poll() is None:
+            try:
+                w.stop()
+            except RuntimeError:
+                pass

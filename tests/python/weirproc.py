@@ -41,6 +41,8 @@ class Weir:
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self.mqtt_port: int | None = None
+        self.ws_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -52,9 +54,12 @@ class Weir:
             raise RuntimeError(f"weir binary not found at {binary}: run `cargo build -p weir-gateway` or set WEIR_BIN")
         # A fresh port each start: after kill -9 the old one may linger.
         self.port = free_port()
+        self.mqtt_port = free_port()
+        self.ws_port = free_port()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [str(binary), "--data-dir", str(self.data_dir), "--amqp-listen", f"127.0.0.1:{self.port}", "--mqtt-listen", "127.0.0.1:0"],
+            [str(binary), "--data-dir", str(self.data_dir), "--amqp-listen", f"127.0.0.1:{self.port}",
+             "--mqtt-listen", f"127.0.0.1:{self.mqtt_port}", "--mqtt-ws-listen", f"127.0.0.1:{self.ws_port}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()

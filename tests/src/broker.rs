@@ -200,6 +200,14 @@ impl Broker {
             // Tests run in parallel: never the default 1883.
             cmd.arg("--mqtt-listen").arg("127.0.0.1:0");
         }
+        if !self
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--mqtt-ws-listen"))
+        {
+            // Nor the default 8083.
+            cmd.arg("--mqtt-ws-listen").arg("127.0.0.1:0");
+        }
         cmd.args(&self.extra_args);
         self.spawn_command(cmd, port)
     }
@@ -352,6 +360,7 @@ pub const WEIR_SETTING_VARS: &[&str] = &[
     "WEIR_MEMORY_LIMIT",
     "WEIR_STORE",
     "WEIR_MQTT_LISTEN",
+    "WEIR_MQTT_WS_LISTEN",
     "WEIR_HTTP_LISTEN",
     "WEIR_NATIVE_LISTEN",
 ];
@@ -430,7 +439,8 @@ impl Broker {
             let mut cmd = weir_command();
             // Tests run in parallel: never the default MQTT port 1883 (an
             // environment variable, so a setup's flag or env still wins).
-            cmd.env("WEIR_MQTT_LISTEN", "127.0.0.1:0");
+            cmd.env("WEIR_MQTT_LISTEN", "127.0.0.1:0")
+                .env("WEIR_MQTT_WS_LISTEN", "127.0.0.1:0");
             setup(port, &mut cmd);
             match b.spawn_command(cmd, port) {
                 Ok(()) => return b,

@@ -5,10 +5,12 @@
 //! * [`convert`]: topics ⇄ routing keys, MQTT messages ⇄ the engine's
 //!   message properties.
 //! * [`registry`]: connected client ids (takeover) and delayed wills.
+//! * [`websocket`]: MQTT over WebSocket (`/mqtt`, subprotocol `mqtt`).
 
 pub mod convert;
 pub mod registry;
 pub mod session;
+pub mod websocket;
 
 use weir_protocols::mqtt::ServerConfig;
 

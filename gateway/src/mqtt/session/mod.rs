@@ -31,6 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use weir_protocols::mqtt::{Connection, Event, QoS, Will};
@@ -101,6 +102,22 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    serve_io(rd, wr, peer, shared, shutdown).await;
+}
+
+/// Serves one MQTT connection over any byte stream (a TCP socket, or the
+/// pipe behind a WebSocket) until it closes.
+pub async fn serve_io<R, W>(
+    rd: R,
+    wr: W,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let (durable_tx, durable_rx) = mpsc::unbounded_channel();
     let alarms = shared.alarms.subscribe();
     let mut s = Session {
@@ -138,7 +155,7 @@ pub async fn serve(
         publish_will: false,
     };
     tracing::debug!(%peer, "MQTT connection accepted");
-    let result = s.run(stream, durable_rx, shutdown).await;
+    let result = s.run(rd, wr, durable_rx, shutdown).await;
     s.finish();
     match result {
         Ok(()) => tracing::debug!(%peer, "MQTT connection closed"),
@@ -224,12 +241,17 @@ async fn kicked(reg: Option<&mut Registration>) {
 }
 
 impl Session {
-    async fn run(
+    async fn run<R, W>(
         &mut self,
-        stream: TcpStream,
+        mut rd: R,
+        mut wr: W,
         mut durable_rx: mpsc::UnboundedReceiver<u64>,
         mut shutdown: watch::Receiver<bool>,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<()>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
         let mut input = BytesMut::with_capacity(16 * 1024);
         let timer = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(timer);
@@ -264,10 +286,8 @@ impl Session {
                 self.conn.handle_timeout(now);
             }
             let released = self.barriers_done >= self.hold_until;
-            if !self.conn.out.is_empty() && released {
-                write_some(&stream, &mut self.conn.out)?;
-            }
             if (self.conn.is_finished() && self.conn.out.is_empty()) || eof {
+                let _ = wr.flush().await;
                 return Ok(());
             }
             // 4. Wait.
@@ -280,32 +300,37 @@ impl Session {
                 }
             }
             let want_write = !self.conn.out.is_empty() && released;
+            // Reads and writes are futures that lose nothing when another
+            // branch wins (tokio's read_buf and write are cancel safe).
+            if input.capacity() - input.len() < 4096 {
+                input.reserve(16 * 1024);
+            }
             tokio::select! {
-                r = stream.readable(), if want_read => {
-                    r?;
-                    input.reserve(16 * 1024);
-                    match stream.try_read_buf(&mut input) {
-                        Ok(0) => {
-                            eof = true;
-                            if self.end_reason.is_none() {
-                                self.end_reason = Some("client closed the socket".into());
-                                self.publish_will = true;
-                            }
-                        }
-                        Ok(_) => got_input = true,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => {
+                r = rd.read_buf(&mut input), if want_read => match r {
+                    Ok(0) => {
+                        eof = true;
+                        if self.end_reason.is_none() {
+                            self.end_reason = Some("client closed the socket".into());
                             self.publish_will = true;
-                            return Err(e);
                         }
                     }
-                }
-                r = stream.writable(), if want_write => {
-                    if r.is_err() {
+                    Ok(_) => got_input = true,
+                    Err(e) => {
                         self.publish_will = true;
+                        return Err(e);
                     }
-                    r?;
-                }
+                },
+                r = wr.write(&self.conn.out), if want_write => match r {
+                    Ok(0) => {
+                        self.publish_will = true;
+                        return Err(std::io::ErrorKind::WriteZero.into());
+                    }
+                    Ok(n) => bytes::Buf::advance(&mut self.conn.out, n),
+                    Err(e) => {
+                        self.publish_will = true;
+                        return Err(e);
+                    }
+                },
                 _ = notified(self.client.as_ref()) => {}
                 Some(done) = durable_rx.recv() => {
                     self.barriers_done = self.barriers_done.max(done);
@@ -473,21 +498,4 @@ impl Session {
             tracing::debug!(peer = %self.peer, client_id = %self.client_id, %reason, "MQTT session ended");
         }
     }
-}
-
-/// Writes as much of `out` as the socket takes now.
-fn write_some(stream: &TcpStream, out: &mut BytesMut) -> std::io::Result<usize> {
-    let mut total = 0;
-    while !out.is_empty() {
-        match stream.try_write(out) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                bytes::Buf::advance(out, n);
-                total += n;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(total)
 }
