@@ -36,6 +36,12 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use weir_protocols::mqtt::{Connection, Event, QoS, Will};
 
+/// Read buffer of a connection that has been quiet.
+const READ_BUF_IDLE: usize = 512;
+/// Read buffer of a connection that filled its small one.
+const READ_BUF_BUSY: usize = 16 * 1024;
+/// Output buffer kept when empty; a larger one (after a burst) is freed.
+const OUT_KEEP: usize = 64 * 1024;
 /// Stop reading from a client while this much output is unwritten.
 const OUT_HIGH_WATER: usize = 4 << 20;
 /// Stop encoding deliveries while this much output is unwritten.
@@ -252,7 +258,10 @@ impl Session {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let mut input = BytesMut::with_capacity(16 * 1024);
+        // Sized by use: an idle connection (most of an IoT fleet) holds a
+        // small read buffer, a busy one a large one.
+        let mut input = BytesMut::new();
+        let mut last_read = 0;
         let timer = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(timer);
         let mut armed: Option<Instant> = None;
@@ -302,8 +311,16 @@ impl Session {
             let want_write = !self.conn.out.is_empty() && released;
             // Reads and writes are futures that lose nothing when another
             // branch wins (tokio's read_buf and write are cancel safe).
-            if input.capacity() - input.len() < 4096 {
-                input.reserve(16 * 1024);
+            if input.is_empty() && input.capacity() > READ_BUF_BUSY && last_read < READ_BUF_IDLE {
+                // A burst is over: give its buffer back.
+                input = BytesMut::new();
+            }
+            if self.conn.out.is_empty() && self.conn.out.capacity() > OUT_KEEP {
+                self.conn.out = BytesMut::new();
+            }
+            if input.capacity() - input.len() < READ_BUF_IDLE / 2 {
+                let busy = input.capacity() >= READ_BUF_IDLE || !input.is_empty();
+                input.reserve(if busy { READ_BUF_BUSY } else { READ_BUF_IDLE });
             }
             tokio::select! {
                 r = rd.read_buf(&mut input), if want_read => match r {
@@ -314,7 +331,10 @@ impl Session {
                             self.publish_will = true;
                         }
                     }
-                    Ok(_) => got_input = true,
+                    Ok(n) => {
+                        got_input = true;
+                        last_read = n;
+                    }
                     Err(e) => {
                         self.publish_will = true;
                         return Err(e);
