@@ -3,8 +3,7 @@
 //! QoS 2 messages in flight, MQTT ⇄ AMQP through `amq.topic`, and Debian's
 //! `mosquitto_pub` / `mosquitto_sub`.
 //!
-//! Until Weir serves MQTT these tests are `#[ignore]`d. Their logic can be
-//! checked against another broker: with `WEIR_TEST_MQTT_BROKER=host:port`
+//! The tests' logic can be checked against another broker: with `WEIR_TEST_MQTT_BROKER=host:port`
 //! (Debian's Mosquitto from `scripts/start-mosquitto.sh`:
 //! `127.0.0.1:1884`) the pure-MQTT tests use that broker instead of
 //! starting weir, and the tests that need weir itself (restart, AMQP) say so
@@ -348,6 +347,42 @@ struct RawSession5 {
 }
 
 impl RawSession5 {
+    /// Sends CONNECT (clean start, no session expiry) as `user` and returns
+    /// the session and the CONNACK's reason code, without asserting it.
+    async fn try_connect(
+        (host, port): &(String, u16),
+        client_id: &str,
+        user: &str,
+    ) -> (RawSession5, rumqttc::v5::mqttbytes::v5::ConnectReturnCode) {
+        use rumqttc::v5::mqttbytes::v5::{Connect, Login};
+        let stream = within(
+            "TCP connect",
+            tokio::net::TcpStream::connect((host.as_str(), *port)),
+        )
+        .await
+        .expect("TCP connect");
+        let mut s = RawSession5 {
+            stream,
+            buf: bytes::BytesMut::new(),
+        };
+        let connect = Connect {
+            keep_alive: 60,
+            client_id: client_id.into(),
+            clean_start: true,
+            properties: None,
+        };
+        s.send(Packet5::Connect(
+            connect,
+            None,
+            Some(Login::new(user, "guest")),
+        ))
+        .await;
+        match s.read().await {
+            Packet5::ConnAck(a) => (s, a.code),
+            p => panic!("expected CONNACK, got {p:?}"),
+        }
+    }
+
     /// Connects with Clean Start 0, a session expiry and a receive maximum;
     /// returns the session and CONNACK's session_present.
     async fn connect(
@@ -1036,4 +1071,102 @@ fn mosquitto_cli_clients_v311_and_v5() {
         // Clear the retained message.
         mosquitto_pub(&addr, &["-V", version, "-t", &topic, "-n", "-r", "-q", "1"]);
     }
+}
+
+// ---------------------------------------------------------------------------
+// limits and tenants
+
+/// A weir whose `[mqtt]` limits are small, from a configuration file.
+fn start_weir_with_mqtt_limits(limits: &str) -> (Broker, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("weir.toml");
+    std::fs::write(&file, format!("[mqtt]\n{limits}\n")).unwrap();
+    let b = Broker::start_mqtt_with(&["--config", file.to_str().unwrap()]);
+    assert!(b.wait_for_log("MQTT listener ready", START_TIMEOUT));
+    (b, tmp)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_answer_with_their_reason_codes() {
+    use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, Disconnect, Publish};
+    let (broker, _tmp) = start_weir_with_mqtt_limits(
+        "max_connections = 2\nmax_topic_levels = 3\nmax_queued_messages = 5",
+    );
+    let addr = ("127.0.0.1".to_string(), broker.mqtt_port());
+
+    // max_connections: the third connection is refused, 0x97.
+    let (mut a, code) = RawSession5::try_connect(&addr, "lim-a", "guest").await;
+    assert_eq!(code, ConnectReturnCode::Success);
+    let (_b, code) = RawSession5::try_connect(&addr, "lim-b", "guest").await;
+    assert_eq!(code, ConnectReturnCode::Success);
+    let (_c, code) = RawSession5::try_connect(&addr, "lim-c", "guest").await;
+    assert_eq!(
+        code,
+        ConnectReturnCode::QuotaExceeded,
+        "a third connection over max_connections = 2"
+    );
+
+    // max_topic_levels: a 4-level topic name ends the connection, 0x90.
+    a.send(Packet5::Publish(Publish::new(
+        "a/b/c/d",
+        QoS5::AtMostOnce,
+        "x",
+        None,
+    )))
+    .await;
+    match a.read().await {
+        Packet5::Disconnect(Disconnect { reason_code, .. }) => assert_eq!(
+            reason_code,
+            rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::TopicNameInvalid
+        ),
+        p => panic!("expected DISCONNECT 0x90, got {p:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_session_keeps_only_its_newest_messages_up_to_the_limit() {
+    let (broker, _tmp) = start_weir_with_mqtt_limits("max_queued_messages = 5");
+    let addr = ("127.0.0.1".to_string(), broker.mqtt_port());
+    let id = unique("lim-q");
+    // A persistent session subscribes, then goes away.
+    let (mut sub, present) = RawSession5::connect(&addr, &id, 100).await;
+    assert!(!present);
+    sub.subscribe("lim/q", QoS5::AtLeastOnce, 1).await;
+    drop(sub);
+    // 8 messages while it is away: the oldest 3 are dropped.
+    let (publ, mut pub_rx) = v4_client(&unique("lim-pub"), &addr, |_| {});
+    for i in 0..8 {
+        publ.publish("lim/q", QoS::AtLeastOnce, false, format!("m{i}"))
+            .await
+            .unwrap();
+        next_matching(&mut pub_rx, "PUBACK", |p| {
+            matches!(p, Packet::PubAck(_)).then_some(())
+        })
+        .await;
+    }
+    let (mut sub, present) = RawSession5::connect(&addr, &id, 100).await;
+    assert!(present);
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let p = sub.next_publish().await;
+        sub.ack(&p).await;
+        got.push(String::from_utf8_lossy(&p.payload).into_owned());
+    }
+    assert_eq!(got, ["m3", "m4", "m5", "m6", "m7"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_username_names_the_tenant() {
+    use rumqttc::v5::mqttbytes::v5::ConnectReturnCode;
+    let broker = start_weir();
+    let addr = ("127.0.0.1".to_string(), broker.mqtt_port());
+    // `tenant:user`, as RabbitMQ's `vhost:user`: the default tenant by name…
+    let (_s, code) = RawSession5::try_connect(&addr, &unique("t"), "/:guest").await;
+    assert_eq!(code, ConnectReturnCode::Success);
+    // …and a tenant that does not exist: not authorized (0x87).
+    let (_s, code) = RawSession5::try_connect(&addr, &unique("t"), "nosuch:guest").await;
+    assert_eq!(code, ConnectReturnCode::NotAuthorized);
+    // A wrong password looks like an unknown user: 0x86 both.
+    let (_s, code) = RawSession5::try_connect(&addr, &unique("t"), "nobody").await;
+    assert_eq!(code, ConnectReturnCode::BadUserNamePassword);
 }
