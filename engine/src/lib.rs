@@ -12,6 +12,7 @@
 //! * [`message`]: messages and queue entries.
 //! * [`meta`]: how definitions are stored in the store's metadata map.
 //! * [`retained`]: MQTT retained messages, per tenant and topic, durable.
+//! * [`session_state`]: durable protocol session state (MQTT QoS 2 ids).
 
 #![forbid(unsafe_code)]
 
