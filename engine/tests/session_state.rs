@@ -35,9 +35,9 @@ fn session_state_is_found_by_prefix_and_survives_a_restart_of_the_log_store() {
         for round in 0..50u8 {
             durable(
                 t.update_session_state(&[
-                    ("mqtt\0a\0out\01", Some(&[b'P', round][..])),
-                    ("mqtt\0a\0in\07", Some(&[][..])),
-                    ("mqtt\0ab\0in\01", Some(&[round][..])),
+                    ("mqtt\0a\0out\u{0}1", Some(&[b'P', round][..])),
+                    ("mqtt\0a\0in\u{0}7", Some(&[][..])),
+                    ("mqtt\0ab\0in\u{0}1", Some(&[round][..])),
                 ])
                 .expect("update"),
             );
@@ -45,16 +45,16 @@ fn session_state_is_found_by_prefix_and_survives_a_restart_of_the_log_store() {
         // Removed in one append with a change.
         durable(
             t.update_session_state(&[
-                ("mqtt\0a\0in\07", None),
-                ("mqtt\0a\0out\02", Some(&b"R"[..])),
+                ("mqtt\0a\0in\u{0}7", None),
+                ("mqtt\0a\0out\u{0}2", Some(&b"R"[..])),
             ])
             .expect("update"),
         );
         assert_eq!(
             keys(&t, "mqtt\0a\0"),
             vec![
-                ("mqtt\0a\0out\01".to_string(), vec![b'P', 49]),
-                ("mqtt\0a\0out\02".to_string(), b"R".to_vec()),
+                ("mqtt\0a\0out\u{0}1".to_string(), vec![b'P', 49]),
+                ("mqtt\0a\0out\u{0}2".to_string(), b"R".to_vec()),
             ],
             "a prefix does not reach client `ab`"
         );
@@ -66,9 +66,9 @@ fn session_state_is_found_by_prefix_and_survives_a_restart_of_the_log_store() {
     assert_eq!(
         keys(&t, "mqtt\0"),
         vec![
-            ("mqtt\0a\0out\01".to_string(), vec![b'P', 49]),
-            ("mqtt\0a\0out\02".to_string(), b"R".to_vec()),
-            ("mqtt\0ab\0in\01".to_string(), vec![49]),
+            ("mqtt\0a\0out\u{0}1".to_string(), vec![b'P', 49]),
+            ("mqtt\0a\0out\u{0}2".to_string(), b"R".to_vec()),
+            ("mqtt\0ab\0in\u{0}1".to_string(), vec![49]),
         ]
     );
     store.close().expect("close");
