@@ -304,6 +304,9 @@ pub struct MqttConfig {
     pub max_session_expiry: u32,
     /// Topic aliases a client may use towards the broker.
     pub topic_alias_maximum: u16,
+    /// Keep-alive imposed on MQTT 5 clients asking for none or a longer
+    /// one, seconds (0 = the client's own).
+    pub server_keep_alive: u16,
     /// Retained messages kept per tenant (0 = no limit; more: 0x97).
     pub max_retained_per_tenant: usize,
     /// Bytes of retained messages kept in all (0 = no limit; more: 0x97).
@@ -322,6 +325,7 @@ impl Default for MqttConfig {
             max_topic_levels: 32,
             max_session_expiry: 0,
             topic_alias_maximum: 64,
+            server_keep_alive: 0,
             max_retained_per_tenant: 100_000,
             max_retained_bytes: 64 << 20,
         }

@@ -329,6 +329,7 @@ impl Broker {
                 receive_maximum: m.receive_maximum.max(1),
                 topic_alias_maximum: m.topic_alias_maximum,
                 max_topic_levels: m.max_topic_levels.max(1),
+                server_keep_alive: (m.server_keep_alive > 0).then_some(m.server_keep_alive),
                 ..mqtt_defaults
             },
             registry: Default::default(),

@@ -1170,3 +1170,41 @@ async fn the_username_names_the_tenant() {
     let (_s, code) = RawSession5::try_connect(&addr, &unique("t"), "nobody").await;
     assert_eq!(code, ConnectReturnCode::BadUserNamePassword);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connack_carries_server_keep_alive_and_response_information() {
+    use rumqttc::v5::mqttbytes::v5::{Connect, ConnectReturnCode, Login};
+    let (broker, _tmp) = start_weir_with_mqtt_limits("server_keep_alive = 20");
+    let addr = ("127.0.0.1".to_string(), broker.mqtt_port());
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", addr.1))
+        .await
+        .expect("TCP connect");
+    let mut s = RawSession5 {
+        stream,
+        buf: bytes::BytesMut::new(),
+    };
+    let mut props = ConnectProperties::new();
+    props.request_response_info = Some(1);
+    let id = unique("rri");
+    // Keep-alive 0 (none): the server imposes its own.
+    s.send(Packet5::Connect(
+        Connect {
+            keep_alive: 0,
+            client_id: id.clone(),
+            clean_start: true,
+            properties: Some(props),
+        },
+        None,
+        Some(Login::new("guest", "guest")),
+    ))
+    .await;
+    match s.read().await {
+        Packet5::ConnAck(a) => {
+            assert_eq!(a.code, ConnectReturnCode::Success);
+            let p = a.properties.expect("CONNACK properties");
+            assert_eq!(p.server_keep_alive, Some(20));
+            assert_eq!(p.response_information, Some(format!("responses/{id}")));
+        }
+        p => panic!("expected CONNACK, got {p:?}"),
+    }
+}

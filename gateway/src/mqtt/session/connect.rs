@@ -158,7 +158,9 @@ impl Session {
             assigned_client_id: assigned,
             server_keep_alive: None,
             session_expiry_secs: granted.filter(|_| c.version == Version::V5),
-            response_information: None,
+            // MQTT 5 request/response: where this client may have its
+            // responses sent (the adapter sends it only when asked).
+            response_information: Some(format!("responses/{}", self.client_id)),
         });
         if session_present {
             self.resume_session_state();
