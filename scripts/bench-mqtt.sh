@@ -13,6 +13,8 @@
 #   fanout1  : the same at QoS 1 (publisher and subscriptions; every subscriber PUBACKs).
 #   idle     : 10,000 connections (keep-alive 60 s) that connect and do nothing; the broker's RSS
 #              growth per connection (VmRSS before / after). (issue 8: <= 4 KB each)
+#   idlesub  : (not in the default list) idle, but each connection first subscribes to a topic of its
+#              own at QoS 1, as a device waiting for commands would.
 #
 # Each workload gets a freshly started broker (RSS and state of one run never leak into the next):
 #   mosquitto : Debian's mosquitto on a free port with its own config and data dir (persistence on,
@@ -25,7 +27,7 @@
 #               (every PUBACK of a message for the persistent session waits for the fsync).
 #
 # Usage: scripts/bench-mqtt.sh [--duration S (20)] [--warmup S (3)] [--only mosquitto|weir]
-#                              [--workloads qos1,fanout0,fanout1,idle] [--connections N (10000)]
+#                              [--workloads qos1,fanout0,fanout1,idle[,idlesub]] [--connections N (10000)]
 #                              [--out DIR] [--bench-args "extra weir-mqtt-bench flags"]
 #                              [--quiet-wait S (60)] [--quiet-max CORES (0.3)] [--retries N (1)]
 #        WEIR_BIN=/path/to/weir runs that broker binary instead of this checkout's release build.
@@ -70,7 +72,7 @@ OUT="${OUT:-$ROOT/target/bench-mqtt/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
 for w in "${WORKLOAD_LIST[@]}"; do
-  case "$w" in qos1|fanout0|fanout1|idle) ;; *) echo "unknown workload: $w (qos1, fanout0, fanout1, idle)" >&2; exit 2 ;; esac
+  case "$w" in qos1|fanout0|fanout1|idle|idlesub) ;; *) echo "unknown workload: $w (qos1, fanout0, fanout1, idle, idlesub)" >&2; exit 2 ;; esac
 done
 case "$ONLY" in ""|mosquitto|weir) ;; *) echo "--only takes mosquitto or weir" >&2; exit 2 ;; esac
 TARGETS=()
@@ -241,6 +243,7 @@ workload_args() {
     fanout0) printf '%s\n' fanout --subscribers "$CONNECTIONS" --qos 0 --window 4 --size 64 ;;
     fanout1) printf '%s\n' fanout --subscribers "$CONNECTIONS" --qos 1 --window 4 --size 64 ;;
     idle) printf '%s\n' idle --connections "$CONNECTIONS" --keep-alive 60 --hold 10 ;;
+    idlesub) printf '%s\n' idle --connections "$CONNECTIONS" --keep-alive 60 --hold 10 --subscribe ;;
   esac
 }
 
@@ -273,7 +276,7 @@ run_one() {
     case "$w" in
       qos1) jq -r '"   \(.publish_rate|floor) msg/s published, PUBACK p95 \(.puback_latency.p95_ms) ms, delivered \(.deliver_rate|floor) msg/s, other CPU \(.other_cpu_cores // "?") cores"' "$json" >&2 ;;
       fanout*) jq -r '"   \(.deliver_rate|floor) deliveries/s, \(.fanouts_complete) fan-outs complete, \(.fanouts_incomplete) incomplete, deliver p95 \(.e2e_latency.p95_ms) ms, other CPU \(.other_cpu_cores // "?") cores"' "$json" >&2 ;;
-      idle) jq -r '"   \(.alive_at_end) of \(.connections) alive, \(.rss_per_conn_bytes|floor) B of RSS per connection"' "$json" >&2 ;;
+      idle*) jq -r '"   \(.alive_at_end) of \(.connections) alive, \(.rss_per_conn_bytes|floor) B of RSS per connection"' "$json" >&2 ;;
     esac
     # Disturbed by other work (idle has no CPU window): run again; the last attempt is kept.
     jq -e --argjson m "$QUIET_MAX" '(.other_cpu_cores // 0) <= $m' "$json" >/dev/null && return 0
@@ -339,14 +342,19 @@ JQ
       done
     done
   fi
-  if [[ ",$WORKLOADS," == *,idle,* ]]; then
+  for w in idle idlesub; do
+    [[ ",$WORKLOADS," == *,$w,* ]] || continue
     echo
-    echo "## idle: $CONNECTIONS connections (keep-alive 60 s), broker RSS"
+    if [ "$w" = idle ]; then
+      echo "## idle: $CONNECTIONS connections (keep-alive 60 s), broker RSS"
+    else
+      echo "## idlesub: $CONNECTIONS connections (keep-alive 60 s), each subscribed to a topic of its own (QoS 1), broker RSS"
+    fi
     echo
     echo "| target | alive at end | RSS before MB | RSS with all connected MB | per connection B | RSS after closing MB | connect s |"
     echo "|---|---:|---:|---:|---:|---:|---:|"
     for t in "${TARGETS[@]}"; do
-      f="$(result_file "$t" idle)"
+      f="$(result_file "$t" "$w")"
       if [ -f "$f" ]; then
         jq -r --arg t "$t" '
           def mb: . / 1e6 * 10 | round / 10;
@@ -355,7 +363,7 @@ JQ
         echo "| $t | — | — | — | — | — | — |"
       fi
     done
-  fi
+  done
   echo
   echo "Against issue 8's targets:"
   m="$(result_file mosquitto qos1)"; wq="$(result_file weir qos1)"
