@@ -66,7 +66,7 @@ while [ $# -gt 0 ]; do
     --workloads) WORKLOADS="$2"; shift 2 ;;
     --variants) VARIANTS="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
   esac
 done
