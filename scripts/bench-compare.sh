@@ -5,6 +5,11 @@
 #   saturated : 2 publishers with confirms (window 256), 2 consumers acking (prefetch 256), 256-byte bodies,
 #               durable queue, persistent messages, as fast as confirms allow
 #   rate      : the same shape paced at a fixed total rate (default 1,000 msg/s)
+#   mqtt      : issue 8's MQTT benchmarks against Debian's Mosquitto and Weir (QoS 1 to a persistent
+#               subscriber, fan-out to 10,000 connections at QoS 0 and 1, 10,000 idle connections):
+#               scripts/bench-mqtt.sh, run after the AMQP workloads with --duration, --warmup,
+#               --quiet-wait, --quiet-max, --retries passed on, --only rabbitmq meaning its reference
+#               broker (mosquitto), and its results in <out>/mqtt
 #
 # Queue variants (--variants, default plain), each run back to back with the others per target and workload:
 #   plain     : a durable queue with no arguments
@@ -15,7 +20,7 @@
 #               not on RabbitMQ quorum queues, which have no priorities in 3.10
 #
 # Usage: scripts/bench-compare.sh [--duration S] [--warmup S] [--rate R] [--only rabbitmq|weir]
-#                                 [--workloads saturated,rate] [--variants plain,features,priority]
+#                                 [--workloads saturated,rate,mqtt] [--variants plain,features,priority]
 #                                 [--rounds N (1)] [--out DIR] [--bench-args "extra weir-bench flags"]
 #                                 [--quiet-wait S (60)] [--quiet-max CORES (0.3)] [--retries N (1)]
 #        WEIR_BIN=/path/to/weir runs that broker binary instead of this checkout's release build
@@ -61,17 +66,34 @@ while [ $# -gt 0 ]; do
     --workloads) WORKLOADS="$2"; shift 2 ;;
     --variants) VARIANTS="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
   esac
 done
 OUT="${OUT:-$ROOT/target/bench-compare/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
-IFS=, read -r -a WORKLOAD_LIST <<<"$WORKLOADS"
+IFS=, read -r -a ALL_WORKLOADS <<<"$WORKLOADS"
 IFS=, read -r -a VARIANT_LIST <<<"$VARIANTS"
-for w in "${WORKLOAD_LIST[@]}"; do
-  case "$w" in saturated|rate) ;; *) echo "unknown workload: $w (saturated, rate)" >&2; exit 2 ;; esac
+WORKLOAD_LIST=()
+MQTT=0
+for w in "${ALL_WORKLOADS[@]}"; do
+  case "$w" in
+    saturated|rate) WORKLOAD_LIST+=("$w") ;;
+    mqtt) MQTT=1 ;;
+    *) echo "unknown workload: $w (saturated, rate, mqtt)" >&2; exit 2 ;;
+  esac
 done
+# The MQTT benchmarks have their own script (brokers, client and tables of their own).
+run_mqtt() {
+  local only=""
+  case "$ONLY" in rabbitmq) only=mosquitto ;; weir) only=weir ;; esac
+  "$ROOT/scripts/bench-mqtt.sh" --duration "$DURATION" --warmup "$WARMUP" --quiet-wait "$QUIET_WAIT" \
+    --quiet-max "$QUIET_MAX" --retries "$RETRIES" ${only:+--only "$only"} --out "$1"
+}
+if [ ${#WORKLOAD_LIST[@]} -eq 0 ]; then
+  run_mqtt "$OUT/mqtt"
+  exit $?
+fi
 for v in "${VARIANT_LIST[@]}"; do
   case "$v" in plain|features|priority) ;; *) echo "unknown variant: $v (plain, features, priority)" >&2; exit 2 ;; esac
 done
@@ -383,3 +405,9 @@ wl_name() { if [ "$1" = rate ]; then echo "$RATE msg/s"; else echo "$1"; fi; }
 } | tee "$OUT/results.md"
 echo >&2
 echo "results in $OUT" >&2
+if [ "$MQTT" = 1 ]; then
+  # After the AMQP report (and after RabbitMQ was stopped, if this script started it).
+  cleanup
+  trap - EXIT
+  run_mqtt "$OUT/mqtt"
+fi
