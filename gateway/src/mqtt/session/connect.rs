@@ -133,24 +133,25 @@ impl Session {
                 return;
             }
         };
-        let receive_maximum = u32::from(c.receive_maximum);
-        let queue = self.queue.clone();
-        if let Some(client) = self.client.as_mut() {
-            let sub = client.subscribe(
-                &queue,
-                SubscribeOptions {
-                    scope: SCOPE,
-                    tag: bytes::Bytes::from_static(b"session"),
-                    exclusive: true,
-                    prefetch_count: receive_maximum,
-                    ..Default::default()
-                },
-            );
-            if let Err(e) = sub {
-                tracing::warn!(peer = %self.peer, client_id = %client_id, error = %e, "cannot consume the MQTT session queue");
-                self.refuse(ConnectRefusal::ServerBusy, "the session is in use");
-                return;
-            }
+        self.receive_maximum = u32::from(c.receive_maximum);
+        // A resumed session's queue is consumed now, and a new persistent
+        // session's is declared now (the session exists from CONNACK on,
+        // subscriptions or not); a clean session gets its queue with its
+        // first subscription (an idle client without one costs no queue).
+        let opened = if session_present {
+            self.consume_session_queue()
+        } else if self.session_expiry_secs > 0 {
+            // CONNACK leaves once the queue's record is durable.
+            self.batch_needs_barrier = true;
+            self.hold_until = self.barriers_sent + 1;
+            self.declare_session_queue()
+        } else {
+            Ok(())
+        };
+        if let Err(e) = opened {
+            tracing::warn!(peer = %self.peer, client_id = %client_id, error = %e, "cannot consume the MQTT session queue");
+            self.refuse(ConnectRefusal::ServerBusy, "the session is in use");
+            return;
         }
         self.will = c.will.clone();
         self.conn.accept(ConnectAccept {
@@ -204,6 +205,17 @@ impl Session {
                 .collect();
             return Ok(true);
         }
+        Ok(false)
+    }
+
+    /// Declares the session queue of a new session (at its first
+    /// subscription). Its metadata record precedes the SUBACK's barrier.
+    pub(super) fn declare_session_queue(&mut self) -> Result<(), EngineError> {
+        let Some(client) = self.client.as_ref() else {
+            return Ok(());
+        };
+        let tenant = client.tenant().clone();
+        let conn = self.conn_id;
         let persistent = self.session_expiry_secs > 0;
         let mut args = serde_json::Map::new();
         if persistent && self.session_expiry_secs != u32::MAX {
@@ -217,7 +229,7 @@ impl Session {
             args.insert("x-max-length".into(), json!(max_queued));
             args.insert("x-overflow".into(), json!("drop-head"));
         }
-        let (_, wait) = tenant.declare_queue(QueueDeclare {
+        tenant.declare_queue(QueueDeclare {
             name: self.queue.clone(),
             passive: false,
             durable: persistent,
@@ -226,11 +238,31 @@ impl Session {
             arguments: Value::Object(args),
             connection: conn,
         })?;
-        if let Some(w) = wait {
-            // A persistent session exists once CONNACK says so.
-            let _ = w.await;
-        }
-        Ok(false)
+        self.consume_session_queue()
+    }
+
+    /// The session's one consumer on its queue, within the client's
+    /// receive maximum.
+    pub(super) fn consume_session_queue(&mut self) -> Result<(), EngineError> {
+        let queue = self.queue.clone();
+        let prefetch = self.receive_maximum;
+        let Some(client) = self.client.as_mut() else {
+            return Ok(());
+        };
+        client
+            .subscribe(
+                &queue,
+                SubscribeOptions {
+                    scope: SCOPE,
+                    tag: bytes::Bytes::from_static(b"session"),
+                    exclusive: true,
+                    prefetch_count: prefetch,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| EngineError::ResourceLocked(e.to_string()))?;
+        self.queue_open = true;
+        Ok(())
     }
 
     /// Deletes a clean session's queue (and a persistent one that the

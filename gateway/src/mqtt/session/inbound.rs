@@ -136,18 +136,40 @@ impl Session {
         });
     }
 
+    /// Queues an answer in arrival order: after the batch's barrier when
+    /// `durable` (its records must be on disk first) or when an earlier
+    /// answer waits for one, else as soon as those before it went.
+    pub(super) fn queue_ack(&mut self, packet_id: u16, kind: AckKind, reason: u8, durable: bool) {
+        self.batch_needs_barrier |= durable;
+        let waiting = self.acks.back().map_or(0, |a| a.barrier);
+        let barrier = if durable {
+            self.barriers_sent + 1
+        } else {
+            waiting
+        };
+        self.acks.push_back(PendingAck {
+            packet_id,
+            kind,
+            reason,
+            barrier,
+        });
+    }
+
     /// Sends the acks whose store barrier completed, in order.
     pub(super) fn send_ready_acks(&mut self) {
         while let Some(a) = self.acks.front() {
             if a.barrier > self.barriers_done {
                 break;
             }
-            let (packet_id, kind, reason) = (a.packet_id, a.kind, a.reason);
-            self.acks.pop_front();
-            match kind {
-                AckKind::Ack => self.conn.puback(packet_id, reason),
-                AckKind::Received => self.conn.pubrec(packet_id, reason),
-                AckKind::Complete => self.conn.pubcomp(packet_id),
+            let Some(a) = self.acks.pop_front() else {
+                break;
+            };
+            match a.kind {
+                AckKind::Ack => self.conn.puback(a.packet_id, a.reason),
+                AckKind::Received => self.conn.pubrec(a.packet_id, a.reason),
+                AckKind::Complete => self.conn.pubcomp(a.packet_id),
+                AckKind::Subscribed(codes) => self.conn.suback(a.packet_id, &codes),
+                AckKind::Unsubscribed(codes) => self.conn.unsuback(a.packet_id, &codes),
             }
         }
     }

@@ -29,11 +29,12 @@ use crate::server::{Alarms, Shared};
 use bytes::BytesMut;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use weir_protocols::mqtt::{Connection, Event, QoS, Will};
 
 /// Read buffer of a connection that has been quiet.
@@ -60,7 +61,7 @@ pub(crate) struct Subscription {
 }
 
 /// Which answer a pending ack is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum AckKind {
     /// PUBACK.
     Ack,
@@ -68,6 +69,10 @@ enum AckKind {
     Received,
     /// PUBCOMP.
     Complete,
+    /// SUBACK with its codes.
+    Subscribed(Vec<u8>),
+    /// UNSUBACK with its codes.
+    Unsubscribed(Vec<u8>),
 }
 
 /// An answer to the client waiting for the store, in arrival order.
@@ -124,7 +129,6 @@ pub async fn serve_io<R, W>(
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let (durable_tx, durable_rx) = mpsc::unbounded_channel();
     let alarms = shared.alarms.subscribe();
     let mut s = Session {
         engine: shared.engine.clone(),
@@ -136,6 +140,8 @@ pub async fn serve_io<R, W>(
         tenant: String::new(),
         client_id: String::new(),
         conn_id: 0,
+        queue_open: false,
+        receive_maximum: 0,
         registration: None,
         will: None,
         session_expiry_secs: 0,
@@ -144,7 +150,7 @@ pub async fn serve_io<R, W>(
         shared_subs: HashMap::new(),
         retained_out: VecDeque::new(),
         acks: VecDeque::new(),
-        durable_tx,
+        durable: Arc::new(AtomicU64::new(0)),
         barriers_sent: 0,
         barriers_done: 0,
         batch_needs_barrier: false,
@@ -161,7 +167,7 @@ pub async fn serve_io<R, W>(
         publish_will: false,
     };
     tracing::debug!(%peer, "MQTT connection accepted");
-    let result = s.run(rd, wr, durable_rx, shutdown).await;
+    let result = s.run(rd, wr, shutdown).await;
     s.finish();
     match result {
         Ok(()) => tracing::debug!(%peer, "MQTT connection closed"),
@@ -181,6 +187,10 @@ pub(crate) struct Session {
     client_id: String,
     /// The engine client's connection id.
     conn_id: u64,
+    /// The session queue exists and is consumed.
+    queue_open: bool,
+    /// The client's receive maximum (its consumer's prefetch).
+    receive_maximum: u32,
     /// Held while connected: takeover notice and our finish signal.
     registration: Option<Registration>,
     /// Published if the connection ends without a clean DISCONNECT.
@@ -196,7 +206,10 @@ pub(crate) struct Session {
     retained_out: VecDeque<weir_protocols::mqtt::OutgoingPublish>,
     /// Answers to the client's QoS 1/2 publishes, in arrival order.
     acks: VecDeque<PendingAck>,
-    durable_tx: mpsc::UnboundedSender<u64>,
+    /// The highest store barrier completed, set by the store's waiters
+    /// (which then wake the task through the engine client's handle): no
+    /// channel per connection.
+    durable: Arc<AtomicU64>,
     /// Store barriers asked for, and how many completed (in order).
     barriers_sent: u64,
     barriers_done: u64,
@@ -251,7 +264,6 @@ impl Session {
         &mut self,
         mut rd: R,
         mut wr: W,
-        mut durable_rx: mpsc::UnboundedReceiver<u64>,
         mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<()>
     where
@@ -272,6 +284,12 @@ impl Session {
         loop {
             if self.alarms.has_changed().unwrap_or(false) {
                 self.refresh_alarm();
+            }
+            // 0. Answers whose store barrier completed.
+            let done = self.durable.load(Ordering::Acquire);
+            if done > self.barriers_done {
+                self.barriers_done = done;
+                self.send_ready_acks();
             }
             // 1. Every complete packet we have.
             while let Some(ev) = self.conn.poll(&mut input) {
@@ -352,13 +370,6 @@ impl Session {
                     }
                 },
                 _ = notified(self.client.as_ref()) => {}
-                Some(done) = durable_rx.recv() => {
-                    self.barriers_done = self.barriers_done.max(done);
-                    while let Ok(done) = durable_rx.try_recv() {
-                        self.barriers_done = self.barriers_done.max(done);
-                    }
-                    self.send_ready_acks();
-                }
                 () = &mut timer, if armed.is_some() => {
                     armed = None;
                     fired = true;
@@ -390,7 +401,9 @@ impl Session {
 
     async fn handle_event(&mut self, ev: Event) {
         match ev {
-            Event::Connect(c) => self.on_connect(*c).await,
+            // Boxed: the login's future is large and only needed once; the
+            // task of an idle connection should not carry it.
+            Event::Connect(c) => Box::pin(self.on_connect(*c)).await,
             Event::Publish(p) => {
                 self.blocked |= self.alarm.any();
                 self.on_publish(p);
@@ -467,16 +480,16 @@ impl Session {
         if std::mem::take(&mut self.batch_needs_barrier) {
             self.barriers_sent += 1;
             let n = self.barriers_sent;
-            let tx = self.durable_tx.clone();
-            let waiter: weir_backend::Waiter = Box::new(move |r| {
-                if r.is_ok() {
-                    let _ = tx.send(n);
-                }
+            let ok = self.client.as_ref().is_some_and(|c| {
+                let (durable, handle) = (self.durable.clone(), c.handle().clone());
+                let waiter: weir_backend::Waiter = Box::new(move |r| {
+                    if r.is_ok() {
+                        durable.fetch_max(n, Ordering::AcqRel);
+                        handle.wake();
+                    }
+                });
+                c.durability_barrier(waiter).is_ok()
             });
-            let ok = self
-                .client
-                .as_ref()
-                .is_some_and(|c| c.durability_barrier(waiter).is_ok());
             if !ok {
                 // The store failed: nothing more is acknowledged.
                 self.end_reason = Some("the store failed".into());

@@ -4,7 +4,7 @@
 //! which every member consumes, so its messages spread over the group.
 
 use super::connect::{binding_arguments, TOPIC_EXCHANGE};
-use super::{Session, Subscription, SCOPE};
+use super::{AckKind, Session, Subscription, SCOPE};
 use crate::engine::client::SubscribeOptions;
 use crate::engine::message::now_ms;
 use crate::engine::meta::DestinationKind;
@@ -56,7 +56,10 @@ impl Session {
                 }
             });
         }
-        self.conn.suback(packet_id, &codes);
+        // A persistent session's subscriptions are durable bindings:
+        // SUBACK once they are on disk.
+        let durable = self.session_expiry_secs > 0;
+        self.queue_ack(packet_id, AckKind::Subscribed(codes), 0, durable);
     }
 
     /// A subscription on the session queue: bound, or re-bound with new
@@ -70,6 +73,9 @@ impl Session {
             Some(c) => c.tenant().clone(),
             None => return Ok(()),
         };
+        if !self.queue_open {
+            self.declare_session_queue()?;
+        }
         let key = convert::filter_to_binding_key(&sub.filter);
         let existed = self
             .subscriptions
@@ -172,7 +178,8 @@ impl Session {
             };
             codes.push(if found { 0 } else { NO_SUBSCRIPTION_EXISTED });
         }
-        self.conn.unsuback(packet_id, &codes);
+        let durable = self.session_expiry_secs > 0;
+        self.queue_ack(packet_id, AckKind::Unsubscribed(codes), 0, durable);
     }
 
     fn unsubscribe_own(&mut self, filter: &str) -> bool {
