@@ -27,6 +27,7 @@ use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
 use crate::server::{Alarms, Shared};
 use bytes::BytesMut;
+use futures_util::FutureExt;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -380,6 +381,20 @@ impl Session {
                     if let Some(r) = self.registration.as_mut() {
                         r.kicked = None;
                     }
+                    // What the client sent before it went (a last PUBACK
+                    // still in the socket) counts: read what is there now
+                    // and act on it before the leases go back.
+                    loop {
+                        input.reserve(READ_BUF_IDLE);
+                        match rd.read_buf(&mut input).now_or_never() {
+                            Some(Ok(n)) if n > 0 => self.conn.on_read(Instant::now()),
+                            _ => break,
+                        }
+                    }
+                    while let Some(ev) = self.conn.poll(&mut input) {
+                        self.handle_event(ev).await;
+                    }
+                    self.end_batch();
                     self.end_reason = Some("session taken over".into());
                     self.publish_will = true;
                     self.conn.disconnect(0x8E, "session taken over");
