@@ -89,37 +89,17 @@ impl Session {
             // between the two can duplicate it, never lose it).
             let key = state_key(&self.client_id, "in", packet_id);
             self.state_changes.push((key, Some(Vec::new())));
-            self.batch_needs_barrier = true;
         }
         // 3.1.1 has no negative PUBACK: a refused publish is acknowledged
         // (the message is dropped, as an unconfirmed publish may be).
         let reason = if v5 { reason } else { 0 };
-        self.batch_needs_barrier |= needs_barrier;
-        // Every ack waits for the barrier of its batch when any is pending,
-        // so acks leave in arrival order.
-        let barrier =
-            if needs_barrier || self.barriers_sent > self.barriers_done || self.batch_needs_barrier
-            {
-                self.barriers_sent + 1
-            } else {
-                0
-            };
-        let kind = if p.qos == QoS::ExactlyOnce {
-            AckKind::Received
+        let (kind, durable) = if p.qos == QoS::ExactlyOnce {
+            // Its id's session state must be on disk too.
+            (AckKind::Received, true)
         } else {
-            AckKind::Ack
+            (AckKind::Ack, needs_barrier)
         };
-        let barrier = if p.qos == QoS::ExactlyOnce {
-            self.barriers_sent + 1
-        } else {
-            barrier
-        };
-        self.acks.push_back(PendingAck {
-            packet_id,
-            kind,
-            reason,
-            barrier,
-        });
+        self.queue_ack(packet_id, kind, reason, durable);
     }
 
     /// PUBREL: the id is free again once that is durable (else a restart
@@ -127,13 +107,7 @@ impl Session {
     pub(super) fn on_pubrel(&mut self, packet_id: u16) {
         let key = state_key(&self.client_id, "in", packet_id);
         self.state_changes.push((key, None));
-        self.batch_needs_barrier = true;
-        self.acks.push_back(PendingAck {
-            packet_id,
-            kind: AckKind::Complete,
-            reason: 0,
-            barrier: self.barriers_sent + 1,
-        });
+        self.queue_ack(packet_id, AckKind::Complete, 0, true);
     }
 
     /// Queues an answer in arrival order: after the batch's barrier when

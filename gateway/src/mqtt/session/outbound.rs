@@ -29,8 +29,7 @@ impl Session {
             if self.resume_skip.remove(&d.entry.id) {
                 // The client received it (PUBREC) before a restart.
                 self.next_tag += 1;
-                client.lease(SCOPE, self.next_tag, d, batch_time);
-                let _ = client.settle(SCOPE, self.next_tag, false, Settle::Ack);
+                settle_unsent(client, self.next_tag, d, batch_time);
                 continue;
             }
             let Some(message) = client.message_of(&d) else {
@@ -43,36 +42,29 @@ impl Session {
                     // Published over AMQP with a key no MQTT topic has.
                     tracing::debug!(peer = %self.peer, error = %e, "delivery dropped");
                     self.next_tag += 1;
-                    client.lease(SCOPE, self.next_tag, d, batch_time);
-                    let _ = client.settle(SCOPE, self.next_tag, false, Settle::Ack);
+                    settle_unsent(client, self.next_tag, d, batch_time);
                     continue;
                 }
             };
-            let subs: Vec<&super::Subscription> =
-                match self.shared_subs.get(d.consumer.tag().as_ref()) {
-                    Some((_, s)) => vec![s],
-                    None => self.subscriptions.iter().collect(),
-                };
-            let matching: Vec<&super::Subscription> = subs
-                .into_iter()
-                .filter(|s| mqtt::matches(&s.filter, &out.topic))
-                .collect();
+            // The subscriptions this delivery is for: its shared one, or the
+            // session's own that match its topic (MQTT's matching: AMQP's `#`
+            // also reaches `$` topics). No allocation per delivery.
+            let subs: &[super::Subscription] = match self.shared_subs.get(d.consumer.tag().as_ref())
+            {
+                Some((_, s)) => std::slice::from_ref(s),
+                None => &self.subscriptions,
+            };
+            let matching = || subs.iter().filter(|s| mqtt::matches(&s.filter, &out.topic));
             let own = out.publisher.as_deref() == Some(self.client_id.as_str());
-            let wanted = matching.iter().any(|s| !(own && s.no_local));
-            let expired = out.expired;
+            let wanted = matching().any(|s| !(own && s.no_local));
             self.next_tag += 1;
             let tag = self.next_tag;
-            if !wanted || expired {
+            if !wanted || out.expired {
                 // Not for this client after all ($-topics, no-local): gone.
-                client.lease(SCOPE, tag, d, batch_time);
-                let _ = client.settle(SCOPE, tag, false, Settle::Ack);
+                settle_unsent(client, tag, d, batch_time);
                 continue;
             }
-            let granted = matching
-                .iter()
-                .map(|s| s.qos)
-                .max()
-                .unwrap_or(QoS::AtMostOnce);
+            let granted = matching().map(|s| s.qos).max().unwrap_or(QoS::AtMostOnce);
             // Sent at QoS 2 under an id before a restart: again with that id.
             let resend = self.resume_send.get(&d.entry.id).copied();
             let qos = if resend.is_some() {
@@ -88,14 +80,15 @@ impl Session {
                 self.next_tag -= 1;
                 break;
             }
-            let mut ids: Vec<u32> = matching.iter().filter_map(|s| s.subscription_id).collect();
+            let mut ids: Vec<u32> = matching().filter_map(|s| s.subscription_id).collect();
             ids.sort_unstable();
             ids.dedup();
+            let retain = out.retain && matching().any(|s| s.retain_as_published);
             let sent = self.conn.publish(OutgoingPublish {
                 topic: out.topic,
                 payload: out.payload,
                 qos,
-                retain: out.retain && matching.iter().any(|s| s.retain_as_published),
+                retain,
                 // Delivered before (possibly before a restart): the client
                 // may have seen it.
                 dup: d.entry.redelivered || resend.is_some(),
@@ -127,10 +120,7 @@ impl Session {
                 }
                 // QoS 0, or too large for the client (MQTT 5: dropped as if
                 // delivered).
-                Ok(None) | Err(SendError::TooLarge) => {
-                    client.lease(SCOPE, tag, d, batch_time);
-                    let _ = client.settle(SCOPE, tag, false, Settle::Ack);
-                }
+                Ok(None) | Err(SendError::TooLarge) => settle_unsent(client, tag, d, batch_time),
                 Err(SendError::NoQuota) => {
                     client.defer(d);
                     self.next_tag -= 1;
@@ -201,6 +191,18 @@ impl Session {
             let _ = c.settle(SCOPE, tag, false, Settle::Ack);
         }
     }
+}
+
+/// Settles a delivery the client will not get (or needs no ack for) as
+/// done: leased under `tag` and acknowledged at once.
+fn settle_unsent(
+    client: &mut crate::engine::Client,
+    tag: u64,
+    d: crate::engine::consumer::Delivery,
+    now: Instant,
+) {
+    client.lease(SCOPE, tag, d, now);
+    let _ = client.settle(SCOPE, tag, false, Settle::Ack);
 }
 
 impl Session {
