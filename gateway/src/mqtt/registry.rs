@@ -3,41 +3,79 @@
 //! to end, MQTT 5 reason 0x8E, and the new one waits until it has released
 //! the session's queue). Also the will messages waiting out their delay,
 //! cancelled when the client comes back.
+//!
+//! Every connected client has an entry here, so an entry is kept small (an
+//! idle IoT fleet is mostly entries): one key string and one shared
+//! [`Handover`] of two `Notify`s, not a channel per direction.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::Notify;
 
 /// How long a new connection waits for the one it takes over to finish.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 
-type Key = (String, String);
+/// `tenant NUL client id`: an MQTT client id never holds a NUL (it is an
+/// MQTT UTF-8 string), so two pairs never make the same key.
+fn key(tenant: &str, client_id: &str) -> String {
+    let mut k = String::with_capacity(tenant.len() + 1 + client_id.len());
+    k.push_str(tenant);
+    k.push('\0');
+    k.push_str(client_id);
+    k
+}
+
+/// Between the holder of a client id and the connection taking it over.
+/// Both signals are `notify_one` permits: neither is lost when nobody is
+/// waiting yet, and each has exactly one waiter.
+#[derive(Default)]
+struct Handover {
+    /// The holder is to end (session taken over).
+    kick: Notify,
+    /// The holder is done with the session.
+    finished: Notify,
+}
 
 struct Holder {
     /// Which connection holds it (to unregister only oneself).
     conn: u64,
-    /// Tells the holder to end (session taken over).
-    kick: Option<oneshot::Sender<()>>,
-    /// Set (or dropped) when the holder has finished.
-    finished: watch::Receiver<bool>,
+    handover: Arc<Handover>,
 }
 
 /// The registry, shared by every MQTT connection.
 #[derive(Default)]
 pub struct Registry {
-    holders: Mutex<HashMap<Key, Holder>>,
+    holders: Mutex<HashMap<String, Holder>>,
     /// Delayed wills by (tenant, client id).
-    wills: Mutex<HashMap<Key, tokio::task::AbortHandle>>,
+    wills: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
 
-/// What a connection keeps while it holds a client id.
+/// What a connection keeps while it holds a client id. Dropping it tells a
+/// connection taking the session over that this one is done (also when the
+/// task ends by a panic).
 pub struct Registration {
-    /// Resolves when another connection takes the session over (taken
-    /// once it did).
-    pub kicked: Option<oneshot::Receiver<()>>,
-    /// Set when this connection is done with the session.
-    pub finished: watch::Sender<bool>,
+    handover: Arc<Handover>,
+    kicked: bool,
+}
+
+impl Registration {
+    /// Resolves once, when another connection takes the session over;
+    /// afterwards never. Cancel safe (a kick is not lost).
+    pub async fn kicked(&mut self) {
+        if self.kicked {
+            return std::future::pending().await;
+        }
+        self.handover.kick.notified().await;
+        self.kicked = true;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.handover.finished.notify_one();
+    }
 }
 
 impl Registry {
@@ -45,31 +83,27 @@ impl Registry {
     /// ending and awaiting any previous holder (and cancelling its delayed
     /// will). Returns whether a previous connection was taken over.
     pub async fn take(&self, tenant: &str, client_id: &str, conn: u64) -> (Registration, bool) {
-        let key = (tenant.to_string(), client_id.to_string());
+        let key = key(tenant, client_id);
         if let Some(w) = self.wills.lock().remove(&key) {
             w.abort();
         }
-        let (kick_tx, kicked) = oneshot::channel();
-        let (finished, finished_rx) = watch::channel(false);
+        let handover = Arc::new(Handover::default());
         let previous = self.holders.lock().insert(
             key,
             Holder {
                 conn,
-                kick: Some(kick_tx),
-                finished: finished_rx,
+                handover: handover.clone(),
             },
         );
         let took_over = previous.is_some();
-        if let Some(mut old) = previous {
-            if let Some(k) = old.kick.take() {
-                let _ = k.send(());
-            }
-            let _ = tokio::time::timeout(TAKEOVER_WAIT, old.finished.wait_for(|done| *done)).await;
+        if let Some(old) = previous {
+            old.handover.kick.notify_one();
+            let _ = tokio::time::timeout(TAKEOVER_WAIT, old.handover.finished.notified()).await;
         }
         (
             Registration {
-                kicked: Some(kicked),
-                finished,
+                handover,
+                kicked: false,
             },
             took_over,
         )
@@ -77,7 +111,7 @@ impl Registry {
 
     /// Unregisters `conn` as holder of `client_id` (if it still is).
     pub fn release(&self, tenant: &str, client_id: &str, conn: u64) {
-        let key = (tenant.to_string(), client_id.to_string());
+        let key = key(tenant, client_id);
         let mut h = self.holders.lock();
         if h.get(&key).is_some_and(|x| x.conn == conn) {
             h.remove(&key);
@@ -86,21 +120,55 @@ impl Registry {
 
     /// Keeps a delayed will's task, to be cancelled if the client reconnects.
     pub fn delay_will(&self, tenant: &str, client_id: &str, task: tokio::task::AbortHandle) {
-        let key = (tenant.to_string(), client_id.to_string());
-        if let Some(old) = self.wills.lock().insert(key, task) {
+        if let Some(old) = self.wills.lock().insert(key(tenant, client_id), task) {
             old.abort();
         }
     }
 
     /// The delayed will of `client_id` ran: forget it.
     pub fn will_done(&self, tenant: &str, client_id: &str) {
-        self.wills
-            .lock()
-            .remove(&(tenant.to_string(), client_id.to_string()));
+        self.wills.lock().remove(&key(tenant, client_id));
     }
 
     /// Connected MQTT clients.
     pub fn connected(&self) -> usize {
         self.holders.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    #[tokio::test]
+    async fn a_takeover_kicks_the_holder_and_waits_until_it_is_done() {
+        let reg = Arc::new(Registry::default());
+        let (mut first, took) = reg.take("/", "c", 1).await;
+        assert!(!took);
+        let r2 = reg.clone();
+        let second = tokio::spawn(async move { r2.take("/", "c", 2).await });
+        // The kick arrives whether or not the holder was waiting for it.
+        first.kicked().await;
+        assert!(!second.is_finished(), "the new holder waits for the old");
+        reg.release("/", "c", 1);
+        drop(first);
+        let (_, took) = second.await.expect("take");
+        assert!(took);
+        assert_eq!(
+            reg.connected(),
+            1,
+            "the old holder's release left the new one"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_holder_that_finished_before_the_takeover_is_not_waited_for() {
+        let reg = Registry::default();
+        let (first, _) = reg.take("/", "c", 1).await;
+        drop(first);
+        // Its permit is there before anyone waits: done at the first poll.
+        let (_, took) = reg.take("/", "c", 2).now_or_never().expect("no wait");
+        assert!(took);
     }
 }

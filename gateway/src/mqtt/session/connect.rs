@@ -103,7 +103,6 @@ impl Session {
             )
         });
         let client_id = assigned.clone().unwrap_or_else(|| c.client_id.clone());
-        self.user = user;
         self.tenant = tenant;
         self.client_id = client_id.clone();
         self.conn_id = client.id();
@@ -124,7 +123,6 @@ impl Session {
         if let Some(g) = granted {
             self.session_expiry_secs = g;
         }
-        self.queue = session_queue(&client_id);
         let session_present = match self.open_session_queue(c.clean_start).await {
             Ok(present) => present,
             Err(e) => {
@@ -153,7 +151,7 @@ impl Session {
             self.refuse(ConnectRefusal::ServerBusy, "the session is in use");
             return;
         }
-        self.will = c.will.clone();
+        self.will = c.will.clone().map(Box::new);
         self.conn.accept(ConnectAccept {
             session_present,
             assigned_client_id: assigned,
@@ -186,9 +184,9 @@ impl Session {
         };
         let tenant = client.tenant().clone();
         let conn = self.conn_id;
-        let exists = tenant.queue(&self.queue, conn).is_ok();
+        let exists = tenant.queue(&self.queue(), conn).is_ok();
         if exists && clean_start {
-            let (_, wait) = tenant.delete_queue(&self.queue, false, false, conn)?;
+            let (_, wait) = tenant.delete_queue(&self.queue(), false, false, conn)?;
             if let Some(w) = wait {
                 let _ = w.await;
             }
@@ -199,7 +197,7 @@ impl Session {
                 .bindings()
                 .into_iter()
                 .filter(
-                    |b| matches!(&b.destination, Destination::Queue(q) if q.name() == self.queue),
+                    |b| matches!(&b.destination, Destination::Queue(q) if *q.name() == *self.queue()),
                 )
                 .filter_map(|b| subscription_of(&b.arguments))
                 .collect();
@@ -230,7 +228,7 @@ impl Session {
             args.insert("x-overflow".into(), json!("drop-head"));
         }
         tenant.declare_queue(QueueDeclare {
-            name: self.queue.clone(),
+            name: self.queue(),
             passive: false,
             durable: persistent,
             exclusive: !persistent,
@@ -244,7 +242,7 @@ impl Session {
     /// The session's one consumer on its queue, within the client's
     /// receive maximum.
     pub(super) fn consume_session_queue(&mut self) -> Result<(), EngineError> {
-        let queue = self.queue.clone();
+        let queue = self.queue();
         let prefetch = self.receive_maximum;
         let Some(client) = self.client.as_mut() else {
             return Ok(());
@@ -269,7 +267,7 @@ impl Session {
     /// client ended with session expiry 0).
     pub(super) fn delete_session_queue(&mut self) {
         if let Some(t) = self.engine.tenant(&self.tenant) {
-            let _ = t.delete_queue(&self.queue, false, false, self.conn_id);
+            let _ = t.delete_queue(&self.queue(), false, false, self.conn_id);
         }
     }
 
@@ -317,10 +315,13 @@ impl Session {
                 ("in", _, _) => self.conn.expect_pubrel(packet_id),
                 ("out", Some(b'P'), Some(m)) => {
                     self.conn.reserve_packet_id(packet_id);
-                    self.resume_send.insert(m, packet_id);
+                    self.resume
+                        .get_or_insert_default()
+                        .send
+                        .insert(m, packet_id);
                 }
                 ("out", Some(b'R'), Some(m)) => {
-                    self.resume_skip.insert(m);
+                    self.resume.get_or_insert_default().skip.insert(m);
                     self.inflight.insert(
                         packet_id,
                         InFlight {
@@ -341,13 +342,9 @@ impl Session {
 
     /// Publishes the will now, or after its delay (cancelled if the client
     /// reconnects first; never later than the session's expiry).
-    pub(super) fn schedule_will(&mut self, w: Will) {
+    pub(super) fn schedule_will(&mut self, w: Will, user: String) {
         let engine = self.engine.clone();
-        let (tenant, user, client_id) = (
-            self.tenant.clone(),
-            self.user.clone(),
-            self.client_id.clone(),
-        );
+        let (tenant, client_id) = (self.tenant.clone(), self.client_id.clone());
         let delay = w.delay_secs.min(self.session_expiry_secs);
         let shared = self.shared.clone();
         if delay == 0 {

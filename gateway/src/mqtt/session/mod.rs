@@ -95,6 +95,16 @@ struct InFlight {
     message: Option<u64>,
 }
 
+/// A resumed session's QoS 2 messages, as its session state recorded them.
+#[derive(Default)]
+struct Resume {
+    /// Sent before under these ids: sent again with the same id (DUP).
+    send: HashMap<u64, u16>,
+    /// Received by the client (PUBREC) before, their settle perhaps not
+    /// stored: settled, not sent again.
+    skip: std::collections::HashSet<u64>,
+}
+
 /// The session-state key of a QoS 2 packet id (`dir`: "in" or "out").
 /// NUL separates: an MQTT client id never holds one.
 fn state_key(client_id: &str, dir: &str, packet_id: u16) -> String {
@@ -118,6 +128,36 @@ pub async fn serve(
     serve_io(rd, wr, peer, shared, shutdown).await;
 }
 
+/// A byte stream the session can wait on without holding a read buffer.
+pub trait ReadReady: AsyncRead + Unpin {
+    /// Resolves when a read may make progress (wake-ups may be spurious).
+    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send;
+}
+
+impl ReadReady for tokio::net::tcp::OwnedReadHalf {
+    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        self.readable()
+    }
+}
+
+impl<T: AsyncRead> ReadReady for tokio::io::ReadHalf<T> {
+    /// The pipe behind a WebSocket: nothing to wait on, so its buffer is
+    /// taken at once (the WebSocket's own buffers dwarf it anyway).
+    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
+
+/// Reads what is there into `input`; an empty buffer gets its memory only
+/// once the stream is readable. Cancel safe, as its two awaits are.
+async fn read_some<R: ReadReady>(rd: &mut R, input: &mut BytesMut) -> std::io::Result<usize> {
+    if input.capacity() == 0 {
+        rd.ready().await?;
+        input.reserve(READ_BUF_IDLE);
+    }
+    rd.read_buf(input).await
+}
+
 /// Serves one MQTT connection over any byte stream (a TCP socket, or the
 /// pipe behind a WebSocket) until it closes.
 pub async fn serve_io<R, W>(
@@ -127,7 +167,7 @@ pub async fn serve_io<R, W>(
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) where
-    R: AsyncRead + Unpin,
+    R: ReadReady,
     W: AsyncWrite + Unpin,
 {
     let alarms = shared.alarms.subscribe();
@@ -137,7 +177,6 @@ pub async fn serve_io<R, W>(
         shared,
         client: None,
         peer,
-        user: String::new(),
         tenant: String::new(),
         client_id: String::new(),
         conn_id: 0,
@@ -146,7 +185,6 @@ pub async fn serve_io<R, W>(
         registration: None,
         will: None,
         session_expiry_secs: 0,
-        queue: String::new(),
         subscriptions: Vec::new(),
         shared_subs: HashMap::new(),
         retained_out: VecDeque::new(),
@@ -158,8 +196,7 @@ pub async fn serve_io<R, W>(
         inflight: HashMap::new(),
         state_changes: Vec::new(),
         hold_until: 0,
-        resume_send: HashMap::new(),
-        resume_skip: Default::default(),
+        resume: None,
         next_tag: 0,
         alarms,
         alarm: Alarms::default(),
@@ -182,8 +219,7 @@ pub(crate) struct Session {
     conn: Connection,
     client: Option<Client>,
     peer: SocketAddr,
-    /// Who logged in, and in which tenant.
-    user: String,
+    /// The tenant logged into (the user is the engine client's principal).
     tenant: String,
     client_id: String,
     /// The engine client's connection id.
@@ -194,11 +230,10 @@ pub(crate) struct Session {
     receive_maximum: u32,
     /// Held while connected: takeover notice and our finish signal.
     registration: Option<Registration>,
-    /// Published if the connection ends without a clean DISCONNECT.
-    will: Option<Will>,
+    /// Published if the connection ends without a clean DISCONNECT (boxed:
+    /// large, and most connections have none).
+    will: Option<Box<Will>>,
     session_expiry_secs: u32,
-    /// The session queue's name (once connected).
-    queue: String,
     /// The client's subscriptions on the session queue.
     subscriptions: Vec<Subscription>,
     /// Shared subscriptions: consumer tag → (queue, subscription).
@@ -224,12 +259,9 @@ pub(crate) struct Session {
     /// Output waits for this store barrier: it says what the session state
     /// must hold first (a QoS 2 id sent or PUBREL'd).
     hold_until: u64,
-    /// After a resume: QoS 2 messages sent before under these ids, to send
-    /// again with the same id (DUP).
-    resume_send: HashMap<u64, u16>,
-    /// After a resume: QoS 2 messages the client already received (PUBREC)
-    /// whose settle may not have been stored: settled, not sent again.
-    resume_skip: std::collections::HashSet<u64>,
+    /// After a resume with QoS 2 exchanges open: what they need (boxed:
+    /// most sessions never have any, and an idle one should not carry it).
+    resume: Option<Box<Resume>>,
     /// Lease tags, increasing.
     next_tag: u64,
     alarms: watch::Receiver<Alarms>,
@@ -252,15 +284,19 @@ async fn notified(client: Option<&Client>) {
 
 /// Resolves when a takeover is announced; never without a registration.
 async fn kicked(reg: Option<&mut Registration>) {
-    match reg.and_then(|r| r.kicked.as_mut()) {
-        Some(k) => {
-            let _ = k.await;
-        }
+    match reg {
+        Some(r) => r.kicked().await,
         None => std::future::pending().await,
     }
 }
 
 impl Session {
+    /// The session queue's name (once connected): derived, not kept, as
+    /// it is needed only by rare operations.
+    fn queue(&self) -> String {
+        connect::session_queue(&self.client_id)
+    }
+
     async fn run<R, W>(
         &mut self,
         mut rd: R,
@@ -268,7 +304,7 @@ impl Session {
         mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<()>
     where
-        R: AsyncRead + Unpin,
+        R: ReadReady,
         W: AsyncWrite + Unpin,
     {
         // Sized by use: an idle connection (most of an IoT fleet) holds a
@@ -294,7 +330,11 @@ impl Session {
             }
             // 1. Every complete packet we have.
             while let Some(ev) = self.conn.poll(&mut input) {
-                self.handle_event(ev).await;
+                if let Some(c) = self.handle_event(ev) {
+                    // Boxed: the login's future is large and only needed
+                    // once; the task of an idle connection should not carry it.
+                    Box::pin(self.on_connect(*c)).await;
+                }
                 tokio::task::consume_budget().await;
                 if self.blocked {
                     break;
@@ -330,19 +370,21 @@ impl Session {
             let want_write = !self.conn.out.is_empty() && released;
             // Reads and writes are futures that lose nothing when another
             // branch wins (tokio's read_buf and write are cancel safe).
-            if input.is_empty() && input.capacity() > READ_BUF_BUSY && last_read < READ_BUF_IDLE {
-                // A burst is over: give its buffer back.
+            if input.is_empty() && input.capacity() > 0 && last_read < READ_BUF_IDLE {
+                // Quiet (or a burst is over): give the buffer back; the
+                // next read takes one once the stream is readable, so an
+                // idle connection (most of an IoT fleet) holds none.
                 input = BytesMut::new();
             }
             if self.conn.out.is_empty() && self.conn.out.capacity() > OUT_KEEP {
                 self.conn.out = BytesMut::new();
             }
-            if input.capacity() - input.len() < READ_BUF_IDLE / 2 {
+            if input.capacity() > 0 && input.capacity() - input.len() < READ_BUF_IDLE / 2 {
                 let busy = input.capacity() >= READ_BUF_IDLE || !input.is_empty();
                 input.reserve(if busy { READ_BUF_BUSY } else { READ_BUF_IDLE });
             }
             tokio::select! {
-                r = rd.read_buf(&mut input), if want_read => match r {
+                r = read_some(&mut rd, &mut input), if want_read => match r {
                     Ok(0) => {
                         eof = true;
                         if self.end_reason.is_none() {
@@ -378,9 +420,6 @@ impl Session {
                 () = kicked(self.registration.as_mut()) => {
                     // Another connection took the session over: its will
                     // is not ours to publish (MQTT 5: 0x8E).
-                    if let Some(r) = self.registration.as_mut() {
-                        r.kicked = None;
-                    }
                     // What the client sent before it went (a last PUBACK
                     // still in the socket) counts: read what is there now
                     // and act on it before the leases go back.
@@ -392,7 +431,8 @@ impl Session {
                         }
                     }
                     while let Some(ev) = self.conn.poll(&mut input) {
-                        self.handle_event(ev).await;
+                        // (Never a CONNECT: the adapter refuses a second.)
+                        let _ = self.handle_event(ev);
                     }
                     self.end_batch();
                     self.end_reason = Some("session taken over".into());
@@ -414,11 +454,13 @@ impl Session {
         }
     }
 
-    async fn handle_event(&mut self, ev: Event) {
+    /// Acts on one event; a CONNECT is returned for the caller to await
+    /// (the only event that waits: this stays synchronous, so the task's
+    /// future holds no copy of an event).
+    #[must_use]
+    fn handle_event(&mut self, ev: Event) -> Option<Box<weir_protocols::mqtt::Connect>> {
         match ev {
-            // Boxed: the login's future is large and only needed once; the
-            // task of an idle connection should not carry it.
-            Event::Connect(c) => Box::pin(self.on_connect(*c)).await,
+            Event::Connect(c) => return Some(c),
             Event::Publish(p) => {
                 self.blocked |= self.alarm.any();
                 self.on_publish(p);
@@ -450,6 +492,7 @@ impl Session {
                 self.publish_will = true;
             }
         }
+        None
     }
 
     /// Ends the batch: the client's settles and dispatches, one store
@@ -521,6 +564,12 @@ impl Session {
     /// Releases everything: leases back to the queue, the session queue's
     /// fate, the will, the registration.
     fn finish(&mut self) {
+        // A will is published as its client would have: by its user.
+        let will_user = self
+            .client
+            .as_ref()
+            .filter(|_| self.publish_will && self.will.is_some())
+            .map(|c| c.principal().to_owned());
         if let Some(mut c) = self.client.take() {
             c.close();
         }
@@ -529,19 +578,16 @@ impl Session {
                 self.delete_session_queue();
                 self.clear_session_state();
             }
-            if self.publish_will {
-                if let Some(w) = self.will.take() {
-                    self.schedule_will(w);
-                }
+            if let (Some(w), Some(user)) = (self.will.take(), will_user) {
+                self.schedule_will(*w, user);
             }
             self.shared
                 .mqtt
                 .registry
                 .release(&self.tenant, &self.client_id, self.engine_conn_id());
         }
-        if let Some(r) = self.registration.take() {
-            let _ = r.finished.send(true);
-        }
+        // A connection taking the session over waits for this.
+        drop(self.registration.take());
         if let Some(reason) = &self.end_reason {
             tracing::debug!(peer = %self.peer, client_id = %self.client_id, %reason, "MQTT session ended");
         }

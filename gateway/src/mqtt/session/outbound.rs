@@ -26,7 +26,11 @@ impl Session {
             let Some(d) = client.next_delivery() else {
                 break;
             };
-            if self.resume_skip.remove(&d.entry.id) {
+            if self
+                .resume
+                .as_mut()
+                .is_some_and(|r| r.skip.remove(&d.entry.id))
+            {
                 // The client received it (PUBREC) before a restart.
                 self.next_tag += 1;
                 settle_unsent(client, self.next_tag, d, batch_time);
@@ -66,7 +70,10 @@ impl Session {
             }
             let granted = matching().map(|s| s.qos).max().unwrap_or(QoS::AtMostOnce);
             // Sent at QoS 2 under an id before a restart: again with that id.
-            let resend = self.resume_send.get(&d.entry.id).copied();
+            let resend = self
+                .resume
+                .as_ref()
+                .and_then(|r| r.send.get(&d.entry.id).copied());
             let qos = if resend.is_some() {
                 QoS::ExactlyOnce
             } else {
@@ -100,7 +107,12 @@ impl Session {
                 Ok(Some(packet_id)) => {
                     let id = d.entry.id;
                     client.lease(SCOPE, tag, d, batch_time);
-                    self.resume_send.remove(&id);
+                    if let Some(r) = self.resume.as_mut() {
+                        r.send.remove(&id);
+                        if r.send.is_empty() && r.skip.is_empty() {
+                            self.resume = None;
+                        }
+                    }
                     let message = (qos == QoS::ExactlyOnce).then_some(id);
                     self.inflight.insert(
                         packet_id,

@@ -86,7 +86,7 @@ impl Session {
             tenant.unbind(
                 TOPIC_EXCHANGE,
                 DestinationKind::Queue,
-                &self.queue,
+                &self.queue(),
                 &key,
                 binding_arguments(&old),
                 self.conn_id,
@@ -95,7 +95,7 @@ impl Session {
         tenant.bind(
             TOPIC_EXCHANGE,
             DestinationKind::Queue,
-            &self.queue,
+            &self.queue(),
             &key,
             binding_arguments(&sub),
             self.conn_id,
@@ -191,7 +191,7 @@ impl Session {
             let _ = c.tenant().unbind(
                 TOPIC_EXCHANGE,
                 DestinationKind::Queue,
-                &self.queue,
+                &self.queue(),
                 &convert::filter_to_binding_key(filter),
                 binding_arguments(&old),
                 self.conn_id,
