@@ -148,12 +148,22 @@ impl<T: AsyncRead> ReadReady for tokio::io::ReadHalf<T> {
     }
 }
 
-/// Reads what is there into `input`; an empty buffer gets its memory only
-/// once the stream is readable. Cancel safe, as its two awaits are.
+/// Reads what is there into `input`. Bytes already waiting go into the
+/// buffer it has; a read that would wait with an empty buffer gives the
+/// buffer back first and takes one of the same size once the stream is
+/// readable: an idle connection (most of an IoT fleet) holds none, a busy
+/// one keeps its buffer. Cancel safe, as its awaits are.
 async fn read_some<R: ReadReady>(rd: &mut R, input: &mut BytesMut) -> std::io::Result<usize> {
-    if input.capacity() == 0 {
+    if input.is_empty() {
+        let size = input.capacity().clamp(READ_BUF_IDLE, READ_BUF_BUSY);
+        if input.capacity() > 0 {
+            if let Some(r) = rd.read_buf(input).now_or_never() {
+                return r;
+            }
+            *input = BytesMut::new();
+        }
         rd.ready().await?;
-        input.reserve(READ_BUF_IDLE);
+        input.reserve(size);
     }
     rd.read_buf(input).await
 }
@@ -370,10 +380,8 @@ impl Session {
             let want_write = !self.conn.out.is_empty() && released;
             // Reads and writes are futures that lose nothing when another
             // branch wins (tokio's read_buf and write are cancel safe).
-            if input.is_empty() && input.capacity() > 0 && last_read < READ_BUF_IDLE {
-                // Quiet (or a burst is over): give the buffer back; the
-                // next read takes one once the stream is readable, so an
-                // idle connection (most of an IoT fleet) holds none.
+            if input.is_empty() && input.capacity() > READ_BUF_BUSY && last_read < READ_BUF_IDLE {
+                // A burst is over: give its buffer back.
                 input = BytesMut::new();
             }
             if self.conn.out.is_empty() && self.conn.out.capacity() > OUT_KEEP {
