@@ -89,7 +89,7 @@ impl Registry {
         }
         let handover = Arc::new(Handover::default());
         let previous = self.holders.lock().insert(
-            key,
+            key.clone(),
             Holder {
                 conn,
                 handover: handover.clone(),
@@ -99,6 +99,11 @@ impl Registry {
         if let Some(old) = previous {
             old.handover.kick.notify_one();
             let _ = tokio::time::timeout(TAKEOVER_WAIT, old.handover.finished.notified()).await;
+            // The old connection, finishing, may have delayed its will:
+            // this connection to the session cancels it (MQTT 5 3.1.3.2.2).
+            if let Some(w) = self.wills.lock().remove(&key) {
+                w.abort();
+            }
         }
         (
             Registration {

@@ -108,6 +108,26 @@ def will_delay_cancelled_by_reconnect_v5(ctx):
 
 
 @scenario
+def will_delay_cancelled_by_takeover_v5(ctx):
+    """MQTT 5 3.1.3.2.2: a connection taking the session over (same client
+    id, clean start 0) is a new connection to the session before the will
+    delay has passed: the old connection's delayed will is never published."""
+    t = ctx.topic("will")
+    obs = ctx.client("o", V5)
+    obs.subscribe(t, qos=1)
+    r, cid = _will_client(ctx, V5, "w", t, "taken over", delay=2, expiry=60)
+    back = ctx.client("back", V5, client_id=cid, clean=False, session_expiry=60)
+    closed = r.wait_closed()
+    time.sleep(3.0)  # past the delay: a will would be out by now
+    obs.sync()
+    return {
+        "old_closed": closed,
+        "session_present": back.connack["session_present"],
+        "received": msgs(obs.take()),
+    }
+
+
+@scenario
 def will_at_session_end_when_delay_is_longer_v5(ctx):
     """MQTT 5 3.1.3.2.2: the will is published at the earlier of the will
     delay and the end of the session (expiry 1 s, delay 60 s)."""
