@@ -17,6 +17,10 @@ use tokio::sync::Notify;
 /// How long a new connection waits for the one it takes over to finish.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(5);
 
+/// Most sessions whose unacknowledged QoS 1 ids are kept for their next
+/// connection; beyond it a session's resends get new ids (DUP all the same).
+const MAX_PARKED: usize = 100_000;
+
 /// `tenant NUL client id`: an MQTT client id never holds a NUL (it is an
 /// MQTT UTF-8 string), so two pairs never make the same key.
 fn key(tenant: &str, client_id: &str) -> String {
@@ -50,6 +54,11 @@ pub struct Registry {
     holders: Mutex<HashMap<String, Holder>>,
     /// Delayed wills by (tenant, client id).
     wills: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// Per disconnected persistent session: the packet ids of the QoS 1
+    /// messages its client has not acknowledged, by message id, so the next
+    /// connection sends them again under the same ids (MQTT-4.4.0-1). In
+    /// memory: after a broker restart they get new ids.
+    resends: Mutex<HashMap<String, HashMap<u64, u16>>>,
 }
 
 /// What a connection keeps while it holds a client id. Dropping it tells a
@@ -133,6 +142,20 @@ impl Registry {
     /// The delayed will of `client_id` ran: forget it.
     pub fn will_done(&self, tenant: &str, client_id: &str) {
         self.wills.lock().remove(&key(tenant, client_id));
+    }
+
+    /// Keeps a disconnecting session's unacknowledged QoS 1 ids (message id
+    /// → packet id) for its next connection.
+    pub fn park_resends(&self, tenant: &str, client_id: &str, ids: HashMap<u64, u16>) {
+        let mut r = self.resends.lock();
+        if r.len() < MAX_PARKED {
+            r.insert(key(tenant, client_id), ids);
+        }
+    }
+
+    /// Takes what [`Self::park_resends`] kept for `client_id`.
+    pub fn take_resends(&self, tenant: &str, client_id: &str) -> Option<HashMap<u64, u16>> {
+        self.resends.lock().remove(&key(tenant, client_id))
     }
 
     /// Connected MQTT clients.

@@ -101,6 +101,12 @@ impl Connection {
         self.phase == Phase::Open && self.quota_left()
     }
 
+    /// Whether `packet_id` is free for a publish (not in flight): a resend
+    /// under an earlier connection's id checks this first.
+    pub fn packet_id_free(&self, packet_id: u16) -> bool {
+        packet_id != 0 && !self.outbound.in_flight.contains_key(&packet_id)
+    }
+
     fn quota_left(&self) -> bool {
         self.outbound.in_flight.len() < usize::from(self.client.receive_maximum)
     }

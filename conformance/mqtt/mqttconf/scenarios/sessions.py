@@ -130,6 +130,34 @@ def unacknowledged_qos1_resent_on_reconnect(ctx, v):
 
 
 @both
+def unacknowledged_qos1_resent_with_its_packet_id(ctx, v):
+    """MQTT-4.4.0-1: on reconnect of a persistent session the server re-sends
+    unacknowledged PUBLISH packets using their original packet identifiers.
+    The first of two deliveries is acknowledged, so the one sent again had
+    an id a new connection would not pick first."""
+    t = ctx.topic("u")
+    cid = ctx.session(ctx.client_id("r"), v)
+    props = {"session_expiry_interval": 300} if v == V5 else None
+    r = ctx.raw(v)
+    r.connect(cid, clean=(v == V5), username=ctx.username, password=ctx.password, properties=props)
+    r.send(subscribe_packet([(t, 1)], version=v))
+    r.expect(SUBACK)
+    pub = ctx.client("p", v)
+    pub.publish(t, "acked", 1)
+    pub.publish(t, "unacked", 1)
+    p1 = r.expect(PUBLISH, auto_ack=False)
+    p2 = r.expect(PUBLISH, auto_ack=False)
+    r.send(ack_packet(4, p1["pid"], v))
+    r.drop()  # the second never acknowledged
+    r2 = ctx.raw(v)
+    r2.connect(cid, clean=False, username=ctx.username, password=ctx.password, properties=props)
+    again = r2.expect(PUBLISH, auto_ack=False)
+    r2.send(ack_packet(4, again["pid"], v))
+    return {"first_ids_differ": p1["pid"] != p2["pid"],
+            "resent": [again["payload"].decode(), again["dup"], again["pid"] == p2["pid"]]}
+
+
+@both
 def qos2_delivery_resumes_on_reconnect(ctx, v):
     """MQTT 4.3.3 / 4.4: a QoS 2 delivery interrupted before PUBREC is
     resent as PUBLISH with DUP=1; interrupted after PUBREC it resumes with

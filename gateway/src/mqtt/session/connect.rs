@@ -161,8 +161,16 @@ impl Session {
             // responses sent (the adapter sends it only when asked).
             response_information: Some(format!("responses/{}", self.client_id)),
         });
+        let parked = self
+            .shared
+            .mqtt
+            .registry
+            .take_resends(&self.tenant, &self.client_id);
         if session_present {
             self.resume_session_state();
+            if let Some(ids) = parked {
+                self.resume.get_or_insert_default().send1 = ids;
+            }
         } else {
             // Left by an expired or ended session of the same client id.
             self.clear_session_state();
@@ -327,6 +335,7 @@ impl Session {
                         InFlight {
                             tag: None,
                             message: Some(m),
+                            stored: true,
                         },
                     );
                     self.conn.pubrel(packet_id);

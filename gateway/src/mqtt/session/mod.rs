@@ -91,13 +91,18 @@ struct InFlight {
     /// Its lease (None once settled: QoS 2 after PUBREC, or a retained
     /// message, which has none).
     tag: Option<u64>,
-    /// QoS 2: the message, recorded in the session state with the id.
+    /// The message (None for a retained message).
     message: Option<u64>,
+    /// QoS 2: the id and the message are recorded in the session state.
+    stored: bool,
 }
 
-/// A resumed session's QoS 2 messages, as its session state recorded them.
+/// A resumed session's QoS 1 and 2 messages sent before under an id.
 #[derive(Default)]
 struct Resume {
+    /// QoS 1, by the session's previous connection (in this process): sent
+    /// again with the same id (DUP) if that id is free (MQTT-4.4.0-1).
+    send1: HashMap<u64, u16>,
     /// Sent before under these ids: sent again with the same id (DUP).
     send: HashMap<u64, u16>,
     /// Received by the client (PUBREC) before, their settle perhaps not
@@ -301,6 +306,24 @@ async fn kicked(reg: Option<&mut Registration>) {
 }
 
 impl Session {
+    /// Leaves the ids of the QoS 1 messages the client has not acknowledged
+    /// (and of those not yet sent again) for the session's next connection.
+    fn park_resends(&mut self) {
+        let mut ids: HashMap<u64, u16> = self.resume.take().map(|r| r.send1).unwrap_or_default();
+        ids.extend(
+            self.inflight
+                .iter()
+                .filter(|(_, f)| !f.stored && f.tag.is_some())
+                .filter_map(|(&pid, f)| f.message.map(|m| (m, pid))),
+        );
+        if !ids.is_empty() {
+            self.shared
+                .mqtt
+                .registry
+                .park_resends(&self.tenant, &self.client_id, ids);
+        }
+    }
+
     /// The session queue's name (once connected): derived, not kept, as
     /// it is needed only by rare operations.
     fn queue(&self) -> String {
@@ -582,6 +605,9 @@ impl Session {
             c.close();
         }
         if !self.client_id.is_empty() {
+            if self.session_expiry_secs > 0 {
+                self.park_resends();
+            }
             if self.session_expiry_secs == 0 {
                 self.delete_session_queue();
                 self.clear_session_state();

@@ -70,15 +70,22 @@ impl Session {
             }
             let granted = matching().map(|s| s.qos).max().unwrap_or(QoS::AtMostOnce);
             // Sent at QoS 2 under an id before a restart: again with that id.
-            let resend = self
+            let resend2 = self
                 .resume
                 .as_ref()
                 .and_then(|r| r.send.get(&d.entry.id).copied());
-            let qos = if resend.is_some() {
+            let qos = if resend2.is_some() {
                 QoS::ExactlyOnce
             } else {
                 granted.min(out.qos)
             };
+            // Sent at QoS 1 by the previous connection: again with its id
+            // if that is free (else a new one; DUP either way).
+            let resend = resend2.or_else(|| {
+                let r = self.resume.as_ref()?;
+                let id = *r.send1.get(&d.entry.id)?;
+                (qos == QoS::AtLeastOnce && self.conn.packet_id_free(id)).then_some(id)
+            });
             if qos > QoS::AtMostOnce && !self.conn.can_send() {
                 // The client's receive maximum: kept first in line here (a
                 // QoS 2 id stays in flight until PUBCOMP, after its lease
@@ -109,16 +116,17 @@ impl Session {
                     client.lease(SCOPE, tag, d, batch_time);
                     if let Some(r) = self.resume.as_mut() {
                         r.send.remove(&id);
-                        if r.send.is_empty() && r.skip.is_empty() {
+                        r.send1.remove(&id);
+                        if r.send.is_empty() && r.send1.is_empty() && r.skip.is_empty() {
                             self.resume = None;
                         }
                     }
-                    let message = (qos == QoS::ExactlyOnce).then_some(id);
                     self.inflight.insert(
                         packet_id,
                         InFlight {
                             tag: Some(tag),
-                            message,
+                            message: Some(id),
+                            stored: qos == QoS::ExactlyOnce,
                         },
                     );
                     if qos == QoS::ExactlyOnce {
@@ -172,7 +180,7 @@ impl Session {
             return;
         };
         let tag = f.tag.take();
-        let message = f.message;
+        let message = f.message.filter(|_| f.stored);
         let key = state_key(&self.client_id, "out", packet_id);
         if reason >= 0x80 {
             self.inflight.remove(&packet_id);
@@ -190,7 +198,7 @@ impl Session {
     /// PUBCOMP: the id is free.
     pub(super) fn on_pubcomp(&mut self, packet_id: u16) {
         if let Some(f) = self.inflight.remove(&packet_id) {
-            if f.message.is_some() {
+            if f.stored {
                 let key = state_key(&self.client_id, "out", packet_id);
                 self.state_changes.push((key, None));
             }
@@ -238,6 +246,7 @@ impl Session {
                         InFlight {
                             tag: None,
                             message: None,
+                            stored: false,
                         },
                     );
                 }
