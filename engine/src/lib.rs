@@ -230,6 +230,32 @@ impl Engine {
         self.tenants.read().get(name).cloned()
     }
 
+    /// Creates tenant `name` durably (its record in the store's metadata),
+    /// or finds it. A new tenant comes with the wait of its record, to be
+    /// awaited before anyone is told it exists. An empty name is refused.
+    pub fn add_tenant(self: &Arc<Self>, name: &str) -> Result<(Arc<Tenant>, Option<DurableWait>)> {
+        if name.is_empty() {
+            return Err(EngineError::PreconditionFailed(
+                "a vhost needs a name".to_string(),
+            ));
+        }
+        if let Some(t) = self.tenant(name) {
+            return Ok((t, None));
+        }
+        let wait = self.persist(&[Op::PutMeta {
+            key: &meta::tenant_key(name),
+            value: b"{}",
+        }])?;
+        Ok((self.tenant_or_create(name), Some(wait)))
+    }
+
+    /// The tenants' names, sorted.
+    pub fn tenant_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.tenants.read().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
     fn tenant_or_create(self: &Arc<Self>, name: &str) -> Arc<Tenant> {
         if let Some(t) = self.tenant(name) {
             return t;

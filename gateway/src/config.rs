@@ -125,7 +125,7 @@ const LEGACY_TABLES: &[(&str, &str)] = &[("users", "auth.users")];
 
 /// The top-level keys of the file: the sections and `log`.
 const SECTIONS: &[&str] = &[
-    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies",
+    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies", "tenants",
 ];
 
 // ---------------------------------------------------------------------------
@@ -475,6 +475,16 @@ pub struct UserConfig {
     pub tags: Vec<String>,
 }
 
+/// One `[[tenants]]` entry: a tenant (AMQP vhost) created at every start
+/// if missing (durably; removing it from the file does not delete it).
+/// The default tenant `/` always exists.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TenantConfig {
+    /// The tenant's name (AMQP vhost, MQTT `tenant:` username prefix).
+    pub name: String,
+}
+
 /// One `[[policies]]` entry: a RabbitMQ-style policy of a tenant
 /// (`vhost`, default `/`), set at every start (stored durably, so removing
 /// it from the file does not delete it: that is an explicit operation).
@@ -577,6 +587,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// `[[policies]]`.
     pub policies: Vec<PolicyConfig>,
+    /// `[[tenants]]`.
+    pub tenants: Vec<TenantConfig>,
     /// Quarantine damaged log ranges before opening the store (`--repair`).
     pub repair: bool,
     /// Deprecations and other remarks, logged once logging is set up.
@@ -753,6 +765,18 @@ impl Config {
                 .unwrap_or_else(|| Value::Array(Vec::new())),
             &describe,
         )?;
+        let tenants: Vec<TenantConfig> = typed(
+            "tenants",
+            table
+                .remove("tenants")
+                .unwrap_or_else(|| Value::Array(Vec::new())),
+            &describe,
+        )?;
+        if let Some(t) = tenants.iter().find(|t| t.name.is_empty()) {
+            return Err(ConfigError::Invalid(format!(
+                "tenants: a tenant needs a name ({t:?})"
+            )));
+        }
         for p in &policies {
             weir_engine::policy::Policy::new(p.to_def())
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -787,6 +811,7 @@ impl Config {
             quota,
             auth,
             policies,
+            tenants,
             repair: cli.repair,
             warnings,
         })

@@ -197,7 +197,7 @@ pub enum ServerError {
         source: weir_backend::StoreError,
     },
     /// A configured policy could not be set.
-    #[error("policies: {0}")]
+    #[error("tenants and policies: {0}")]
     Policy(String),
     /// The configured users are invalid (a bad password hash, a duplicate).
     #[error("users: {0}")]
@@ -262,6 +262,17 @@ impl Broker {
         let started = std::time::Instant::now();
         let engine = Engine::open(store.clone())?;
         engine.set_codecs(crate::amqp::convert::shared_codecs());
+        for t in &cfg.tenants {
+            if let (_, Some(wait)) = engine
+                .add_tenant(&t.name)
+                .map_err(|e| ServerError::Policy(e.to_string()))?
+            {
+                wait.await
+                    .map_err(|_| ServerError::Policy("the store closed".into()))?
+                    .map_err(|e| ServerError::Policy(e.to_string()))?;
+                tracing::info!(tenant = %t.name, "tenant created");
+            }
+        }
         for p in &cfg.policies {
             let tenant = engine.tenant(&p.vhost).ok_or_else(|| {
                 ServerError::Policy(format!("policy '{}': no vhost '{}'", p.name, p.vhost))
