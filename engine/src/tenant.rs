@@ -1007,7 +1007,7 @@ fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String,
 }
 
 /// A server-generated queue name, `amq.gen-` plus 22 URL-safe characters.
-fn generated_name() -> String {
+pub(crate) fn generated_name() -> String {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";

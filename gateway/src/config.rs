@@ -473,6 +473,53 @@ pub struct UserConfig {
     /// RabbitMQ-style tags, kept for later use.
     #[serde(default)]
     pub tags: Vec<String>,
+    /// Permissions per tenant (RabbitMQ definitions' `permissions`). Absent:
+    /// every permission on `/` only (compatibility with files written before
+    /// permissions existed); `[]`: none.
+    #[serde(default)]
+    pub permissions: Option<Vec<PermissionConfig>>,
+    /// Topic permissions per tenant and exchange (RabbitMQ definitions'
+    /// `topic_permissions`).
+    #[serde(default)]
+    pub topic_permissions: Vec<TopicPermissionConfig>,
+}
+
+/// One entry of a user's `permissions`: regular expressions over queue and
+/// exchange names of `vhost` (`""` = nothing; not anchored, as in RabbitMQ).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionConfig {
+    /// The tenant (default `/`).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// Names the user may declare and delete.
+    pub configure: String,
+    /// Names the user may publish to and bind to.
+    pub write: String,
+    /// Names the user may consume from, purge and bind from.
+    pub read: String,
+}
+
+/// One entry of a user's `topic_permissions`: regular expressions over the
+/// routing keys of a topic exchange (`{username}`, `{vhost}`, `{client_id}`
+/// are filled in).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicPermissionConfig {
+    /// The tenant (default `/`).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// The exchange (default `amq.topic`, where MQTT publishes).
+    #[serde(default = "default_topic_exchange")]
+    pub exchange: String,
+    /// Routing keys the user may publish with.
+    pub write: String,
+    /// Binding keys the user may bind (MQTT: subscribe) with.
+    pub read: String,
+}
+
+fn default_topic_exchange() -> String {
+    "amq.topic".to_string()
 }
 
 /// One `[[tenants]]` entry: a tenant (AMQP vhost) created at every start
@@ -560,6 +607,55 @@ impl AuthConfig {
             s.loopback_only = s.name == DEFAULT_USER && !self.guest_remote;
         }
         specs
+    }
+
+    /// The permissions and topic permissions of every user of
+    /// [`Self::user_specs`], and the users that got the compatibility
+    /// default (every permission on `/`: no `permissions` key, or the
+    /// default `guest`).
+    pub fn permission_defs(
+        &self,
+    ) -> (
+        Vec<weir_engine::permissions::PermissionDef>,
+        Vec<weir_engine::permissions::TopicPermissionDef>,
+        Vec<String>,
+    ) {
+        use weir_engine::permissions::{PermissionDef, TopicPermissionDef};
+        let mut perms = Vec::new();
+        let mut topics = Vec::new();
+        let mut defaulted = Vec::new();
+        let full = |user: &str| PermissionDef {
+            from_config: true,
+            ..PermissionDef::full(user, weir_engine::DEFAULT_TENANT)
+        };
+        for u in &self.users {
+            match &u.permissions {
+                None => {
+                    defaulted.push(u.name.clone());
+                    perms.push(full(&u.name));
+                }
+                Some(list) => perms.extend(list.iter().map(|p| PermissionDef {
+                    user: u.name.clone(),
+                    vhost: p.vhost.clone(),
+                    configure: p.configure.clone(),
+                    write: p.write.clone(),
+                    read: p.read.clone(),
+                    from_config: true,
+                })),
+            }
+            topics.extend(u.topic_permissions.iter().map(|t| TopicPermissionDef {
+                user: u.name.clone(),
+                vhost: t.vhost.clone(),
+                exchange: t.exchange.clone(),
+                write: t.write.clone(),
+                read: t.read.clone(),
+                from_config: true,
+            }));
+        }
+        if !self.users.iter().any(|u| u.name == DEFAULT_USER) {
+            perms.push(full(DEFAULT_USER));
+        }
+        (perms, topics, defaulted)
     }
 }
 
@@ -870,6 +966,25 @@ fn validate(amqp: &AmqpConfig, store: &StoreConfig, auth: &AuthConfig) -> Result
             }
             _ => {}
         }
+        let mut vhosts = std::collections::HashSet::new();
+        for p in u.permissions.iter().flatten() {
+            if !vhosts.insert(p.vhost.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "user {}: permissions for vhost '{}' are given twice",
+                    u.name, p.vhost
+                )));
+            }
+        }
+    }
+    let (perms, topics, _) = auth.permission_defs();
+    for p in &perms {
+        p.validate()
+            .map_err(|e| ConfigError::Invalid(format!("user {}: {e}", p.user)))?;
+    }
+    for t in &topics {
+        t.validate().map_err(|e| {
+            ConfigError::Invalid(format!("user {}: topic_permissions: {e}", t.user))
+        })?;
     }
     Ok(())
 }
