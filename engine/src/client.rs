@@ -675,23 +675,27 @@ impl Client {
     /// `x-dead-letter-exchange` also needs write on it and read on the queue.
     pub fn declare_queue(
         &mut self,
-        mut req: QueueDeclare,
+        req: QueueDeclare,
     ) -> Result<(QueueDeclared, Option<DurableWait>)> {
+        let mut generated = None;
         if !req.passive {
-            if req.name.is_empty() {
-                req.name = crate::tenant::generated_name();
-            }
-            self.authorize(Permission::Configure, Resource::Queue(&req.name))?;
+            let name = if req.name.is_empty() {
+                generated.insert(crate::tenant::generated_name()).as_str()
+            } else {
+                req.name.as_str()
+            };
+            self.authorize(Permission::Configure, Resource::Queue(name))?;
             if let Some(dlx) = req
                 .arguments
                 .get("x-dead-letter-exchange")
                 .and_then(serde_json::Value::as_str)
             {
                 self.authorize(Permission::Write, Resource::Exchange(dlx))?;
-                self.authorize(Permission::Read, Resource::Queue(&req.name))?;
+                let name = generated.as_deref().unwrap_or(&req.name);
+                self.authorize(Permission::Read, Resource::Queue(name))?;
             }
         }
-        self.tenant.declare_queue(req)
+        self.tenant.declare_queue_as(req, generated)
     }
 
     /// queue.delete: configure on the queue. Returns the messages it held.

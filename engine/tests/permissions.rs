@@ -171,6 +171,10 @@ fn each_operation_needs_its_permission() {
     };
     admin.declare_exchange(direct("in"), false).expect("in");
     admin.declare_queue(queue(&admin, "other")).expect("other");
+    let (named, _) = admin
+        .declare_queue(queue(&admin, ""))
+        .expect("server-named");
+    assert!(named.name.starts_with("amq.gen-"), "{}", named.name);
     let mut u = Client::open(&e, "a", "u").expect("u");
 
     // configure
