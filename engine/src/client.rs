@@ -25,7 +25,7 @@ use crate::error::{ClientError, EngineError, Result};
 use crate::lease::{Lease, Leases, Settle};
 use crate::message::{now_ms, Entry, Message};
 use crate::meta::DestinationKind;
-use crate::permissions::{Authz, Permission, Resource};
+use crate::permissions::{is_topic, Authz, Permission, Resource};
 use crate::properties::{HeaderFormat, Value};
 use crate::queue::{AttachError, Enqueued, Partition, Queue, Return, HOT_ENTRIES};
 use crate::tenant::{QueueDeclare, QueueDeclared, RouteInput, Routed};
@@ -1485,12 +1485,4 @@ mod tests {
             assert_eq!(delay_header(&One(v.clone())), ms, "{v}");
         }
     }
-}
-
-/// Whether `name` is a topic exchange of `tenant` (topic permissions apply
-/// to those only).
-fn is_topic(tenant: &Tenant, name: &str) -> bool {
-    tenant
-        .exchange(name)
-        .is_ok_and(|x| x.def.kind == crate::exchange::ExchangeKind::Topic)
 }

@@ -457,6 +457,14 @@ impl Permissions {
     }
 }
 
+/// Whether `name` is a topic exchange of `tenant` (topic permissions apply
+/// to those only).
+pub(crate) fn is_topic(tenant: &crate::Tenant, name: &str) -> bool {
+    tenant
+        .exchange(name)
+        .is_ok_and(|x| x.def.kind == crate::exchange::ExchangeKind::Topic)
+}
+
 /// Most routing keys (per exchange) or exchanges whose decision a client
 /// remembers; a full cache is emptied (decisions are cheap to recompute,
 /// this only bounds memory against a client using endless keys).

@@ -1457,6 +1457,47 @@ mod tests {
     }
 
     #[test]
+    fn permissions_default_to_full_access_on_the_default_vhost_only_when_absent() {
+        let path = file(
+            "users-perms",
+            "[[auth.users]]\nname = \"old\"\npassword = \"x\"\n\
+             [[auth.users]]\nname = \"none\"\npassword = \"x\"\npermissions = []\n\
+             [[auth.users]]\nname = \"app\"\npassword = \"x\"\n\
+             permissions = [{ vhost = \"a\", configure = \"\", write = \"^in$\", read = \"^out$\" }]\n\
+             topic_permissions = [{ vhost = \"a\", write = \"^{username}\\\\.\", read = \".*\" }]\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
+        let (perms, topics, defaulted) = cfg.auth.permission_defs();
+        assert_eq!(defaulted, vec!["old".to_string()]);
+        let of = |u: &str| perms.iter().filter(|p| p.user == u).collect::<Vec<_>>();
+        assert_eq!(of("old").len(), 1);
+        assert_eq!(
+            (of("old")[0].vhost.as_str(), of("old")[0].read.as_str()),
+            ("/", ".*")
+        );
+        assert!(
+            of("none").is_empty(),
+            "an explicit empty list grants nothing"
+        );
+        assert_eq!(of("app")[0].vhost, "a");
+        assert_eq!(of("guest")[0].vhost, "/", "the default guest keeps `/`");
+        assert!(perms.iter().all(|p| p.from_config));
+        assert_eq!(topics.len(), 1);
+        assert_eq!(topics[0].exchange, "amq.topic");
+        assert_eq!(topics[0].write, "^{username}\\.");
+
+        let path = file(
+            "users-bad-perms",
+            "[[auth.users]]\nname = \"app\"\npassword = \"x\"\n\
+             permissions = [{ vhost = \"a\", configure = \"(\", write = \"\", read = \"\" }]\n",
+        );
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("configure pattern"), "{msg}");
+    }
+
+    #[test]
     fn the_example_file_loads_without_warnings() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/weir.toml");
         let cfg = load(&["--config", path], &[]).expect("deploy/weir.toml is valid");
