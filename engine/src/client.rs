@@ -624,7 +624,9 @@ impl Client {
     /// The publish check: write on the exchange, and topic write on the
     /// routing key for a topic exchange the principal has topic permissions
     /// on. Cached per exchange (and key) until the definitions change.
-    fn authorize_publish(&mut self, route: &RouteInput<'_>) -> Result<()> {
+    /// [`Self::publish`] calls it; a protocol that routes later (AMQP
+    /// transactions) calls it when the publish arrives.
+    pub fn authorize_publish(&mut self, route: &RouteInput<'_>) -> Result<()> {
         let tenant = &self.tenant;
         self.authz
             .check_publish(route.exchange, route.routing_key, || {

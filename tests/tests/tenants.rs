@@ -315,6 +315,54 @@ async fn configure_write_read_patterns_refuse_each_operation_403() {
         (403, text("write access to exchange 'amq.direct'"))
     );
     assert_eq!(queue_len(&channel(&conn).await, "lim.q").await, 1);
+
+    // In a transaction too: refused when the publish arrives, not at commit.
+    let ch = channel(&conn).await;
+    ch.tx_select().await.expect("tx.select");
+    let _ = ch
+        .basic_publish(
+            "amq.direct".into(),
+            "k".into(),
+            BasicPublishOptions::default(),
+            b"no",
+            BasicProperties::default(),
+        )
+        .await;
+    assert_eq!(
+        next_close(&mut events).await,
+        (403, text("write access to exchange 'amq.direct'"))
+    );
+}
+
+/// Users and permissions come from the file at every start and are
+/// durable: a user the file no longer has is gone after a restart, changed
+/// permissions apply, and the others keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_sets_users_and_permissions_at_every_start() {
+    let (mut broker, dir) = start();
+    connect(&broker.url_with("lim", "pl", "a")).await;
+    let changed = CONFIG
+        .replace(
+            r#"permissions = [{ vhost = "b", configure = ".*", write = ".*", read = ".*" }]"#,
+            r#"permissions = [{ vhost = "a", configure = ".*", write = ".*", read = ".*" }]"#,
+        )
+        .replace("name = \"lim\"", "name = \"lim2\"");
+    assert_ne!(changed, CONFIG);
+    std::fs::write(dir.path().join("weir.toml"), changed).expect("config file");
+    broker.stop();
+    broker.restart();
+    let mut c = RawClient::connect(broker.addr()).await;
+    let close = c
+        .handshake("lim", "pl", "a")
+        .await
+        .expect_err("a user removed from the file logged in");
+    assert_eq!(close.code, 403, "{close:?}");
+    let mut c = RawClient::connect(broker.addr()).await;
+    let close = c.handshake("ub", "pb", "b").await.expect_err("ub kept b");
+    assert_eq!(close.code, 530, "{close:?}");
+    let a = connect(&broker.url_with("ub", "pb", "a")).await;
+    declare_queue(&channel(&a).await, "q").await;
+    connect(&broker.url_with("lim2", "pl", "a")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
