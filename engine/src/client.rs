@@ -747,7 +747,9 @@ impl Client {
             .unbind(source, kind, destination, key, arguments, self.handle.id)
     }
 
-    fn authorize_binding(
+    /// The checks of [`Self::bind`] alone (a protocol that creates the
+    /// destination only for the binding checks first).
+    pub fn authorize_binding(
         &mut self,
         source: &str,
         kind: DestinationKind,

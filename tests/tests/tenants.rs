@@ -568,6 +568,17 @@ async fn mqtt_topic_permissions_restrict_subscriptions_and_publishes() {
     .await
     .expect_err("ub/# granted");
     assert!(e.contains("SubFail { reason: NotAuthorized }"), "{e}");
+    // A shared subscription alike.
+    let (c, mut rx) = v5(port, "g5", "a:ua", "pa");
+    c.subscribe("$share/g/ub/#", QoS5::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let e = next(&mut rx, "SUBACK", |p| {
+        matches!(p, Packet5::SubAck(_)).then_some(())
+    })
+    .await
+    .expect_err("$share/g/ub/# granted");
+    assert!(e.contains("SubFail { reason: NotAuthorized }"), "{e}");
     let (c, mut rx) = v5(port, "s5", "a:ua", "pa");
     c.subscribe_many([
         rumqttc::v5::mqttbytes::v5::Filter::new("ua/#", QoS5::AtLeastOnce),

@@ -136,6 +136,9 @@ impl Session {
         let Some(client) = self.client.as_mut() else {
             return Ok(());
         };
+        let key = convert::filter_to_binding_key(&sub.filter);
+        // Checked before the group's queue is made for nothing.
+        client.authorize_binding(TOPIC_EXCHANGE, DestinationKind::Queue, &queue, &key)?;
         client.declare_queue(QueueDeclare {
             name: queue.clone(),
             passive: false,
@@ -149,7 +152,7 @@ impl Session {
             TOPIC_EXCHANGE,
             DestinationKind::Queue,
             &queue,
-            &convert::filter_to_binding_key(&sub.filter),
+            &key,
             Value::Object(Default::default()),
         )?;
         client
