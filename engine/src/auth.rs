@@ -23,10 +23,11 @@ use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use argon2::{Algorithm, Argon2, Params};
 use blake2::digest::{KeyInit, Mac};
 use blake2::Blake2sMac256;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
 /// Most successful verifications remembered; the cache is emptied when full
@@ -124,9 +125,11 @@ struct User {
     loopback_only: bool,
 }
 
-/// Verifies logins for every protocol.
+/// Verifies logins for every protocol. Its user table can change at
+/// runtime ([`Self::put`], [`Self::remove`]: the engine's durable user
+/// definitions); a changed or removed user's cached logins are forgotten.
 pub struct Authenticator {
-    users: HashMap<String, User>,
+    users: RwLock<HashMap<String, Arc<User>>>,
     /// Verified against for unknown users, so they cost what a wrong
     /// password costs.
     dummy: PasswordHash,
@@ -140,7 +143,7 @@ pub struct Authenticator {
 impl fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Authenticator")
-            .field("users", &self.users.len())
+            .field("users", &self.len())
             .finish_non_exhaustive()
     }
 }
@@ -202,30 +205,35 @@ fn dummy_hash() -> Result<PasswordHash, AuthError> {
     })
 }
 
+/// The PHC string of a configured credential: a hash as given, a plain
+/// password hashed (slow; `guest` resolves to [`GUEST_PASSWORD_HASH`]).
+pub fn resolve_credential(spec: &UserSpec) -> Result<String, AuthError> {
+    if spec.name.is_empty() {
+        return Err(AuthError::EmptyName);
+    }
+    match &spec.credential {
+        Credential::Hash(phc) => {
+            parse_hash(&spec.name, phc)?;
+            Ok(phc.trim().to_string())
+        }
+        Credential::Plain(pass) if pass == "guest" => Ok(GUEST_PASSWORD_HASH.to_string()),
+        Credential::Plain(pass) => hash_password(pass.as_bytes()),
+    }
+}
+
 impl Authenticator {
     /// Builds the user table. Plain passwords are hashed here (slow: one
     /// argon2 hash each).
     pub fn new(specs: impl IntoIterator<Item = UserSpec>) -> Result<Self, AuthError> {
         let mut users = HashMap::new();
         for spec in specs {
-            if spec.name.is_empty() {
-                return Err(AuthError::EmptyName);
-            }
-            let hash = match &spec.credential {
-                Credential::Hash(phc) => parse_hash(&spec.name, phc)?,
-                Credential::Plain(pass) if pass == "guest" => {
-                    parse_hash(&spec.name, GUEST_PASSWORD_HASH)?
-                }
-                Credential::Plain(pass) => {
-                    parse_hash(&spec.name, &hash_password(pass.as_bytes())?)?
-                }
-            };
+            let phc = resolve_credential(&spec)?;
             let user = User {
-                hash,
+                hash: parse_hash(&spec.name, &phc)?,
                 tags: spec.tags,
                 loopback_only: spec.loopback_only,
             };
-            if users.insert(spec.name.clone(), user).is_some() {
+            if users.insert(spec.name.clone(), Arc::new(user)).is_some() {
                 return Err(AuthError::Duplicate(spec.name));
             }
         }
@@ -233,21 +241,50 @@ impl Authenticator {
         let mut cache_key = [0u8; 32];
         getrandom::fill(&mut cache_key).map_err(|e| AuthError::Hash(e.to_string()))?;
         Ok(Authenticator {
-            users,
+            users: RwLock::new(users),
             dummy,
             cache_key,
             cache: Mutex::new(HashMap::new()),
         })
     }
 
+    /// Adds or replaces user `name` (its hash checked as at load); its
+    /// cached logins are forgotten, so an old password stops working at once.
+    pub fn put(
+        &self,
+        name: &str,
+        phc: &str,
+        tags: Vec<String>,
+        loopback_only: bool,
+    ) -> Result<(), AuthError> {
+        if name.is_empty() {
+            return Err(AuthError::EmptyName);
+        }
+        let user = User {
+            hash: parse_hash(name, phc)?,
+            tags,
+            loopback_only,
+        };
+        self.users.write().insert(name.to_string(), Arc::new(user));
+        self.cache.lock().remove(name);
+        Ok(())
+    }
+
+    /// Removes user `name` and its cached logins; whether it existed.
+    pub fn remove(&self, name: &str) -> bool {
+        let had = self.users.write().remove(name).is_some();
+        self.cache.lock().remove(name);
+        had
+    }
+
     /// Number of configured users.
     pub fn len(&self) -> usize {
-        self.users.len()
+        self.users.read().len()
     }
 
     /// Whether no user is configured (every login fails).
     pub fn is_empty(&self) -> bool {
-        self.users.is_empty()
+        self.users.read().is_empty()
     }
 
     /// The fast path: `Some(result)` when this user logged in with this
@@ -271,8 +308,8 @@ impl Authenticator {
         if !bool::from(hit) {
             return None;
         }
-        let u = self.users.get(user)?;
-        Some(self.admit(user, u, peer))
+        let u = self.users.read().get(user).cloned()?;
+        Some(self.admit(user, &u, peer))
     }
 
     /// Verifies a login: slow (one argon2 hash), call it off the async
@@ -284,7 +321,7 @@ impl Authenticator {
         peer: IpAddr,
     ) -> Result<Principal, AuthFailure> {
         let argon = Argon2::default();
-        let Some(u) = self.users.get(user) else {
+        let Some(u) = self.users.read().get(user).cloned() else {
             // Same work as a wrong password; the result is always a failure.
             let _ = argon.verify_password(password, &self.dummy);
             return Err(AuthFailure);
@@ -292,8 +329,8 @@ impl Authenticator {
         argon
             .verify_password(password, &u.hash)
             .map_err(|_| AuthFailure)?;
-        self.remember(user, password);
-        self.admit(user, u, peer)
+        self.remember(user, password, &u);
+        self.admit(user, &u, peer)
     }
 
     /// The checks after a correct password.
@@ -307,9 +344,17 @@ impl Authenticator {
         })
     }
 
-    fn remember(&self, user: &str, password: &[u8]) {
+    /// Caches a verified login, unless the user changed since `verified`
+    /// was read ([`Self::put`] replaces the user before it empties the
+    /// cache, and this checks under the cache's lock: an old password is
+    /// never cached after the change).
+    fn remember(&self, user: &str, password: &[u8], verified: &Arc<User>) {
         let mac = self.mac(user, password);
         let mut cache = self.cache.lock();
+        let current = self.users.read().get(user).cloned();
+        if !current.is_some_and(|c| Arc::ptr_eq(&c, verified)) {
+            return;
+        }
         let total: usize = cache.values().map(Vec::len).sum();
         if total >= CACHE_MAX {
             cache.clear();
@@ -412,10 +457,39 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_or_removed_user_is_not_accepted_from_the_cache() {
+        let auth = Authenticator::new([user("alice", Credential::Plain("pw".into()))])
+            .expect("valid users");
+        assert!(auth.authenticate("alice", b"pw", REMOTE).is_ok());
+        assert!(matches!(
+            auth.check_cached("alice", b"pw", REMOTE),
+            Some(Ok(_))
+        ));
+        let phc = hash_password(b"new").expect("hash");
+        auth.put("alice", &phc, vec![], false).expect("put");
+        assert_eq!(auth.check_cached("alice", b"pw", REMOTE), None);
+        assert_eq!(auth.authenticate("alice", b"pw", REMOTE), Err(AuthFailure));
+        assert!(auth.authenticate("alice", b"new", REMOTE).is_ok());
+        assert!(matches!(
+            auth.check_cached("alice", b"new", REMOTE),
+            Some(Ok(_))
+        ));
+        assert!(auth.remove("alice"));
+        assert_eq!(auth.check_cached("alice", b"new", REMOTE), None);
+        assert_eq!(auth.authenticate("alice", b"new", REMOTE), Err(AuthFailure));
+        // Added at runtime: accepted.
+        auth.put("bob", &phc, vec!["monitoring".into()], false)
+            .expect("put");
+        let p = auth.authenticate("bob", b"new", REMOTE).expect("bob");
+        assert_eq!(p.tags, vec!["monitoring".to_string()]);
+    }
+
+    #[test]
     fn the_cache_is_bounded() {
         let auth = Authenticator::new([user("a", Credential::Plain("x".into()))]).expect("users");
+        let u = auth.users.read().get("a").cloned().expect("user a");
         for i in 0..(CACHE_MAX + 10) {
-            auth.remember("a", format!("{i}").as_bytes());
+            auth.remember("a", format!("{i}").as_bytes(), &u);
         }
         let total: usize = auth.cache.lock().values().map(Vec::len).sum();
         assert!(total <= CACHE_MAX, "{total}");

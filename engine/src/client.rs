@@ -24,9 +24,12 @@ use crate::consumer::{ConnHandle, Consumer, Credit, Delivery, Notice, Scope, NO_
 use crate::error::{ClientError, EngineError, Result};
 use crate::lease::{Lease, Leases, Settle};
 use crate::message::{now_ms, Entry, Message};
+use crate::meta::DestinationKind;
+use crate::permissions::{is_topic, Authz, Permission, Resource};
 use crate::properties::{HeaderFormat, Value};
 use crate::queue::{AttachError, Enqueued, Partition, Queue, Return, HOT_ENTRIES};
-use crate::tenant::{RouteInput, Routed};
+use crate::tenant::{QueueDeclare, QueueDeclared, RouteInput, Routed};
+use crate::DurableWait;
 use crate::{Engine, Tenant};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
@@ -207,18 +210,28 @@ pub struct Client {
     closed: bool,
     /// Header codecs (headers the engine adds, e.g. `x-delivery-count`).
     codecs: Arc<crate::properties::HeaderCodecs>,
+    /// The principal's permissions in the tenant, with cached decisions.
+    authz: Authz,
 }
 
 impl Client {
-    /// Opens a client of `tenant` for `principal`, with a fresh connection id.
+    /// Opens a client of `tenant` for `principal`, with a fresh connection
+    /// id. Refused ([`EngineError::AccessRefused`], RabbitMQ's "access to
+    /// vhost 'b' refused for user 'u'") when the principal has no
+    /// permissions there; a missing tenant is `NotFound` (RabbitMQ also
+    /// tells a missing vhost apart).
     pub fn open(engine: &Arc<Engine>, tenant: &str, principal: &str) -> Result<Client> {
         let t = engine
             .tenant(tenant)
             .ok_or_else(|| EngineError::NotFound(format!("no vhost '{tenant}'")))?;
+        let principal: Arc<str> = principal.into();
+        let authz = Authz::open(engine.permissions().clone(), principal.clone(), tenant)
+            .map_err(EngineError::AccessRefused)?;
         Ok(Client {
+            authz,
             store: engine.store().clone(),
             tenant: t,
-            principal: principal.into(),
+            principal,
             handle: ConnHandle::new(engine.next_connection_id()),
             codecs: engine.codecs(),
             scopes: ScopeMap::default(),
@@ -279,6 +292,7 @@ impl Client {
         route: &RouteInput<'_>,
         message: impl FnOnce(MessageId) -> Message,
     ) -> Result<Published> {
+        self.authorize_publish(route)?;
         let mut queues = std::mem::take(&mut self.route_buf);
         queues.clear();
         let routed = self.tenant.route(route, &mut queues);
@@ -594,6 +608,163 @@ impl Client {
         })
     }
 
+    // ----- permissions, and the operations on definitions they guard -----
+
+    /// Sets the MQTT client id `{client_id}` stands for in topic permissions.
+    pub fn set_client_id(&mut self, client_id: &str) {
+        self.authz.set_client_id(client_id);
+    }
+
+    /// `p` on `r` for this client's principal, or `AccessRefused` with
+    /// RabbitMQ's text. Permission changes apply from the next call.
+    pub fn authorize(&mut self, p: Permission, r: Resource<'_>) -> Result<()> {
+        self.authz.check(p, r).map_err(EngineError::AccessRefused)
+    }
+
+    /// The publish check: write on the exchange, and topic write on the
+    /// routing key for a topic exchange the principal has topic permissions
+    /// on. Cached per exchange (and key) until the definitions change.
+    /// [`Self::publish`] calls it; a protocol that routes later (AMQP
+    /// transactions) calls it when the publish arrives.
+    pub fn authorize_publish(&mut self, route: &RouteInput<'_>) -> Result<()> {
+        let tenant = &self.tenant;
+        self.authz
+            .check_publish(route.exchange, route.routing_key, || {
+                is_topic(tenant, route.exchange)
+            })
+            .map_err(EngineError::AccessRefused)
+    }
+
+    /// Topic read on a binding key, when `source` is a topic exchange.
+    fn authorize_topic_read(&mut self, source: &str, key: &str) -> Result<()> {
+        if !is_topic(&self.tenant, source) {
+            return Ok(());
+        }
+        self.authz
+            .check_topic_read(source, key)
+            .map_err(EngineError::AccessRefused)
+    }
+
+    /// exchange.declare: configure on the exchange (none when passive); an
+    /// `alternate-exchange` also needs write on it and read on this one.
+    pub fn declare_exchange(
+        &mut self,
+        def: crate::exchange::ExchangeDef,
+        passive: bool,
+    ) -> Result<Option<DurableWait>> {
+        if !passive {
+            self.authorize(Permission::Configure, Resource::Exchange(&def.name))?;
+            if let Some(ae) = def
+                .arguments
+                .get("alternate-exchange")
+                .and_then(serde_json::Value::as_str)
+            {
+                self.authorize(Permission::Write, Resource::Exchange(ae))?;
+                self.authorize(Permission::Read, Resource::Exchange(&def.name))?;
+            }
+        }
+        self.tenant.declare_exchange(def, passive)
+    }
+
+    /// exchange.delete: configure on the exchange.
+    pub fn delete_exchange(&mut self, name: &str, if_unused: bool) -> Result<Option<DurableWait>> {
+        self.authorize(Permission::Configure, Resource::Exchange(name))?;
+        self.tenant.delete_exchange(name, if_unused)
+    }
+
+    /// queue.declare: configure on the queue (a server-named queue's name
+    /// is picked first, as RabbitMQ does; none when passive); an
+    /// `x-dead-letter-exchange` also needs write on it and read on the queue.
+    pub fn declare_queue(
+        &mut self,
+        req: QueueDeclare,
+    ) -> Result<(QueueDeclared, Option<DurableWait>)> {
+        let mut generated = None;
+        if !req.passive {
+            let name = if req.name.is_empty() {
+                generated.insert(crate::tenant::generated_name()).as_str()
+            } else {
+                req.name.as_str()
+            };
+            self.authorize(Permission::Configure, Resource::Queue(name))?;
+            if let Some(dlx) = req
+                .arguments
+                .get("x-dead-letter-exchange")
+                .and_then(serde_json::Value::as_str)
+            {
+                self.authorize(Permission::Write, Resource::Exchange(dlx))?;
+                let name = generated.as_deref().unwrap_or(&req.name);
+                self.authorize(Permission::Read, Resource::Queue(name))?;
+            }
+        }
+        self.tenant.declare_queue_as(req, generated)
+    }
+
+    /// queue.delete: configure on the queue. Returns the messages it held.
+    pub fn delete_queue(
+        &mut self,
+        name: &str,
+        if_unused: bool,
+        if_empty: bool,
+    ) -> Result<(u64, Option<DurableWait>)> {
+        self.authorize(Permission::Configure, Resource::Queue(name))?;
+        self.tenant
+            .delete_queue(name, if_unused, if_empty, self.handle.id)
+    }
+
+    /// queue.purge: read on the queue. Returns the messages removed.
+    pub fn purge_queue(&mut self, name: &str) -> Result<u64> {
+        self.authorize(Permission::Read, Resource::Queue(name))?;
+        self.tenant.purge_queue(name, self.handle.id)
+    }
+
+    /// queue.bind / exchange.bind: write on the destination, read on the
+    /// source, and topic read on the key when the source is a topic exchange.
+    pub fn bind(
+        &mut self,
+        source: &str,
+        kind: DestinationKind,
+        destination: &str,
+        key: &str,
+        arguments: serde_json::Value,
+    ) -> Result<Option<DurableWait>> {
+        self.authorize_binding(source, kind, destination, key)?;
+        self.tenant
+            .bind(source, kind, destination, key, arguments, self.handle.id)
+    }
+
+    /// queue.unbind / exchange.unbind: as [`Self::bind`].
+    pub fn unbind(
+        &mut self,
+        source: &str,
+        kind: DestinationKind,
+        destination: &str,
+        key: &str,
+        arguments: serde_json::Value,
+    ) -> Result<Option<DurableWait>> {
+        self.authorize_binding(source, kind, destination, key)?;
+        self.tenant
+            .unbind(source, kind, destination, key, arguments, self.handle.id)
+    }
+
+    /// The checks of [`Self::bind`] alone (a protocol that creates the
+    /// destination only for the binding checks first).
+    pub fn authorize_binding(
+        &mut self,
+        source: &str,
+        kind: DestinationKind,
+        destination: &str,
+        key: &str,
+    ) -> Result<()> {
+        let dest = match kind {
+            DestinationKind::Queue => Resource::Queue(destination),
+            DestinationKind::Exchange => Resource::Exchange(destination),
+        };
+        self.authorize(Permission::Write, dest)?;
+        self.authorize(Permission::Read, Resource::Exchange(source))?;
+        self.authorize_topic_read(source, key)
+    }
+
     // ----- subscriptions -----
 
     /// Subscribes to `queue`. Exclusivity is checked and the consumer
@@ -606,6 +777,7 @@ impl Client {
         queue: &str,
         opts: SubscribeOptions,
     ) -> Result<Arc<Consumer>, ClientError> {
+        self.authorize(Permission::Read, Resource::Queue(queue))?;
         let q = self.queue(queue)?;
         let handle = self.handle.clone();
         let tenant = self.tenant.name.clone();
@@ -723,6 +895,7 @@ impl Client {
 
     /// Takes the head message of `queue` (AMQP basic.get), if any.
     pub fn get(&mut self, queue: &str, ack: GetAck) -> Result<Option<Got>, ClientError> {
+        self.authorize(Permission::Read, Resource::Queue(queue))?;
         let q = self.queue(queue)?;
         let got = q
             .partitions

@@ -13,6 +13,8 @@
 //! * [`meta`]: how definitions are stored in the store's metadata map.
 //! * [`retained`]: MQTT retained messages, per tenant and topic, durable.
 //! * [`session_state`]: durable protocol session state (MQTT QoS 2 ids).
+//! * [`permissions`], [`definitions`]: users' permissions per tenant and
+//!   topic, durable users and permissions.
 
 #![forbid(unsafe_code)]
 
@@ -21,11 +23,13 @@ pub mod auth;
 pub mod client;
 pub mod consumer;
 pub mod deadletter;
+pub mod definitions;
 pub mod error;
 pub mod exchange;
 pub mod lease;
 pub mod message;
 pub mod meta;
+pub mod permissions;
 pub mod policy;
 pub mod properties;
 pub mod queue;
@@ -70,6 +74,12 @@ pub struct Engine {
     codecs: parking_lot::RwLock<Arc<properties::HeaderCodecs>>,
     /// Bounds of retained messages and the bytes they take.
     pub(crate) retained: retained::RetainedBudget,
+    /// Logins: the table of `users` (see [`definitions`]).
+    auth: Arc<auth::Authenticator>,
+    /// Users by name, as stored.
+    users: RwLock<std::collections::BTreeMap<String, permissions::UserDef>>,
+    /// Permissions and topic permissions, as clients check them.
+    permissions: Arc<permissions::Permissions>,
 }
 
 impl Engine {
@@ -80,6 +90,8 @@ impl Engine {
     /// are settled. Queues get back their unexpired idempotency receipts.
     pub fn open(store: Arc<dyn Store>) -> Result<Arc<Self>> {
         let recovered = store.recovered_meta()?;
+        let auth = auth::Authenticator::new([])
+            .map_err(|e| EngineError::PreconditionFailed(format!("authentication: {e}")))?;
         let engine = Arc::new(Engine {
             store: store.clone(),
             tenants: RwLock::new(HashMap::new()),
@@ -90,8 +102,12 @@ impl Engine {
             dead_letters: Default::default(),
             codecs: parking_lot::RwLock::new(Arc::new(properties::HeaderCodecs::new())),
             retained: Default::default(),
+            auth: Arc::new(auth),
+            users: RwLock::new(Default::default()),
+            permissions: Default::default(),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
+        let mut any_user = false;
 
         let mut bindings = Vec::new();
         let mut queues = Vec::new();
@@ -130,10 +146,29 @@ impl Engine {
                 Some(meta::MetaEntry::NextPartition(n)) => {
                     engine.next_partition.fetch_max(n, Ordering::Relaxed);
                 }
+                Some(meta::MetaEntry::User(def)) => {
+                    any_user = true;
+                    engine.restore_user(def);
+                }
+                Some(meta::MetaEntry::Permission(def)) => {
+                    let (u, t) = (def.user.clone(), def.vhost.clone());
+                    if let Err(e) = engine.permissions.set(def) {
+                        tracing::warn!(user = %u, tenant = %t, error = %e, "ignoring stored permissions");
+                    }
+                }
+                Some(meta::MetaEntry::TopicPermission(def)) => {
+                    let (u, t) = (def.user.clone(), def.vhost.clone());
+                    if let Err(e) = engine.permissions.set_topic(def) {
+                        tracing::warn!(user = %u, tenant = %t, error = %e, "ignoring stored topic permissions");
+                    }
+                }
                 None => {
                     tracing::warn!(key = %String::from_utf8_lossy(k), "ignoring undecodable metadata entry")
                 }
             }
+        }
+        if !any_user {
+            engine.default_user();
         }
         let mut owned = std::collections::HashSet::new();
         let mut restored_messages = 0u64;

@@ -40,6 +40,21 @@ pub fn policy_key(tenant: &str, name: &str) -> Vec<u8> {
     key(&["P", tenant, name])
 }
 
+/// Key of a user (users belong to no tenant: the name takes the tenant's place).
+pub fn user_key(name: &str) -> Vec<u8> {
+    key(&["U", name])
+}
+
+/// Key of a user's permissions in a tenant.
+pub fn permission_key(tenant: &str, user: &str) -> Vec<u8> {
+    key(&["W", tenant, user])
+}
+
+/// Key of a user's topic permissions on an exchange of a tenant.
+pub fn topic_permission_key(tenant: &str, user: &str, exchange: &str) -> Vec<u8> {
+    key(&["T", tenant, user, exchange])
+}
+
 /// Key of the partition-id counter.
 pub const NEXT_PARTITION_KEY: &[u8] = b"p";
 
@@ -100,6 +115,12 @@ pub enum MetaEntry {
     Binding(String, BindingDef),
     /// A policy of a tenant.
     Policy(String, crate::policy::PolicyDef),
+    /// A user.
+    User(crate::permissions::UserDef),
+    /// A user's permissions in a tenant.
+    Permission(crate::permissions::PermissionDef),
+    /// A user's topic permissions on an exchange.
+    TopicPermission(crate::permissions::TopicPermissionDef),
     /// The next partition id.
     NextPartition(u64),
 }
@@ -121,6 +142,9 @@ pub fn decode(key: &[u8], value: &[u8]) -> Option<MetaEntry> {
         b"q" => MetaEntry::Queue(tenant, serde_json::from_slice(value).ok()?),
         b"b" => MetaEntry::Binding(tenant, serde_json::from_slice(value).ok()?),
         b"P" => MetaEntry::Policy(tenant, serde_json::from_slice(value).ok()?),
+        b"U" => MetaEntry::User(serde_json::from_slice(value).ok()?),
+        b"W" => MetaEntry::Permission(serde_json::from_slice(value).ok()?),
+        b"T" => MetaEntry::TopicPermission(serde_json::from_slice(value).ok()?),
         _ => return None,
     })
 }

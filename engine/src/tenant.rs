@@ -470,9 +470,19 @@ impl Tenant {
 
     /// queue.declare.
     pub fn declare_queue(&self, req: QueueDeclare) -> Result<(QueueDeclared, Option<DurableWait>)> {
+        self.declare_queue_as(req, None)
+    }
+
+    /// queue.declare, a server-named queue getting `generated` (picked by
+    /// the caller, which checked permissions on it) if given.
+    pub(crate) fn declare_queue_as(
+        &self,
+        req: QueueDeclare,
+        generated: Option<String>,
+    ) -> Result<(QueueDeclared, Option<DurableWait>)> {
         let engine = self.engine()?;
         let name = if req.name.is_empty() && !req.passive {
-            generated_name()
+            generated.unwrap_or_else(generated_name)
         } else {
             req.name.clone()
         };
@@ -1007,7 +1017,7 @@ fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String,
 }
 
 /// A server-generated queue name, `amq.gen-` plus 22 URL-safe characters.
-fn generated_name() -> String {
+pub(crate) fn generated_name() -> String {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";

@@ -473,6 +473,53 @@ pub struct UserConfig {
     /// RabbitMQ-style tags, kept for later use.
     #[serde(default)]
     pub tags: Vec<String>,
+    /// Permissions per tenant (RabbitMQ definitions' `permissions`). Absent:
+    /// every permission on `/` only (compatibility with files written before
+    /// permissions existed); `[]`: none.
+    #[serde(default)]
+    pub permissions: Option<Vec<PermissionConfig>>,
+    /// Topic permissions per tenant and exchange (RabbitMQ definitions'
+    /// `topic_permissions`).
+    #[serde(default)]
+    pub topic_permissions: Vec<TopicPermissionConfig>,
+}
+
+/// One entry of a user's `permissions`: regular expressions over queue and
+/// exchange names of `vhost` (`""` = nothing; not anchored, as in RabbitMQ).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionConfig {
+    /// The tenant (default `/`).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// Names the user may declare and delete.
+    pub configure: String,
+    /// Names the user may publish to and bind to.
+    pub write: String,
+    /// Names the user may consume from, purge and bind from.
+    pub read: String,
+}
+
+/// One entry of a user's `topic_permissions`: regular expressions over the
+/// routing keys of a topic exchange (`{username}`, `{vhost}`, `{client_id}`
+/// are filled in).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TopicPermissionConfig {
+    /// The tenant (default `/`).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// The exchange (default `amq.topic`, where MQTT publishes).
+    #[serde(default = "default_topic_exchange")]
+    pub exchange: String,
+    /// Routing keys the user may publish with.
+    pub write: String,
+    /// Binding keys the user may bind (MQTT: subscribe) with.
+    pub read: String,
+}
+
+fn default_topic_exchange() -> String {
+    "amq.topic".to_string()
 }
 
 /// One `[[tenants]]` entry: a tenant (AMQP vhost) created at every start
@@ -560,6 +607,55 @@ impl AuthConfig {
             s.loopback_only = s.name == DEFAULT_USER && !self.guest_remote;
         }
         specs
+    }
+
+    /// The permissions and topic permissions of every user of
+    /// [`Self::user_specs`], and the users that got the compatibility
+    /// default (every permission on `/`: no `permissions` key, or the
+    /// default `guest`).
+    pub fn permission_defs(
+        &self,
+    ) -> (
+        Vec<weir_engine::permissions::PermissionDef>,
+        Vec<weir_engine::permissions::TopicPermissionDef>,
+        Vec<String>,
+    ) {
+        use weir_engine::permissions::{PermissionDef, TopicPermissionDef};
+        let mut perms = Vec::new();
+        let mut topics = Vec::new();
+        let mut defaulted = Vec::new();
+        let full = |user: &str| PermissionDef {
+            from_config: true,
+            ..PermissionDef::full(user, weir_engine::DEFAULT_TENANT)
+        };
+        for u in &self.users {
+            match &u.permissions {
+                None => {
+                    defaulted.push(u.name.clone());
+                    perms.push(full(&u.name));
+                }
+                Some(list) => perms.extend(list.iter().map(|p| PermissionDef {
+                    user: u.name.clone(),
+                    vhost: p.vhost.clone(),
+                    configure: p.configure.clone(),
+                    write: p.write.clone(),
+                    read: p.read.clone(),
+                    from_config: true,
+                })),
+            }
+            topics.extend(u.topic_permissions.iter().map(|t| TopicPermissionDef {
+                user: u.name.clone(),
+                vhost: t.vhost.clone(),
+                exchange: t.exchange.clone(),
+                write: t.write.clone(),
+                read: t.read.clone(),
+                from_config: true,
+            }));
+        }
+        if !self.users.iter().any(|u| u.name == DEFAULT_USER) {
+            perms.push(full(DEFAULT_USER));
+        }
+        (perms, topics, defaulted)
     }
 }
 
@@ -870,6 +966,25 @@ fn validate(amqp: &AmqpConfig, store: &StoreConfig, auth: &AuthConfig) -> Result
             }
             _ => {}
         }
+        let mut vhosts = std::collections::HashSet::new();
+        for p in u.permissions.iter().flatten() {
+            if !vhosts.insert(p.vhost.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "user {}: permissions for vhost '{}' are given twice",
+                    u.name, p.vhost
+                )));
+            }
+        }
+    }
+    let (perms, topics, _) = auth.permission_defs();
+    for p in &perms {
+        p.validate()
+            .map_err(|e| ConfigError::Invalid(format!("user {}: {e}", p.user)))?;
+    }
+    for t in &topics {
+        t.validate().map_err(|e| {
+            ConfigError::Invalid(format!("user {}: topic_permissions: {e}", t.user))
+        })?;
     }
     Ok(())
 }
@@ -1339,6 +1454,47 @@ mod tests {
         assert_eq!(specs[0].tags, vec!["monitoring".to_string()]);
         assert!(specs[0].loopback_only);
         assert!(matches!(specs[0].credential, Credential::Hash(_)));
+    }
+
+    #[test]
+    fn permissions_default_to_full_access_on_the_default_vhost_only_when_absent() {
+        let path = file(
+            "users-perms",
+            "[[auth.users]]\nname = \"old\"\npassword = \"x\"\n\
+             [[auth.users]]\nname = \"none\"\npassword = \"x\"\npermissions = []\n\
+             [[auth.users]]\nname = \"app\"\npassword = \"x\"\n\
+             permissions = [{ vhost = \"a\", configure = \"\", write = \"^in$\", read = \"^out$\" }]\n\
+             topic_permissions = [{ vhost = \"a\", write = \"^{username}\\\\.\", read = \".*\" }]\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
+        let (perms, topics, defaulted) = cfg.auth.permission_defs();
+        assert_eq!(defaulted, vec!["old".to_string()]);
+        let of = |u: &str| perms.iter().filter(|p| p.user == u).collect::<Vec<_>>();
+        assert_eq!(of("old").len(), 1);
+        assert_eq!(
+            (of("old")[0].vhost.as_str(), of("old")[0].read.as_str()),
+            ("/", ".*")
+        );
+        assert!(
+            of("none").is_empty(),
+            "an explicit empty list grants nothing"
+        );
+        assert_eq!(of("app")[0].vhost, "a");
+        assert_eq!(of("guest")[0].vhost, "/", "the default guest keeps `/`");
+        assert!(perms.iter().all(|p| p.from_config));
+        assert_eq!(topics.len(), 1);
+        assert_eq!(topics[0].exchange, "amq.topic");
+        assert_eq!(topics[0].write, "^{username}\\.");
+
+        let path = file(
+            "users-bad-perms",
+            "[[auth.users]]\nname = \"app\"\npassword = \"x\"\n\
+             permissions = [{ vhost = \"a\", configure = \"(\", write = \"\", read = \"\" }]\n",
+        );
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("configure pattern"), "{msg}");
     }
 
     #[test]

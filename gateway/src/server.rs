@@ -236,9 +236,9 @@ struct Limits {
 impl Broker {
     /// Opens the store, recovers the engine and binds the listeners.
     pub async fn start(cfg: &Config) -> Result<Self, ServerError> {
-        let auth = authenticator(cfg).await?;
+        let users = configured_users(cfg).await?;
         let store = open_log_store(cfg)?;
-        Self::start_on(cfg, auth, store).await
+        Self::start_on(cfg, users, store).await
     }
 
     /// [`Self::start`] over a store the caller opened: in-process tests run
@@ -249,13 +249,13 @@ impl Broker {
         cfg: &Config,
         store: Arc<dyn Store>,
     ) -> Result<Self, ServerError> {
-        let auth = authenticator(cfg).await?;
-        Self::start_on(cfg, auth, store).await
+        let users = configured_users(cfg).await?;
+        Self::start_on(cfg, users, store).await
     }
 
     async fn start_on(
         cfg: &Config,
-        auth: Authenticator,
+        users: Vec<weir_engine::permissions::UserDef>,
         store: Arc<dyn Store>,
     ) -> Result<Self, ServerError> {
         let log_cfg = &cfg.store.log;
@@ -273,6 +273,7 @@ impl Broker {
                 tracing::info!(tenant = %t.name, "tenant created");
             }
         }
+        apply_users(&engine, cfg, users).await?;
         for p in &cfg.policies {
             let tenant = engine.tenant(&p.vhost).ok_or_else(|| {
                 ServerError::Policy(format!("policy '{}': no vhost '{}'", p.name, p.vhost))
@@ -348,12 +349,13 @@ impl Broker {
             max_queued_messages: m.max_queued_messages,
             max_session_expiry_secs: m.max_session_expiry,
         };
+        let auth = engine.authenticator().clone();
         Ok(Broker {
             shared: Arc::new(Shared {
                 engine,
                 amqp,
                 mqtt,
-                auth: Arc::new(auth),
+                auth,
                 verify_slots: Arc::new(Semaphore::new(
                     std::thread::available_parallelism().map_or(2, |n| n.get()),
                 )),
@@ -683,13 +685,61 @@ fn trim_heap() {
 /// The authenticator of `cfg`'s users. First, so a bad user table fails
 /// before the store is touched; plain passwords are hashed here: slow, off
 /// the runtime's workers.
-async fn authenticator(cfg: &Config) -> Result<Authenticator, ServerError> {
+/// The configured users with their hashes resolved (plain passwords are
+/// hashed here, on the blocking pool: slow).
+async fn configured_users(
+    cfg: &Config,
+) -> Result<Vec<weir_engine::permissions::UserDef>, ServerError> {
     let specs = cfg.auth.user_specs();
-    let auth = tokio::task::spawn_blocking(move || Authenticator::new(specs))
-        .await
-        .map_err(|e| weir_engine::auth::AuthError::Hash(e.to_string()))??;
-    tracing::info!(users = auth.len(), "authentication ready");
-    Ok(auth)
+    let users = tokio::task::spawn_blocking(move || {
+        let mut seen = std::collections::HashSet::new();
+        specs
+            .into_iter()
+            .map(|s| {
+                if !seen.insert(s.name.clone()) {
+                    return Err(weir_engine::auth::AuthError::Duplicate(s.name));
+                }
+                Ok(weir_engine::permissions::UserDef {
+                    password_hash: weir_engine::auth::resolve_credential(&s)?,
+                    name: s.name,
+                    tags: s.tags,
+                    loopback_only: s.loopback_only,
+                    from_config: true,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| weir_engine::auth::AuthError::Hash(e.to_string()))??;
+    Ok(users)
+}
+
+/// Makes the configuration's users, permissions and topic permissions the
+/// engine's durable definitions (see `Engine::apply_configured`), durable
+/// before the first client connects.
+async fn apply_users(
+    engine: &Arc<Engine>,
+    cfg: &Config,
+    users: Vec<weir_engine::permissions::UserDef>,
+) -> Result<(), ServerError> {
+    let (permissions, topic_permissions, defaulted) = cfg.auth.permission_defs();
+    if !defaulted.is_empty() {
+        tracing::info!(users = ?defaulted, "users without a `permissions` key get every permission on vhost '/' only");
+    }
+    let waits = engine
+        .apply_configured(weir_engine::definitions::Configured {
+            users,
+            permissions,
+            topic_permissions,
+        })
+        .map_err(|e| ServerError::Policy(format!("users and permissions: {e}")))?;
+    for w in waits {
+        w.await
+            .map_err(|_| ServerError::Policy("the store closed".into()))?
+            .map_err(|e| ServerError::Policy(e.to_string()))?;
+    }
+    tracing::info!(users = engine.authenticator().len(), "authentication ready");
+    Ok(())
 }
 
 /// Opens (and with `--repair` first repairs) the embedded log store.

@@ -15,9 +15,7 @@ impl Session {
         m: exchange::AMQPMethod,
         ids: (u16, u16),
     ) -> Result<(), Failure> {
-        let client = self.client()?;
-        let tenant = client.tenant().clone();
-        let conn_id = client.id();
+        // Permissions are checked by the engine client's calls.
         match m {
             exchange::AMQPMethod::Declare(d) => {
                 // Checked before anything else, as RabbitMQ does (its
@@ -48,7 +46,7 @@ impl Session {
                     delayed,
                     arguments,
                 };
-                let wait = tenant.declare_exchange(def, d.passive)?;
+                let wait = self.client()?.declare_exchange(def, d.passive)?;
                 self.reply_when_durable(
                     ch,
                     d.nowait,
@@ -58,7 +56,9 @@ impl Session {
                 );
             }
             exchange::AMQPMethod::Delete(d) => {
-                let wait = tenant.delete_exchange(d.exchange.as_str(), d.if_unused)?;
+                let wait = self
+                    .client()?
+                    .delete_exchange(d.exchange.as_str(), d.if_unused)?;
                 self.reply_when_durable(
                     ch,
                     d.nowait,
@@ -68,13 +68,12 @@ impl Session {
                 );
             }
             exchange::AMQPMethod::Bind(b) => {
-                let wait = tenant.bind(
+                let wait = self.client()?.bind(
                     b.source.as_str(),
                     DestinationKind::Exchange,
                     b.destination.as_str(),
                     b.routing_key.as_str(),
                     table_to_json(&b.arguments),
-                    conn_id,
                 )?;
                 self.reply_when_durable(
                     ch,
@@ -85,13 +84,12 @@ impl Session {
                 );
             }
             exchange::AMQPMethod::Unbind(b) => {
-                let wait = tenant.unbind(
+                let wait = self.client()?.unbind(
                     b.source.as_str(),
                     DestinationKind::Exchange,
                     b.destination.as_str(),
                     b.routing_key.as_str(),
                     table_to_json(&b.arguments),
-                    conn_id,
                 )?;
                 self.reply_when_durable(
                     ch,

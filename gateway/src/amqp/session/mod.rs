@@ -379,7 +379,16 @@ impl Session {
                     self.client = Some(client);
                     self.conn.accept_open();
                 }
-                Err(_) => self.conn.refuse_open(&format!("vhost {vhost} not found")),
+                // No such vhost, or no permissions there: 530 NOT_ALLOWED
+                // with RabbitMQ's texts.
+                Err(e) => {
+                    let text = match e {
+                        crate::engine::EngineError::AccessRefused(t) => t,
+                        _ => format!("vhost {vhost} not found"),
+                    };
+                    tracing::info!(peer = %self.peer, user = %self.user, %vhost, "vhost access refused");
+                    self.conn.refuse_open(&text);
+                }
             },
             Event::ChannelOpened(ch) => self.on_channel_opened(ch),
             Event::ChannelClosed(ch) => self.release_channel(ch),

@@ -118,8 +118,8 @@ impl Session {
         }
     }
 
-    /// The routing errors a publish to `exchange` would meet (404 missing,
-    /// 403 internal), without publishing.
+    /// The errors a publish to `exchange` would meet (403 without write
+    /// permission, 404 missing, 403 internal), without publishing.
     pub(super) fn check_route(
         &mut self,
         p: &Publish,
@@ -133,7 +133,9 @@ impl Session {
             headers: &headers,
         };
         let mut scratch = Vec::new();
-        let _how = self.client()?.tenant().route(&route, &mut scratch)?;
+        let client = self.client()?;
+        client.authorize_publish(&route)?;
+        let _how = client.tenant().route(&route, &mut scratch)?;
         Ok(())
     }
 

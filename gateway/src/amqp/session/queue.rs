@@ -15,9 +15,8 @@ impl Session {
         m: queue::AMQPMethod,
         ids: (u16, u16),
     ) -> Result<(), Failure> {
-        let client = self.client()?;
-        let tenant = client.tenant().clone();
-        let conn_id = client.id();
+        // Permissions are checked by the engine client's calls.
+        let conn_id = self.client()?.id();
         match m {
             queue::AMQPMethod::Declare(d) => {
                 let name = if d.passive {
@@ -34,7 +33,7 @@ impl Session {
                     arguments: table_to_json(&d.arguments),
                     connection: conn_id,
                 };
-                let (ok, wait) = tenant.declare_queue(req)?;
+                let (ok, wait) = self.client()?.declare_queue(req)?;
                 if let Some(c) = self.channels.get_mut(&ch) {
                     c.last_queue = Some(ok.name.clone());
                 }
@@ -51,13 +50,13 @@ impl Session {
                 );
             }
             queue::AMQPMethod::Bind(b) => {
-                let wait = tenant.bind(
+                let queue = self.queue_name(ch, b.queue.as_str())?;
+                let wait = self.client()?.bind(
                     b.exchange.as_str(),
                     DestinationKind::Queue,
-                    &self.queue_name(ch, b.queue.as_str())?,
+                    &queue,
                     b.routing_key.as_str(),
                     table_to_json(&b.arguments),
-                    conn_id,
                 )?;
                 self.reply_when_durable(
                     ch,
@@ -68,13 +67,13 @@ impl Session {
                 );
             }
             queue::AMQPMethod::Unbind(b) => {
-                let wait = tenant.unbind(
+                let queue = self.queue_name(ch, b.queue.as_str())?;
+                let wait = self.client()?.unbind(
                     b.exchange.as_str(),
                     DestinationKind::Queue,
-                    &self.queue_name(ch, b.queue.as_str())?,
+                    &queue,
                     b.routing_key.as_str(),
                     table_to_json(&b.arguments),
-                    conn_id,
                 )?;
                 // queue.unbind has no nowait: always answered.
                 self.reply_when_durable(
@@ -86,7 +85,8 @@ impl Session {
                 );
             }
             queue::AMQPMethod::Purge(p) => {
-                let n = tenant.purge_queue(&self.queue_name(ch, p.queue.as_str())?, conn_id)?;
+                let queue = self.queue_name(ch, p.queue.as_str())?;
+                let n = self.client()?.purge_queue(&queue)?;
                 if n > 0 {
                     self.shared.request_trim();
                 }
@@ -100,12 +100,10 @@ impl Session {
                 }
             }
             queue::AMQPMethod::Delete(d) => {
-                let (n, wait) = tenant.delete_queue(
-                    &self.queue_name(ch, d.queue.as_str())?,
-                    d.if_unused,
-                    d.if_empty,
-                    conn_id,
-                )?;
+                let queue = self.queue_name(ch, d.queue.as_str())?;
+                let (n, wait) = self
+                    .client()?
+                    .delete_queue(&queue, d.if_unused, d.if_empty)?;
                 if n > 0 {
                     self.shared.request_trim();
                 }

@@ -85,13 +85,16 @@ impl Session {
             self.refuse(ConnectRefusal::QuotaExceeded, "too many MQTT connections");
             return;
         }
-        let client = match Client::open(&self.engine, &tenant, &user) {
+        let mut client = match Client::open(&self.engine, &tenant, &user) {
             Ok(c) => c,
-            Err(_) => {
-                self.refuse(
-                    ConnectRefusal::NotAuthorized,
-                    &format!("no vhost '{tenant}'"),
-                );
+            Err(e) => {
+                // No such tenant, or no permissions there: CONNACK 0x87 / 5.
+                let text = match e {
+                    EngineError::AccessRefused(t) => t,
+                    _ => format!("no vhost '{tenant}'"),
+                };
+                tracing::info!(peer = %self.peer, %user, %tenant, "MQTT tenant access refused");
+                self.refuse(ConnectRefusal::NotAuthorized, &text);
                 return;
             }
         };
@@ -103,6 +106,8 @@ impl Session {
             )
         });
         let client_id = assigned.clone().unwrap_or_else(|| c.client_id.clone());
+        // `{client_id}` in topic permissions.
+        client.set_client_id(&client_id);
         self.tenant = tenant;
         self.client_id = client_id.clone();
         self.conn_id = client.id();
@@ -217,10 +222,9 @@ impl Session {
     /// Declares the session queue of a new session (at its first
     /// subscription). Its metadata record precedes the SUBACK's barrier.
     pub(super) fn declare_session_queue(&mut self) -> Result<(), EngineError> {
-        let Some(client) = self.client.as_ref() else {
+        if self.client.is_none() {
             return Ok(());
-        };
-        let tenant = client.tenant().clone();
+        }
         let conn = self.conn_id;
         let persistent = self.session_expiry_secs > 0;
         let mut args = serde_json::Map::new();
@@ -235,8 +239,13 @@ impl Session {
             args.insert("x-max-length".into(), json!(max_queued));
             args.insert("x-overflow".into(), json!("drop-head"));
         }
-        tenant.declare_queue(QueueDeclare {
-            name: self.queue(),
+        let name = self.queue();
+        let Some(client) = self.client.as_mut() else {
+            return Ok(());
+        };
+        // Through the client: configure on the session queue is checked.
+        client.declare_queue(QueueDeclare {
+            name,
             passive: false,
             durable: persistent,
             exclusive: !persistent,
@@ -266,7 +275,10 @@ impl Session {
                     ..Default::default()
                 },
             )
-            .map_err(|e| EngineError::ResourceLocked(e.to_string()))?;
+            .map_err(|e| match e {
+                crate::engine::ClientError::Engine(e @ EngineError::AccessRefused(_)) => e,
+                e => EngineError::ResourceLocked(e.to_string()),
+            })?;
         self.queue_open = true;
         Ok(())
     }
@@ -384,6 +396,7 @@ fn publish_will(
     let Ok(mut client) = Client::open(engine, tenant, user) else {
         return;
     };
+    client.set_client_id(client_id);
     let p = weir_protocols::mqtt::Publish {
         topic: w.topic.clone(),
         payload: w.payload.clone(),
@@ -393,15 +406,17 @@ fn publish_will(
         packet_id: None,
         properties: w.properties.clone(),
     };
-    if w.retain {
+    // Routed first: a will its user may not publish is not retained either.
+    let routed = super::inbound::route(&mut client, &p, Some(client_id));
+    if let Err(e) = &routed {
+        tracing::debug!(error = %e, %client_id, "will message not published");
+    }
+    if w.retain && !matches!(routed, Err(EngineError::AccessRefused(_))) {
         let now = crate::engine::message::now_ms();
         let i = crate::mqtt::convert::inbound(&p, None, now);
         let _ = client
             .tenant()
             .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now);
-    }
-    if let Err(e) = super::inbound::route(&mut client, &p, Some(client_id)) {
-        tracing::debug!(error = %e, %client_id, "will message not published");
     }
     client.commit();
     client.close();

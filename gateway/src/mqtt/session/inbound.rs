@@ -18,6 +18,7 @@ use weir_protocols::mqtt::{Publish, QoS, Version};
 const NO_MATCHING_SUBSCRIBERS: u8 = 0x10;
 const UNSPECIFIED_ERROR: u8 = 0x80;
 const QUOTA_EXCEEDED: u8 = 0x97;
+const NOT_AUTHORIZED: u8 = 0x87;
 
 /// MQTT messages route by topic only: no header is looked at.
 struct NoHeaders;
@@ -63,13 +64,33 @@ impl Session {
             return;
         };
         let published = route(client, &p, Some(&self.client_id));
+        let v5 = self.conn.version() == Some(Version::V5);
+        if let Err(EngineError::AccessRefused(text)) = &published {
+            // No write permission on amq.topic or the topic: nothing is
+            // stored or retained. MQTT 5 answers 0x87 (QoS 1, 2); 3.1.1 has
+            // no negative ack, so the connection is closed, as RabbitMQ's
+            // MQTT plugin does.
+            tracing::info!(peer = %self.peer, topic = %p.topic, error = %text, "MQTT publish refused");
+            match p.packet_id {
+                Some(id) if v5 => {
+                    let kind = if p.qos == QoS::ExactlyOnce {
+                        AckKind::Received
+                    } else {
+                        AckKind::Ack
+                    };
+                    self.queue_ack(id, kind, NOT_AUTHORIZED, false);
+                }
+                _ if v5 => {}
+                _ => self.conn.disconnect(NOT_AUTHORIZED, text),
+            }
+            return;
+        }
         // Retained messages are kept per topic (an empty payload clears);
         // the store barrier below covers their metadata record too.
         let retained_ok = if p.retain { self.retain(&p) } else { true };
         let Some(packet_id) = p.packet_id else {
             return;
         };
-        let v5 = self.conn.version() == Some(Version::V5);
         let (reason, needs_barrier) = match published {
             Ok(Published::Routed {
                 needs_barrier,

@@ -14,6 +14,8 @@ use serde_json::Value;
 use weir_protocols::mqtt::{OutgoingPublish, SubscribeFilter};
 
 const UNSPECIFIED_ERROR: u8 = 0x80;
+/// v5 "Not authorized" (3.1.1 has only 0x80, which the adapter sends).
+const NOT_AUTHORIZED: u8 = 0x87;
 const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
 
 /// The queue of a shared subscription group.
@@ -50,6 +52,10 @@ impl Session {
             };
             codes.push(match r {
                 Ok(()) => f.qos as u8,
+                Err(e @ crate::engine::EngineError::AccessRefused(_)) => {
+                    tracing::info!(peer = %self.peer, filter = %f.filter, error = %e, "MQTT subscription refused");
+                    NOT_AUTHORIZED
+                }
                 Err(e) => {
                     tracing::debug!(peer = %self.peer, filter = %f.filter, error = %e, "MQTT subscribe failed");
                     UNSPECIFIED_ERROR
@@ -69,10 +75,9 @@ impl Session {
         sub: Subscription,
         retain_handling: u8,
     ) -> Result<(), crate::engine::EngineError> {
-        let tenant = match self.client.as_ref() {
-            Some(c) => c.tenant().clone(),
-            None => return Ok(()),
-        };
+        if self.client.is_none() {
+            return Ok(());
+        }
         if !self.queue_open {
             self.declare_session_queue()?;
         }
@@ -81,24 +86,28 @@ impl Session {
             .subscriptions
             .iter()
             .position(|s| s.filter == sub.filter);
+        let queue = self.queue();
+        // Permissions (write on the queue, read on amq.topic, topic read on
+        // the key) are checked by the engine client's calls.
+        let Some(client) = self.client.as_mut() else {
+            return Ok(());
+        };
         if let Some(i) = existed {
-            let old = self.subscriptions.remove(i);
-            tenant.unbind(
+            client.unbind(
                 TOPIC_EXCHANGE,
                 DestinationKind::Queue,
-                &self.queue(),
+                &queue,
                 &key,
-                binding_arguments(&old),
-                self.conn_id,
+                binding_arguments(&self.subscriptions[i]),
             )?;
+            self.subscriptions.remove(i);
         }
-        tenant.bind(
+        client.bind(
             TOPIC_EXCHANGE,
             DestinationKind::Queue,
-            &self.queue(),
+            &queue,
             &key,
             binding_arguments(&sub),
-            self.conn_id,
         )?;
         let send_retained = match retain_handling {
             0 => true,
@@ -127,8 +136,10 @@ impl Session {
         let Some(client) = self.client.as_mut() else {
             return Ok(());
         };
-        let tenant = client.tenant().clone();
-        tenant.declare_queue(QueueDeclare {
+        let key = convert::filter_to_binding_key(&sub.filter);
+        // Checked before the group's queue is made for nothing.
+        client.authorize_binding(TOPIC_EXCHANGE, DestinationKind::Queue, &queue, &key)?;
+        client.declare_queue(QueueDeclare {
             name: queue.clone(),
             passive: false,
             durable: false,
@@ -137,13 +148,12 @@ impl Session {
             arguments: Value::Object(Default::default()),
             connection: self.conn_id,
         })?;
-        tenant.bind(
+        client.bind(
             TOPIC_EXCHANGE,
             DestinationKind::Queue,
             &queue,
-            &convert::filter_to_binding_key(&sub.filter),
+            &key,
             Value::Object(Default::default()),
-            self.conn_id,
         )?;
         client
             .subscribe(
@@ -155,7 +165,10 @@ impl Session {
                     ..Default::default()
                 },
             )
-            .map_err(|e| crate::engine::EngineError::CommandInvalid(e.to_string()))?;
+            .map_err(|e| match e {
+                crate::engine::ClientError::Engine(e) => e,
+                e => crate::engine::EngineError::CommandInvalid(e.to_string()),
+            })?;
         self.shared_subs.insert(tag, (queue, sub));
         Ok(())
     }
@@ -187,14 +200,14 @@ impl Session {
             return false;
         };
         let old = self.subscriptions.remove(i);
-        if let Some(c) = self.client.as_ref() {
-            let _ = c.tenant().unbind(
+        let queue = self.queue();
+        if let Some(c) = self.client.as_mut() {
+            let _ = c.unbind(
                 TOPIC_EXCHANGE,
                 DestinationKind::Queue,
-                &self.queue(),
+                &queue,
                 &convert::filter_to_binding_key(filter),
                 binding_arguments(&old),
-                self.conn_id,
             );
         }
         true
