@@ -215,6 +215,8 @@ impl Client {
         let t = engine
             .tenant(tenant)
             .ok_or_else(|| EngineError::NotFound(format!("no vhost '{tenant}'")))?;
+        // Given back in `close` (`closed` makes that happen once).
+        t.quota().add_connection(tenant, principal)?;
         Ok(Client {
             store: engine.store().clone(),
             tenant: t,
@@ -244,6 +246,12 @@ impl Client {
     /// The tenant it works in.
     pub fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
+    }
+
+    /// Refuses a message of `size` bytes over the tenant's
+    /// `max-message-size` (RabbitMQ's 406 text); one atomic load.
+    pub fn check_message_size(&self, size: u64) -> Result<()> {
+        Ok(self.tenant.quota().check_message_size(size)?)
     }
 
     /// Who it is authenticated as.
@@ -607,6 +615,13 @@ impl Client {
         opts: SubscribeOptions,
     ) -> Result<Arc<Consumer>, ClientError> {
         let q = self.queue(queue)?;
+        if self.tenant.quota().max_consumers().is_some() {
+            let count = self.tenant.consumer_count();
+            self.tenant
+                .quota()
+                .check_consumer(&self.tenant.name, count)
+                .map_err(EngineError::from)?;
+        }
         let handle = self.handle.clone();
         let tenant = self.tenant.name.clone();
         let st = self.scope_mut(opts.scope);
@@ -1204,6 +1219,7 @@ impl Client {
         }
         self.tenant.connection_closed(self.handle.id);
         self.commit();
+        self.tenant.quota().remove_connection();
     }
 
     fn read_back(&self, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
