@@ -483,6 +483,109 @@ pub struct UserConfig {
 pub struct TenantConfig {
     /// The tenant's name (AMQP vhost, MQTT `tenant:` username prefix).
     pub name: String,
+    /// Open connections (RabbitMQ's vhost limit `max-connections`).
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// Channels open at once on one AMQP connection.
+    #[serde(default)]
+    pub max_channels_per_connection: Option<u32>,
+    /// Queues (RabbitMQ's vhost limit `max-queues`).
+    #[serde(default)]
+    pub max_queues: Option<u32>,
+    /// Exchanges declared by clients.
+    #[serde(default)]
+    pub max_exchanges: Option<u32>,
+    /// Consumers (AMQP consumers, MQTT subscriptions' session queues).
+    #[serde(default)]
+    pub max_consumers: Option<u32>,
+    /// Ready messages in the tenant's queues: at it, its publishers block.
+    #[serde(default)]
+    pub max_queued_messages: Option<u64>,
+    /// Bytes of ready messages in the tenant's queues: at it, its
+    /// publishers block. Bytes or a size with a unit (`"64MB"`).
+    #[serde(default)]
+    pub max_queued_bytes: Option<ByteSize>,
+    /// Largest message body accepted. Bytes or a size with a unit.
+    #[serde(default)]
+    pub max_message_size: Option<ByteSize>,
+    /// Messages per second, all the tenant's publishers together.
+    #[serde(default)]
+    pub publish_rate: Option<u32>,
+    /// Bytes per second, all the tenant's publishers together. Bytes or a
+    /// size with a unit.
+    #[serde(default)]
+    pub publish_bytes_rate: Option<ByteSize>,
+}
+
+/// A byte count in the file: an integer or a string with a unit (`"64MB"`).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(untagged)]
+pub enum ByteSize {
+    /// Bytes.
+    Bytes(u64),
+    /// Bytes with a unit (see [`parse_bytes`]).
+    Text(String),
+}
+
+impl ByteSize {
+    fn bytes(&self, key: &str, tenant: &str) -> Result<u64, ConfigError> {
+        match self {
+            ByteSize::Bytes(n) => Ok(*n),
+            ByteSize::Text(t) => parse_bytes(t).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "tenants: {key} of tenant '{tenant}': cannot parse '{t}' as bytes"
+                ))
+            }),
+        }
+    }
+}
+
+impl TenantConfig {
+    /// A tenant without limits.
+    pub fn named(name: &str) -> Self {
+        TenantConfig {
+            name: name.into(),
+            max_connections: None,
+            max_channels_per_connection: None,
+            max_queues: None,
+            max_exchanges: None,
+            max_consumers: None,
+            max_queued_messages: None,
+            max_queued_bytes: None,
+            max_message_size: None,
+            publish_rate: None,
+            publish_bytes_rate: None,
+        }
+    }
+
+    /// The tenant's limits, sizes resolved to bytes.
+    pub fn limits(&self) -> Result<weir_quota::Limits, ConfigError> {
+        let bytes = |v: &Option<ByteSize>, key: &str| {
+            v.as_ref().map(|b| b.bytes(key, &self.name)).transpose()
+        };
+        let rate = bytes(&self.publish_bytes_rate, "publish-bytes-rate")?
+            .map(|b| {
+                u32::try_from(b).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "tenants: publish-bytes-rate of tenant '{}' is over 4 GiB/s",
+                        self.name
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok(weir_quota::Limits {
+            max_connections: self.max_connections,
+            max_channels_per_connection: self.max_channels_per_connection,
+            max_queues: self.max_queues,
+            max_exchanges: self.max_exchanges,
+            max_consumers: self.max_consumers,
+            max_queued_messages: self.max_queued_messages,
+            max_queued_bytes: bytes(&self.max_queued_bytes, "max-queued-bytes")?,
+            max_message_size: bytes(&self.max_message_size, "max-message-size")?,
+            publish_rate: self.publish_rate,
+            publish_bytes_rate: rate,
+        })
+    }
 }
 
 /// One `[[policies]]` entry: a RabbitMQ-style policy of a tenant
@@ -776,6 +879,9 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "tenants: a tenant needs a name ({t:?})"
             )));
+        }
+        for t in &tenants {
+            t.limits()?;
         }
         for p in &policies {
             weir_engine::policy::Policy::new(p.to_def())
