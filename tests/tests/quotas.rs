@@ -213,3 +213,73 @@ async fn an_mqtt_client_over_the_tenants_connection_limit_gets_quota_exceeded() 
     let (_c2, _el2, second) = connack("quota-2").await;
     assert_eq!(second, Err(ConnectReturnCode::QuotaExceeded));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt_publisher_of_a_tenant_at_its_quota_is_not_read_until_drained() {
+    use lapin::options::QueueBindOptions;
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let (broker, _tmp) = start("[[tenants]]\nname = \"a\"\nmax-queued-messages = 5\n");
+    // An AMQP queue of tenant a holds what the MQTT publisher sends.
+    let amqp = connect(&broker.url_with("guest", "guest", "a")).await;
+    let ch = amqp.create_channel().await.expect("channel");
+    declare_queue(&ch, "held").await;
+    ch.queue_bind(
+        "held".into(),
+        "amq.topic".into(),
+        "q.#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("queue.bind");
+
+    let mut o = MqttOptions::new("quota-pub", "127.0.0.1", broker.mqtt_port());
+    o.set_credentials("a:guest", "guest");
+    let (client, mut el) = AsyncClient::new(o, 20);
+    let (acks_tx, mut acks) = tokio::sync::watch::channel(0usize);
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok(ev) = el.poll().await {
+            if let Event::Incoming(Packet::PubAck(_)) = ev {
+                n += 1;
+                acks_tx.send_replace(n);
+            }
+        }
+    });
+    for i in 0..10 {
+        client
+            .publish("q/x", QoS::AtLeastOnce, false, format!("m{i}"))
+            .await
+            .expect("publish");
+    }
+    // Five reach the quota; the sixth is the publish in hand; then the
+    // publisher is not read.
+    within("6 PUBACKs", acks.wait_for(|n| *n >= 6))
+        .await
+        .expect("ack counter");
+    assert_eq!(queue_len(&ch, "held").await, 6);
+    // Another tenant's traffic goes on meanwhile; tenant a's queue holds 6.
+    assert_broker_healthy(&broker.url()).await;
+    assert_eq!(queue_len(&ch, "held").await, 6);
+    assert_eq!(*acks.borrow(), 6, "a blocked MQTT publisher was read");
+
+    // Drained by a consumer: the publisher is read again, all ten arrive.
+    let mut consumer = ch
+        .basic_consume(
+            "held".into(),
+            "drain".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume");
+    for _ in 0..10 {
+        next_delivery(&mut consumer).await;
+    }
+    within("10 PUBACKs", acks.wait_for(|n| *n >= 10))
+        .await
+        .expect("ack counter");
+}

@@ -211,7 +211,9 @@ impl Session {
             // tens of thousands of frames (binds, declares, publishes): spend
             // the task's cooperative budget per event so the runtime gets to
             // serve other connections (and accept new ones) in between.
-            while self.login_refusal.is_none() {
+            // Nothing while blocked: what was read waits in the buffer with
+            // the unread socket.
+            while self.login_refusal.is_none() && !self.blocked {
                 let Some(ev) = self.conn.poll(&mut input) else {
                     break;
                 };
@@ -423,11 +425,14 @@ impl Session {
                     return;
                 }
                 // The publish in hand is taken; then no more reads until
-                // the alarm (or the tenant's block) clears.
-                self.blocked |= self.alarmed();
+                // the alarm (or the tenant's block) clears. The tenant's
+                // block is looked at per publish (one atomic load), so a
+                // batch does not run far past the quota.
                 if let Some(g) = self.gate.as_mut() {
+                    g.refresh();
                     g.published(message.body.len());
                 }
+                self.blocked |= self.alarmed();
                 if let Err(f) = self.on_publish(channel, message) {
                     self.fail(channel, f, 60, 40);
                 }

@@ -153,6 +153,11 @@ impl Session {
         } else {
             Ok(())
         };
+        if let Err(EngineError::Quota(q)) = &opened {
+            // The tenant's max-queues or max-consumers: 0x97.
+            self.refuse(ConnectRefusal::QuotaExceeded, &q.to_string());
+            return;
+        }
         if let Err(e) = opened {
             tracing::warn!(peer = %self.peer, client_id = %client_id, error = %e, "cannot consume the MQTT session queue");
             self.refuse(ConnectRefusal::ServerBusy, "the session is in use");

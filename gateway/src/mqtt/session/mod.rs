@@ -368,17 +368,18 @@ impl Session {
                 self.barriers_done = done;
                 self.send_ready_acks();
             }
-            // 1. Every complete packet we have.
-            while let Some(ev) = self.conn.poll(&mut input) {
+            // 1. Every complete packet we have (none while blocked: what
+            // was read waits in the buffer with the unread socket).
+            while !self.blocked {
+                let Some(ev) = self.conn.poll(&mut input) else {
+                    break;
+                };
                 if let Some(c) = self.handle_event(ev) {
                     // Boxed: the login's future is large and only needed
                     // once; the task of an idle connection should not carry it.
                     Box::pin(self.on_connect(*c)).await;
                 }
                 tokio::task::consume_budget().await;
-                if self.blocked {
-                    break;
-                }
             }
             self.end_batch();
             if let Some(g) = self.gate.as_mut() {
@@ -509,11 +510,13 @@ impl Session {
         match ev {
             Event::Connect(c) => return Some(c),
             Event::Publish(p) => {
-                // The tenant's block first: it stops only its tenant.
-                self.blocked |= self.gate.as_ref().is_some_and(|g| g.blocked()) || self.alarm.any();
+                // The tenant's block first (looked at per publish, one
+                // atomic load): it stops only its tenant.
                 if let Some(g) = self.gate.as_mut() {
+                    g.refresh();
                     g.published(p.payload.len());
                 }
+                self.blocked |= self.gate.as_ref().is_some_and(|g| g.blocked()) || self.alarm.any();
                 self.on_publish(p);
             }
             Event::PubAck { packet_id, .. } => self.on_puback(packet_id),
