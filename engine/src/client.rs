@@ -205,6 +205,8 @@ pub struct Client {
     publish_durable: Vec<PartitionId>,
     locs: Vec<Location>,
     closed: bool,
+    /// The principal's own limits (`[[quota.users]]`), if any.
+    user_quota: Option<Arc<weir_quota::TenantQuota>>,
     /// Header codecs (headers the engine adds, e.g. `x-delivery-count`).
     codecs: Arc<crate::properties::HeaderCodecs>,
 }
@@ -217,6 +219,13 @@ impl Client {
             .ok_or_else(|| EngineError::NotFound(format!("no vhost '{tenant}'")))?;
         // Given back in `close` (`closed` makes that happen once).
         t.quota().add_connection(tenant, principal)?;
+        let user_quota = engine.user_quotas.get(principal);
+        if let Some(u) = &user_quota {
+            if let Err(e) = u.add_user_connection(principal) {
+                t.quota().remove_connection();
+                return Err(e.into());
+            }
+        }
         Ok(Client {
             store: engine.store().clone(),
             tenant: t,
@@ -235,6 +244,7 @@ impl Client {
             publish_durable: Vec::new(),
             locs: Vec::with_capacity(1),
             closed: false,
+            user_quota,
         })
     }
 
@@ -251,7 +261,27 @@ impl Client {
     /// Refuses a message of `size` bytes over the tenant's
     /// `max-message-size` (RabbitMQ's 406 text); one atomic load.
     pub fn check_message_size(&self, size: u64) -> Result<()> {
-        Ok(self.tenant.quota().check_message_size(size)?)
+        self.tenant.quota().check_message_size(size)?;
+        if let Some(u) = &self.user_quota {
+            u.check_message_size(size)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a channel beyond the tenant's (or the user's)
+    /// `max-channels-per-connection`, given the `open` ones (530 text).
+    pub fn check_channel(&self, open: u32) -> Result<()> {
+        self.tenant.quota().check_channel(open)?;
+        if let Some(u) = &self.user_quota {
+            u.check_channel(open)?;
+        }
+        Ok(())
+    }
+
+    /// The principal's own limits (`[[quota.users]]`), if any: its publish
+    /// rate, for the session.
+    pub fn user_quota(&self) -> Option<&Arc<weir_quota::TenantQuota>> {
+        self.user_quota.as_ref()
     }
 
     /// Who it is authenticated as.
@@ -1220,6 +1250,9 @@ impl Client {
         self.tenant.connection_closed(self.handle.id);
         self.commit();
         self.tenant.quota().remove_connection();
+        if let Some(u) = &self.user_quota {
+            u.remove_connection();
+        }
     }
 
     fn read_back(&self, p: &Partition, e: &Entry) -> Option<Arc<Message>> {

@@ -39,7 +39,7 @@ pub enum EngineError {
 pub fn quota_code(e: &weir_quota::QuotaError) -> &'static str {
     use weir_quota::QuotaError::*;
     match e {
-        Connections { .. } | Channels { .. } => "NOT_ALLOWED",
+        Connections { .. } | UserConnections { .. } | Channels { .. } => "NOT_ALLOWED",
         Queues { .. } | Exchanges { .. } | Consumers { .. } | MessageSize { .. } => {
             "PRECONDITION_FAILED"
         }

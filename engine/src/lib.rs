@@ -70,6 +70,8 @@ pub struct Engine {
     codecs: parking_lot::RwLock<Arc<properties::HeaderCodecs>>,
     /// Bounds of retained messages and the bytes they take.
     pub(crate) retained: retained::RetainedBudget,
+    /// Per-user limits (`[[quota.users]]`), on top of each tenant's.
+    pub user_quotas: weir_quota::UserQuotas,
 }
 
 impl Engine {
@@ -90,6 +92,7 @@ impl Engine {
             dead_letters: Default::default(),
             codecs: parking_lot::RwLock::new(Arc::new(properties::HeaderCodecs::new())),
             retained: Default::default(),
+            user_quotas: Default::default(),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
 

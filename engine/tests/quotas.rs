@@ -256,3 +256,34 @@ fn purge_and_delete_give_queued_bytes_back() {
         .expect("delete");
     assert_eq!((quota.queued_messages(), quota.queued_bytes()), (0, 0));
 }
+
+#[test]
+fn a_users_limits_apply_on_top_of_its_tenants() {
+    let e = engine_with("a", Limits::default());
+    e.user_quotas.set(
+        "u",
+        Limits {
+            max_connections: Some(1),
+            max_message_size: Some(10),
+            ..Limits::default()
+        },
+    );
+    let c = Client::open(&e, "a", "u").expect("first");
+    // Counted over tenants.
+    let Err(err) = Client::open(&e, "/", "u") else {
+        panic!("a second connection of the user was accepted");
+    };
+    assert_eq!(
+        err.to_string(),
+        "NOT_ALLOWED - Connection refused for user 'u'. User connection limit (1) is reached"
+    );
+    assert_eq!(
+        e.tenant("/").expect("default tenant").quota().connections(),
+        0,
+        "the refused connection gave its tenant place back"
+    );
+    assert!(c.check_message_size(11).is_err(), "the user's size limit");
+    Client::open(&e, "a", "other").expect("another user is not limited");
+    drop(c);
+    Client::open(&e, "/", "u").expect("its place is back");
+}

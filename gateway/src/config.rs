@@ -412,6 +412,48 @@ pub struct QuotaConfig {
     pub memory_limit: Option<SizeSetting>,
     /// Free-disk watermark [default: 1 GiB or two segments].
     pub disk_free_limit: Option<SizeSetting>,
+    /// `[[quota.users]]`: per-user limits, on top of the tenant's.
+    pub users: Vec<UserQuotaConfig>,
+}
+
+/// One `[[quota.users]]` entry: limits of one user's connections, checked
+/// on top of its tenant's (`[[tenants]]`). Connections are counted over all
+/// tenants; the rates are shared by all the user's connections.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct UserQuotaConfig {
+    /// The user (login name).
+    pub name: String,
+    /// Open connections of the user.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// Channels open at once on one of its AMQP connections.
+    #[serde(default)]
+    pub max_channels_per_connection: Option<u32>,
+    /// Largest message body it may publish.
+    #[serde(default)]
+    pub max_message_size: Option<ByteSize>,
+    /// Messages per second, all its connections together.
+    #[serde(default)]
+    pub publish_rate: Option<u32>,
+    /// Bytes per second, all its connections together.
+    #[serde(default)]
+    pub publish_bytes_rate: Option<ByteSize>,
+}
+
+impl UserQuotaConfig {
+    /// The user's limits, sizes resolved to bytes.
+    pub fn limits(&self) -> Result<weir_quota::Limits, ConfigError> {
+        let as_tenant = TenantConfig {
+            max_connections: self.max_connections,
+            max_channels_per_connection: self.max_channels_per_connection,
+            max_message_size: self.max_message_size.clone(),
+            publish_rate: self.publish_rate,
+            publish_bytes_rate: self.publish_bytes_rate.clone(),
+            ..TenantConfig::named(&self.name)
+        };
+        as_tenant.limits()
+    }
 }
 
 /// The watermarks in bytes, after defaults and units.
@@ -692,6 +734,8 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// `[[tenants]]`.
     pub tenants: Vec<TenantConfig>,
+    /// `[[quota.users]]`.
+    pub quota_users: Vec<UserQuotaConfig>,
     /// Quarantine damaged log ranges before opening the store (`--repair`).
     pub repair: bool,
     /// Deprecations and other remarks, logged once logging is set up.
@@ -883,6 +927,9 @@ impl Config {
         for t in &tenants {
             t.limits()?;
         }
+        for u in &quota.users {
+            u.limits()?;
+        }
         for p in &policies {
             weir_engine::policy::Policy::new(p.to_def())
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -906,6 +953,7 @@ impl Config {
                 ));
             }
         }
+        let quota_users = quota.users.clone();
         let quota = resolve_quota(&quota, store.log.segment_bytes())?;
         Ok(Config {
             log,
@@ -918,6 +966,7 @@ impl Config {
             auth,
             policies,
             tenants,
+            quota_users,
             repair: cli.repair,
             warnings,
         })

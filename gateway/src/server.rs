@@ -275,6 +275,10 @@ impl Broker {
                 tracing::info!(tenant = %t.name, "tenant created");
             }
         }
+        for u in &cfg.quota_users {
+            let limits = u.limits().map_err(|e| ServerError::Policy(e.to_string()))?;
+            engine.user_quotas.set(&u.name, limits);
+        }
         for p in &cfg.policies {
             let tenant = engine.tenant(&p.vhost).ok_or_else(|| {
                 ServerError::Policy(format!("policy '{}': no vhost '{}'", p.name, p.vhost))

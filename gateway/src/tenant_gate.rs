@@ -26,36 +26,44 @@ pub struct TenantGate {
     block: watch::Receiver<bool>,
     /// The block as last seen.
     blocked: bool,
-    rate: Option<Arc<Rate>>,
-    debt: Debt,
+    /// The tenant's publish rate and the user's (`[[quota.users]]`), each
+    /// with what this connection owes it.
+    rates: [Option<(Arc<Rate>, Debt)>; 2],
     /// Not read until then: over the rate.
     pause_until: Option<Instant>,
 }
 
 impl TenantGate {
-    /// The gate of a connection of `tenant`, if the tenant has a queued or
-    /// rate limit (without, a connection carries and checks nothing).
-    pub fn for_tenant(tenant: &weir_engine::tenant::Tenant) -> Option<Self> {
+    /// The gate of an engine client's connection, if its tenant has a
+    /// queued or rate limit or its user a rate limit (without, a connection
+    /// carries and checks nothing).
+    pub fn for_client(client: &weir_engine::Client) -> Option<Self> {
+        let tenant = client.tenant();
         let l = tenant.quota().limits();
+        let user_rate = client.user_quota().and_then(|u| u.rate());
         let limited = l.max_queued_bytes.is_some()
             || l.max_queued_messages.is_some()
             || l.publish_rate.is_some()
-            || l.publish_bytes_rate.is_some();
-        limited.then(|| Self::new(tenant.name.clone(), tenant.quota().clone()))
+            || l.publish_bytes_rate.is_some()
+            || user_rate.is_some();
+        limited.then(|| {
+            let mut g = Self::new(tenant.name.clone(), tenant.quota().clone());
+            g.rates[1] = user_rate.map(|r| (r, Debt::default()));
+            g
+        })
     }
 
     /// The gate of a connection of `tenant`.
     pub fn new(tenant: Arc<str>, quota: Arc<TenantQuota>) -> Self {
         let mut block = quota.subscribe_blocked();
         let blocked = *block.borrow_and_update();
-        let rate = quota.rate();
+        let rate = quota.rate().map(|r| (r, Debt::default()));
         TenantGate {
             quota,
             tenant,
             block,
             blocked,
-            rate,
-            debt: Debt::default(),
+            rates: [rate, None],
             pause_until: None,
         }
     }
@@ -82,22 +90,25 @@ impl TenantGate {
 
     /// A message of `bytes` was published: owed to the rate, if any.
     pub fn published(&mut self, bytes: usize) {
-        if self.rate.is_some() {
-            self.debt.messages = self.debt.messages.saturating_add(1);
-            self.debt.bytes = self.debt.bytes.saturating_add(bytes as u64);
+        for (_, debt) in self.rates.iter_mut().flatten() {
+            debt.messages = debt.messages.saturating_add(1);
+            debt.bytes = debt.bytes.saturating_add(bytes as u64);
         }
     }
 
     /// After a batch: takes its debt from the tenant's rate; over it, reads
     /// pause (see [`TenantGate::paused`]).
     pub fn end_batch(&mut self) {
-        if self.pause_until.is_some() || self.debt.is_empty() {
+        if self.pause_until.is_some() {
             return;
         }
-        let Some(rate) = &self.rate else {
-            return;
-        };
-        if let Some(wait) = rate.take(&mut self.debt) {
+        let mut wait: Option<Duration> = None;
+        for (rate, debt) in self.rates.iter_mut().flatten() {
+            if !debt.is_empty() {
+                wait = wait.max(rate.take(debt));
+            }
+        }
+        if let Some(wait) = wait {
             self.pause_until = Some(Instant::now() + wait.max(Duration::from_millis(1)));
         }
     }

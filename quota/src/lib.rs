@@ -13,7 +13,7 @@
 pub mod limits;
 pub mod rate;
 
-pub use limits::{Limits, QuotaError, TenantQuota};
+pub use limits::{Limits, QuotaError, TenantQuota, UserQuotas};
 pub use rate::{Debt, Rate};
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

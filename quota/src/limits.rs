@@ -52,6 +52,14 @@ pub enum QuotaError {
         /// The limit.
         limit: u32,
     },
+    /// A user's `max-connections` (`[[quota.users]]`; AMQP 530, MQTT 0x97).
+    #[error("Connection refused for user '{user}'. User connection limit ({limit}) is reached")]
+    UserConnections {
+        /// The user.
+        user: String,
+        /// The limit.
+        limit: u32,
+    },
     /// `max-channels-per-connection` (AMQP 530 NOT_ALLOWED, connection error).
     #[error("number of channels opened ({open}) has reached the negotiated channel_max ({limit})")]
     Channels {
@@ -236,6 +244,18 @@ impl TenantQuota {
             }
         }
         Ok(())
+    }
+
+    /// Counts a new connection of the user whose limits these are, or
+    /// refuses it at the user's `max-connections`.
+    pub fn add_user_connection(&self, user: &str) -> Result<(), QuotaError> {
+        self.add_connection("", user).map_err(|e| match e {
+            QuotaError::Connections { limit, .. } => QuotaError::UserConnections {
+                user: user.into(),
+                limit,
+            },
+            e => e,
+        })
     }
 
     /// A connection counted by [`TenantQuota::add_connection`] closed.
@@ -425,6 +445,27 @@ mod tests {
     }
 
     #[test]
+    fn user_connections_are_counted_over_tenants() {
+        let users = UserQuotas::default();
+        assert!(users.get("u").is_none());
+        users.set(
+            "u",
+            Limits {
+                max_connections: Some(1),
+                ..Limits::default()
+            },
+        );
+        let q = users.get("u").unwrap();
+        q.add_user_connection("u").unwrap();
+        assert_eq!(
+            q.add_user_connection("u").unwrap_err().to_string(),
+            "Connection refused for user 'u'. User connection limit (1) is reached"
+        );
+        q.remove_connection();
+        q.add_user_connection("u").unwrap();
+    }
+
+    #[test]
     fn queue_limit_text_is_rabbitmqs() {
         let q = quota(Limits {
             max_queues: Some(1),
@@ -515,5 +556,42 @@ mod tests {
             ..Limits::default()
         });
         assert!(q.is_blocked());
+    }
+}
+
+/// Per-user limits (`[[quota.users]]`), by user name: each user's limits
+/// apply on top of its tenant's (connections counted over all tenants,
+/// its own publish rate shared by its connections). Queued limits do not
+/// apply to users.
+#[derive(Default)]
+pub struct UserQuotas {
+    by_name: std::sync::RwLock<std::collections::HashMap<String, Arc<TenantQuota>>>,
+}
+
+impl std::fmt::Debug for UserQuotas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserQuotas").finish_non_exhaustive()
+    }
+}
+
+impl UserQuotas {
+    /// Sets `user`'s limits (replacing earlier ones; counters are kept).
+    pub fn set(&self, user: &str, limits: Limits) {
+        let mut m = match self.by_name.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        m.entry(user.to_string())
+            .or_insert_with(TenantQuota::new)
+            .set_limits(limits);
+    }
+
+    /// `user`'s limits and counters, if it has limits.
+    pub fn get(&self, user: &str) -> Option<Arc<TenantQuota>> {
+        let m = match self.by_name.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        m.get(user).cloned()
     }
 }

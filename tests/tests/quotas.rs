@@ -283,3 +283,23 @@ async fn an_mqtt_publisher_of_a_tenant_at_its_quota_is_not_read_until_drained() 
         .await
         .expect("ack counter");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_connection_limit_refuses_with_530() {
+    let (broker, _tmp) = start("[[quota.users]]\nname = \"guest\"\nmax-connections = 1\n");
+    let _first = connect(&broker.url()).await;
+    let refused = within(
+        "second connection",
+        lapin::Connection::connect(&broker.url(), lapin::ConnectionProperties::default()),
+    )
+    .await;
+    let err = refused
+        .map(|_| ())
+        .expect_err("over the user's max-connections");
+    assert_eq!(reply_code(&err), Some(530), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("Connection refused for user 'guest'. User connection limit (1) is reached"),
+        "{err}"
+    );
+}

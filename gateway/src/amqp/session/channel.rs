@@ -41,8 +41,8 @@ impl Session {
         // channel_max.
         if let Some(c) = self.client.as_ref() {
             let open = u32::try_from(self.channels.len()).unwrap_or(u32::MAX);
-            if let Err(e) = c.tenant().quota().check_channel(open) {
-                self.fail(ch, crate::engine::EngineError::from(e).into(), 20, 10);
+            if let Err(e) = c.check_channel(open) {
+                self.fail(ch, e.into(), 20, 10);
                 return;
             }
         }

@@ -38,6 +38,7 @@ impl From<EngineError> for Failure {
             // channels close the connection (530), the rest the channel.
             EngineError::Quota(
                 weir_quota::QuotaError::Connections { .. }
+                | weir_quota::QuotaError::UserConnections { .. }
                 | weir_quota::QuotaError::Channels { .. },
             ) => bare_hard(reply::NOT_ALLOWED, text),
             EngineError::Quota(_) => Failure::Channel(reply::PRECONDITION_FAILED, text),

@@ -392,7 +392,7 @@ impl Session {
             }
             Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {
                 Ok(client) => {
-                    self.gate = TenantGate::for_tenant(client.tenant());
+                    self.gate = TenantGate::for_client(&client);
                     self.client = Some(client);
                     self.conn.accept_open();
                 }

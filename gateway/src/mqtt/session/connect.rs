@@ -112,7 +112,7 @@ impl Session {
         self.tenant = tenant;
         self.client_id = client_id.clone();
         self.conn_id = client.id();
-        self.gate = TenantGate::for_tenant(client.tenant()).map(Box::new);
+        self.gate = TenantGate::for_client(&client).map(Box::new);
         self.client = Some(client);
 
         let (registration, _took_over) = self
