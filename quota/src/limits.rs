@@ -7,7 +7,7 @@
 //! per change), and crossing the limit flips a [`watch`] the tenant's
 //! publishing sessions wait on, as they wait on the broker's global alarms.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -129,6 +129,9 @@ pub struct TenantQuota {
     queued_bytes: AtomicU64,
     /// Set while the tenant is at a queued limit.
     blocked: watch::Sender<bool>,
+    /// The watch's value, for the per-message paths (the watch's own
+    /// value sits behind a lock).
+    blocked_now: AtomicBool,
     rate: parking_lot_free::Cell<Option<Arc<crate::rate::Rate>>>,
 }
 
@@ -170,6 +173,7 @@ impl Default for TenantQuota {
             queued_messages: AtomicU64::new(0),
             queued_bytes: AtomicU64::new(0),
             blocked: watch::Sender::new(false),
+            blocked_now: AtomicBool::new(false),
             rate: parking_lot_free::Cell::new(None),
         }
     }
@@ -342,7 +346,7 @@ impl TenantQuota {
         let b = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if (m >= self.max_queued_messages.load(Ordering::Relaxed)
             || b >= self.max_queued_bytes.load(Ordering::Relaxed))
-            && !*self.blocked.borrow()
+            && !self.blocked_now.load(Ordering::Relaxed)
         {
             self.update_blocked();
         }
@@ -353,9 +357,9 @@ impl TenantQuota {
     pub fn dequeued(&self, messages: u64, bytes: u64) {
         let m = self.queued_messages.fetch_sub(messages, Ordering::Relaxed) - messages;
         let b = self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed) - bytes;
-        // One relaxed load of the watch's state while unblocked (the
-        // common case); the lock only while blocked.
-        if *self.blocked.borrow()
+        // One relaxed load while unblocked (the common case); the watch's
+        // lock only while blocked.
+        if self.blocked_now.load(Ordering::Relaxed)
             && m < resume_at(self.max_queued_messages.load(Ordering::Relaxed))
             && b < resume_at(self.max_queued_bytes.load(Ordering::Relaxed))
         {
@@ -379,6 +383,7 @@ impl TenantQuota {
             };
             let changed = want != *blocked;
             *blocked = want;
+            self.blocked_now.store(want, Ordering::Relaxed);
             changed
         });
     }
