@@ -355,8 +355,12 @@ impl TenantQuota {
     /// `messages` of `bytes` left the tenant's queues (delivered, expired,
     /// purged, deleted). Unblocks its publishers below the resume mark.
     pub fn dequeued(&self, messages: u64, bytes: u64) {
-        let m = self.queued_messages.fetch_sub(messages, Ordering::Relaxed) - messages;
-        let b = self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed) - bytes;
+        let (pm, pb) = (
+            self.queued_messages.fetch_sub(messages, Ordering::Relaxed),
+            self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed),
+        );
+        debug_assert!(pm >= messages && pb >= bytes, "dequeued more than queued");
+        let (m, b) = (pm.wrapping_sub(messages), pb.wrapping_sub(bytes));
         // One relaxed load while unblocked (the common case); the watch's
         // lock only while blocked.
         if self.blocked_now.load(Ordering::Relaxed)

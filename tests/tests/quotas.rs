@@ -1,11 +1,10 @@
 //! Tenant quotas (issue 9) against the real binary: a tenant at its
 //! queued-bytes quota is blocked (`connection.blocked`) while another
 //! tenant keeps publishing, and unblocked when drained; the count limits
-//! refuse with RabbitMQ's codes; an MQTT client over a limit gets 0x97.
-//!
-//! Publish rates are not tested here (their effect is a time): the limiter
-//! is unit-tested in `quota/src/rate.rs` and its effect is measured by the
-//! noisy-neighbour benchmark.
+//! refuse with RabbitMQ's codes; an MQTT client over a limit gets 0x97; a
+//! publisher over its tenant's rate is paused (its precision is a time:
+//! the limiter is unit-tested in `quota/src/rate.rs` on a fake clock, and
+//! the rate held is measured by the noisy-neighbour benchmark).
 
 use futures_lite::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicPublishOptions};
@@ -302,4 +301,39 @@ async fn a_users_connection_limit_refuses_with_530() {
             .contains("Connection refused for user 'guest'. User connection limit (1) is reached"),
         "{err}"
     );
+}
+
+/// A publisher over its tenant's `publish-rate` is paused (its socket not
+/// read) while another tenant's publisher goes on. Observed through the
+/// broker's state, not a duration: with a rate of 1 msg/s, twenty
+/// messages sent at once owe the limiter about 19 s, far longer than the
+/// other tenant needs for its fifty confirms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_over_its_tenants_rate_is_paused_while_another_publishes() {
+    let (broker, _tmp) =
+        start("[[tenants]]\nname = \"a\"\npublish-rate = 1\n\n[[tenants]]\nname = \"b\"\n");
+    let conn_a = connect(&broker.url_with("guest", "guest", "a")).await;
+    let ch_a = confirm_channel(&conn_a).await;
+    declare_queue(&ch_a, "paced").await;
+    let mut confirms = Vec::new();
+    for _ in 0..20 {
+        confirms.push(publish(&ch_a, "paced", b"x").await);
+    }
+    let last = publish(&ch_a, "paced", b"last").await;
+    let last = tokio::spawn(last);
+
+    let conn_b = connect(&broker.url_with("guest", "guest", "b")).await;
+    let ch_b = confirm_channel(&conn_b).await;
+    declare_queue(&ch_b, "steady").await;
+    for _ in 0..50 {
+        publish_confirmed(&ch_b, "", "steady", b"y", BasicProperties::default()).await;
+    }
+    let conn_a2 = connect(&broker.url_with("guest", "guest", "a")).await;
+    let ch_a2 = conn_a2.create_channel().await.expect("channel");
+    let taken = queue_len(&ch_a2, "paced").await;
+    assert!(
+        taken < 21,
+        "the rate-limited publisher was read through: {taken}"
+    );
+    assert!(!last.is_finished(), "its last publish was confirmed");
 }
