@@ -1446,6 +1446,52 @@ mod tests {
     }
 
     #[test]
+    fn tenant_and_user_limits_are_read_with_units_and_checked() {
+        let path = file(
+            "tenant-limits",
+            "[[tenants]]\nname = \"a\"\nmax-queues = 3\nmax-queued-bytes = \"64MB\"\n\
+             max-message-size = 1024\npublish-rate = 500\n\n\
+             [[quota.users]]\nname = \"u\"\nmax-connections = 2\npublish-bytes-rate = \"1MB\"\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
+        let l = cfg.tenants[0].limits().expect("limits");
+        assert_eq!(l.max_queues, Some(3));
+        assert_eq!(l.max_queued_bytes, Some(64 << 20));
+        assert_eq!(l.max_message_size, Some(1024));
+        assert_eq!(l.publish_rate, Some(500));
+        assert_eq!(l.max_connections, None);
+        let u = cfg.quota_users[0].limits().expect("limits");
+        assert_eq!(
+            (u.max_connections, u.publish_bytes_rate),
+            (Some(2), Some(1 << 20))
+        );
+        for (name, text, needle) in [
+            (
+                "tenant-typo",
+                "[[tenants]]\nname = \"a\"\nmax-queue = 3\n",
+                "max-queue",
+            ),
+            (
+                "tenant-unit",
+                "[[tenants]]\nname = \"a\"\nmax-queued-bytes = \"9 parsecs\"\n",
+                "max-queued-bytes",
+            ),
+            // Queued limits are per tenant, not per user.
+            (
+                "user-queued",
+                "[[quota.users]]\nname = \"u\"\nmax-queued-bytes = 5\n",
+                "max-queued-bytes",
+            ),
+        ] {
+            let path = file(name, text);
+            let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains(needle), "{name}: {msg}");
+        }
+    }
+
+    #[test]
     fn bad_values_name_their_source() {
         let msg = load(&[], &[("WEIR_HEARTBEAT", "soon")])
             .unwrap_err()
