@@ -268,14 +268,21 @@ impl Client {
         Ok(())
     }
 
-    /// Refuses a channel beyond the tenant's (or the user's)
-    /// `max-channels-per-connection`, given the `open` ones (530 text).
-    pub fn check_channel(&self, open: u32) -> Result<()> {
-        self.tenant.quota().check_channel(open)?;
-        if let Some(u) = &self.user_quota {
-            u.check_channel(open)?;
+    /// The channels (protocol sub-sessions) this connection may have open
+    /// at once: the lower of its tenant's and its user's
+    /// `max-channels-per-connection`, if any.
+    pub fn max_channels(&self) -> Option<u32> {
+        let user = self
+            .user_quota
+            .as_ref()
+            .and_then(|u| u.limits().max_channels_per_connection);
+        match (
+            self.tenant.quota().limits().max_channels_per_connection,
+            user,
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        Ok(())
     }
 
     /// The principal's own limits (`[[quota.users]]`), if any: its publish

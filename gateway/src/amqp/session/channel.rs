@@ -37,15 +37,6 @@ pub(super) struct Channel {
 
 impl Session {
     pub(super) fn on_channel_opened(&mut self, ch: u16) {
-        // The tenant's max-channels-per-connection: 530, as RabbitMQ's
-        // channel_max.
-        if let Some(c) = self.client.as_ref() {
-            let open = u32::try_from(self.channels.len()).unwrap_or(u32::MAX);
-            if let Err(e) = c.check_channel(open) {
-                self.fail(ch, e.into(), 20, 10);
-                return;
-            }
-        }
         self.next_epoch += 1;
         self.channels.insert(
             ch,

@@ -393,6 +393,9 @@ impl Session {
             Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {
                 Ok(client) => {
                     self.gate = TenantGate::for_client(&client);
+                    // max-channels-per-connection, refused by the adapter
+                    // before channel.open-ok.
+                    self.conn.limit_open_channels(client.max_channels());
                     self.client = Some(client);
                     self.conn.accept_open();
                 }
