@@ -34,12 +34,12 @@ pub enum EngineError {
 }
 
 /// The AMQP reply-code name RabbitMQ answers a limit with: NOT_ALLOWED for
-/// connections and channels (connection errors), PRECONDITION_FAILED for
-/// the rest (channel errors).
+/// connections (at connection.open), PRECONDITION_FAILED for the rest
+/// (channel errors).
 pub fn quota_code(e: &weir_quota::QuotaError) -> &'static str {
     use weir_quota::QuotaError::*;
     match e {
-        Connections { .. } | UserConnections { .. } | Channels { .. } => "NOT_ALLOWED",
+        Connections { .. } | UserConnections { .. } => "NOT_ALLOWED",
         Queues { .. } | Exchanges { .. } | Consumers { .. } | MessageSize { .. } => {
             "PRECONDITION_FAILED"
         }

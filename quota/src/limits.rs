@@ -16,7 +16,8 @@ use tokio::sync::watch;
 pub struct Limits {
     /// Open connections of the tenant (RabbitMQ `max-connections`).
     pub max_connections: Option<u32>,
-    /// Channels open at once on one connection.
+    /// Channels open at once on one connection (enforced by the AMQP
+    /// adapter: 530 before channel.open-ok).
     pub max_channels_per_connection: Option<u32>,
     /// Queues of the tenant (RabbitMQ `max-queues`).
     pub max_queues: Option<u32>,
@@ -57,14 +58,6 @@ pub enum QuotaError {
     UserConnections {
         /// The user.
         user: String,
-        /// The limit.
-        limit: u32,
-    },
-    /// `max-channels-per-connection` (AMQP 530 NOT_ALLOWED, connection error).
-    #[error("number of channels opened ({open}) has reached the negotiated channel_max ({limit})")]
-    Channels {
-        /// Channels open.
-        open: u32,
         /// The limit.
         limit: u32,
     },
@@ -273,14 +266,6 @@ impl TenantQuota {
     }
 
     // -- counts checked by their owners -----------------------------------
-
-    /// May a connection with `open` channels open one more?
-    pub fn check_channel(&self, open: u32) -> Result<(), QuotaError> {
-        match self.limits().max_channels_per_connection {
-            Some(limit) if open >= limit => Err(QuotaError::Channels { open, limit }),
-            _ => Ok(()),
-        }
-    }
 
     /// May a tenant with `count` queues declare `queue`?
     pub fn check_queue(&self, tenant: &str, queue: &str, count: usize) -> Result<(), QuotaError> {
