@@ -208,6 +208,8 @@ pub struct Client {
     publish_durable: Vec<PartitionId>,
     locs: Vec<Location>,
     closed: bool,
+    /// The principal's own limits (`[[quota.users]]`), if any.
+    user_quota: Option<Arc<weir_quota::TenantQuota>>,
     /// Header codecs (headers the engine adds, e.g. `x-delivery-count`).
     codecs: Arc<crate::properties::HeaderCodecs>,
     /// The principal's permissions in the tenant, with cached decisions.
@@ -227,6 +229,15 @@ impl Client {
         let principal: Arc<str> = principal.into();
         let authz = Authz::open(engine.permissions().clone(), principal.clone(), tenant)
             .map_err(EngineError::AccessRefused)?;
+        // Given back in `close` (`closed` makes that happen once).
+        t.quota().add_connection(tenant, &principal)?;
+        let user_quota = engine.user_quotas.get(&principal);
+        if let Some(u) = &user_quota {
+            if let Err(e) = u.add_user_connection(&principal) {
+                t.quota().remove_connection();
+                return Err(e.into());
+            }
+        }
         Ok(Client {
             authz,
             store: engine.store().clone(),
@@ -246,6 +257,7 @@ impl Client {
             publish_durable: Vec::new(),
             locs: Vec::with_capacity(1),
             closed: false,
+            user_quota,
         })
     }
 
@@ -257,6 +269,39 @@ impl Client {
     /// The tenant it works in.
     pub fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
+    }
+
+    /// Refuses a message of `size` bytes over the tenant's
+    /// `max-message-size` (RabbitMQ's 406 text); one atomic load.
+    pub fn check_message_size(&self, size: u64) -> Result<()> {
+        self.tenant.quota().check_message_size(size)?;
+        if let Some(u) = &self.user_quota {
+            u.check_message_size(size)?;
+        }
+        Ok(())
+    }
+
+    /// The channels (protocol sub-sessions) this connection may have open
+    /// at once: the lower of its tenant's and its user's
+    /// `max-channels-per-connection`, if any.
+    pub fn max_channels(&self) -> Option<u32> {
+        let user = self
+            .user_quota
+            .as_ref()
+            .and_then(|u| u.limits().max_channels_per_connection);
+        match (
+            self.tenant.quota().limits().max_channels_per_connection,
+            user,
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The principal's own limits (`[[quota.users]]`), if any: its publish
+    /// rate, for the session.
+    pub fn user_quota(&self) -> Option<&Arc<weir_quota::TenantQuota>> {
+        self.user_quota.as_ref()
     }
 
     /// Who it is authenticated as.
@@ -779,6 +824,13 @@ impl Client {
     ) -> Result<Arc<Consumer>, ClientError> {
         self.authorize(Permission::Read, Resource::Queue(queue))?;
         let q = self.queue(queue)?;
+        if self.tenant.quota().max_consumers().is_some() {
+            let count = self.tenant.consumer_count();
+            self.tenant
+                .quota()
+                .check_consumer(&self.tenant.name, count)
+                .map_err(EngineError::from)?;
+        }
         let handle = self.handle.clone();
         let tenant = self.tenant.name.clone();
         let st = self.scope_mut(opts.scope);
@@ -1377,6 +1429,10 @@ impl Client {
         }
         self.tenant.connection_closed(self.handle.id);
         self.commit();
+        self.tenant.quota().remove_connection();
+        if let Some(u) = &self.user_quota {
+            u.remove_connection();
+        }
     }
 
     fn read_back(&self, p: &Partition, e: &Entry) -> Option<Arc<Message>> {

@@ -24,9 +24,26 @@ pub enum EngineError {
     /// A feature that does not exist.
     #[error("NOT_IMPLEMENTED - {0}")]
     NotImplemented(String),
+    /// A tenant limit was reached (`[[tenants]]` quotas). The text starts
+    /// with the AMQP code RabbitMQ uses for that limit.
+    #[error("{code} - {0}", code = quota_code(.0))]
+    Quota(#[from] weir_quota::QuotaError),
     /// The store failed; nothing further is acknowledged.
     #[error("INTERNAL_ERROR - store: {0}")]
     Store(#[from] StoreError),
+}
+
+/// The AMQP reply-code name RabbitMQ answers a limit with: NOT_ALLOWED for
+/// connections (at connection.open), PRECONDITION_FAILED for the rest
+/// (channel errors).
+pub fn quota_code(e: &weir_quota::QuotaError) -> &'static str {
+    use weir_quota::QuotaError::*;
+    match e {
+        Connections { .. } | UserConnections { .. } => "NOT_ALLOWED",
+        Queues { .. } | Exchanges { .. } | Consumers { .. } | MessageSize { .. } => {
+            "PRECONDITION_FAILED"
+        }
+    }
 }
 
 /// Shorthand.

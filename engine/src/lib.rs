@@ -80,6 +80,8 @@ pub struct Engine {
     users: RwLock<std::collections::BTreeMap<String, permissions::UserDef>>,
     /// Permissions and topic permissions, as clients check them.
     permissions: Arc<permissions::Permissions>,
+    /// Per-user limits (`[[quota.users]]`), on top of each tenant's.
+    pub user_quotas: weir_quota::UserQuotas,
 }
 
 impl Engine {
@@ -105,6 +107,7 @@ impl Engine {
             auth: Arc::new(auth),
             users: RwLock::new(Default::default()),
             permissions: Default::default(),
+            user_quotas: Default::default(),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
         let mut any_user = false;

@@ -15,6 +15,7 @@ use std::fmt::Display;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use weir_backend::Op;
+use weir_quota::{Limits, TenantQuota};
 
 /// The exchanges every tenant has, as RabbitMQ pre-declares them.
 const STANDARD_EXCHANGES: &[(&str, ExchangeKind)] = &[
@@ -102,6 +103,8 @@ pub struct Tenant {
     pub(crate) retained: crate::retained::Retained,
     /// Protocol session state (see [`crate::session_state`]).
     pub(crate) session_state: crate::session_state::SessionState,
+    /// Limits and usage (`[[tenants]]` quotas).
+    quota: Arc<TenantQuota>,
 }
 
 fn not_found_queue(name: &str, tenant: &str) -> EngineError {
@@ -150,7 +153,32 @@ impl Tenant {
             policies: RwLock::new(Vec::new()),
             retained: Default::default(),
             session_state: Default::default(),
+            quota: TenantQuota::new(),
         })
+    }
+
+    /// The tenant's limits and usage: counts checked here and by
+    /// [`crate::client::Client`], queued messages and bytes counted by its
+    /// queues, and the block signal and rate limiter its publishing
+    /// sessions obey.
+    pub fn quota(&self) -> &Arc<TenantQuota> {
+        &self.quota
+    }
+
+    /// Sets the tenant's limits (from the configuration at every start:
+    /// they are not stored). Lowering a limit below the current usage
+    /// refuses new things and blocks publishers; nothing is deleted.
+    pub fn set_limits(&self, limits: Limits) {
+        self.quota.set_limits(limits);
+    }
+
+    /// Consumers attached to the tenant's queues (a walk over them).
+    pub fn consumer_count(&self) -> usize {
+        self.queues
+            .read()
+            .values()
+            .map(|q| q.consumer_count() as usize)
+            .sum()
     }
 
     /// Sets (adds or replaces) a policy, durably, and applies it to the
@@ -251,7 +279,13 @@ impl Tenant {
 
     pub(crate) fn restore_queue(&self, def: QueueDef) -> Arc<Queue> {
         let timers = self.engine().ok().map(|e| e.timers.clone());
-        let q = Queue::with_timers(def, self.name.clone(), None, timers);
+        let q = Queue::with_timers(
+            def,
+            self.name.clone(),
+            None,
+            timers,
+            Some(self.quota.clone()),
+        );
         self.apply_policy(&q);
         // A restart is a use: x-expires counts from boot, as in RabbitMQ.
         q.touch();
@@ -381,6 +415,10 @@ impl Tenant {
             // answer as for an existing exchange (checks and durability).
             drop(w);
             return self.declare_exchange(def, passive);
+        }
+        if self.quota.limits().max_exchanges.is_some() {
+            let declared = w.keys().filter(|n| !n.starts_with("amq.")).count();
+            self.quota.check_exchange(&self.name, &def.name, declared)?;
         }
         let wait = if def.durable {
             let key = meta::exchange_key(&self.name, &def.name);
@@ -569,6 +607,8 @@ impl Tenant {
             drop(w);
             return self.declare_queue(QueueDeclare { name, ..req });
         }
+        // Under the write lock: two declares cannot both take the last place.
+        self.quota.check_queue(&self.name, &name, w.len())?;
         let def = QueueDef {
             name: name.clone(),
             durable: req.durable,
@@ -598,7 +638,13 @@ impl Tenant {
             None
         };
         let owner = req.exclusive.then_some(req.connection);
-        let q = Queue::with_timers(def, self.name.clone(), owner, Some(engine.timers.clone()));
+        let q = Queue::with_timers(
+            def,
+            self.name.clone(),
+            owner,
+            Some(engine.timers.clone()),
+            Some(self.quota.clone()),
+        );
         self.apply_policy(&q);
         q.touch();
         w.insert(name.clone(), q);

@@ -412,6 +412,48 @@ pub struct QuotaConfig {
     pub memory_limit: Option<SizeSetting>,
     /// Free-disk watermark [default: 1 GiB or two segments].
     pub disk_free_limit: Option<SizeSetting>,
+    /// `[[quota.users]]`: per-user limits, on top of the tenant's.
+    pub users: Vec<UserQuotaConfig>,
+}
+
+/// One `[[quota.users]]` entry: limits of one user's connections, checked
+/// on top of its tenant's (`[[tenants]]`). Connections are counted over all
+/// tenants; the rates are shared by all the user's connections.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct UserQuotaConfig {
+    /// The user (login name).
+    pub name: String,
+    /// Open connections of the user.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// Channels open at once on one of its AMQP connections.
+    #[serde(default)]
+    pub max_channels_per_connection: Option<u32>,
+    /// Largest message body it may publish.
+    #[serde(default)]
+    pub max_message_size: Option<ByteSize>,
+    /// Messages per second, all its connections together.
+    #[serde(default)]
+    pub publish_rate: Option<u32>,
+    /// Bytes per second, all its connections together.
+    #[serde(default)]
+    pub publish_bytes_rate: Option<ByteSize>,
+}
+
+impl UserQuotaConfig {
+    /// The user's limits, sizes resolved to bytes.
+    pub fn limits(&self) -> Result<weir_quota::Limits, ConfigError> {
+        let as_tenant = TenantConfig {
+            max_connections: self.max_connections,
+            max_channels_per_connection: self.max_channels_per_connection,
+            max_message_size: self.max_message_size.clone(),
+            publish_rate: self.publish_rate,
+            publish_bytes_rate: self.publish_bytes_rate.clone(),
+            ..TenantConfig::named(&self.name)
+        };
+        as_tenant.limits()
+    }
 }
 
 /// The watermarks in bytes, after defaults and units.
@@ -530,6 +572,109 @@ fn default_topic_exchange() -> String {
 pub struct TenantConfig {
     /// The tenant's name (AMQP vhost, MQTT `tenant:` username prefix).
     pub name: String,
+    /// Open connections (RabbitMQ's vhost limit `max-connections`).
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// Channels open at once on one AMQP connection.
+    #[serde(default)]
+    pub max_channels_per_connection: Option<u32>,
+    /// Queues (RabbitMQ's vhost limit `max-queues`).
+    #[serde(default)]
+    pub max_queues: Option<u32>,
+    /// Exchanges declared by clients.
+    #[serde(default)]
+    pub max_exchanges: Option<u32>,
+    /// Consumers (AMQP consumers, MQTT subscriptions' session queues).
+    #[serde(default)]
+    pub max_consumers: Option<u32>,
+    /// Ready messages in the tenant's queues: at it, its publishers block.
+    #[serde(default)]
+    pub max_queued_messages: Option<u64>,
+    /// Bytes of ready messages in the tenant's queues: at it, its
+    /// publishers block. Bytes or a size with a unit (`"64MB"`).
+    #[serde(default)]
+    pub max_queued_bytes: Option<ByteSize>,
+    /// Largest message body accepted. Bytes or a size with a unit.
+    #[serde(default)]
+    pub max_message_size: Option<ByteSize>,
+    /// Messages per second, all the tenant's publishers together.
+    #[serde(default)]
+    pub publish_rate: Option<u32>,
+    /// Bytes per second, all the tenant's publishers together. Bytes or a
+    /// size with a unit.
+    #[serde(default)]
+    pub publish_bytes_rate: Option<ByteSize>,
+}
+
+/// A byte count in the file: an integer or a string with a unit (`"64MB"`).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(untagged)]
+pub enum ByteSize {
+    /// Bytes.
+    Bytes(u64),
+    /// Bytes with a unit (see [`parse_bytes`]).
+    Text(String),
+}
+
+impl ByteSize {
+    fn bytes(&self, key: &str, tenant: &str) -> Result<u64, ConfigError> {
+        match self {
+            ByteSize::Bytes(n) => Ok(*n),
+            ByteSize::Text(t) => parse_bytes(t).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "tenants: {key} of tenant '{tenant}': cannot parse '{t}' as bytes"
+                ))
+            }),
+        }
+    }
+}
+
+impl TenantConfig {
+    /// A tenant without limits.
+    pub fn named(name: &str) -> Self {
+        TenantConfig {
+            name: name.into(),
+            max_connections: None,
+            max_channels_per_connection: None,
+            max_queues: None,
+            max_exchanges: None,
+            max_consumers: None,
+            max_queued_messages: None,
+            max_queued_bytes: None,
+            max_message_size: None,
+            publish_rate: None,
+            publish_bytes_rate: None,
+        }
+    }
+
+    /// The tenant's limits, sizes resolved to bytes.
+    pub fn limits(&self) -> Result<weir_quota::Limits, ConfigError> {
+        let bytes = |v: &Option<ByteSize>, key: &str| {
+            v.as_ref().map(|b| b.bytes(key, &self.name)).transpose()
+        };
+        let rate = bytes(&self.publish_bytes_rate, "publish-bytes-rate")?
+            .map(|b| {
+                u32::try_from(b).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "tenants: publish-bytes-rate of tenant '{}' is over 4 GiB/s",
+                        self.name
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok(weir_quota::Limits {
+            max_connections: self.max_connections,
+            max_channels_per_connection: self.max_channels_per_connection,
+            max_queues: self.max_queues,
+            max_exchanges: self.max_exchanges,
+            max_consumers: self.max_consumers,
+            max_queued_messages: self.max_queued_messages,
+            max_queued_bytes: bytes(&self.max_queued_bytes, "max-queued-bytes")?,
+            max_message_size: bytes(&self.max_message_size, "max-message-size")?,
+            publish_rate: self.publish_rate,
+            publish_bytes_rate: rate,
+        })
+    }
 }
 
 /// One `[[policies]]` entry: a RabbitMQ-style policy of a tenant
@@ -685,6 +830,8 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// `[[tenants]]`.
     pub tenants: Vec<TenantConfig>,
+    /// `[[quota.users]]`.
+    pub quota_users: Vec<UserQuotaConfig>,
     /// Quarantine damaged log ranges before opening the store (`--repair`).
     pub repair: bool,
     /// Deprecations and other remarks, logged once logging is set up.
@@ -873,6 +1020,12 @@ impl Config {
                 "tenants: a tenant needs a name ({t:?})"
             )));
         }
+        for t in &tenants {
+            t.limits()?;
+        }
+        for u in &quota.users {
+            u.limits()?;
+        }
         for p in &policies {
             weir_engine::policy::Policy::new(p.to_def())
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -896,6 +1049,7 @@ impl Config {
                 ));
             }
         }
+        let quota_users = quota.users.clone();
         let quota = resolve_quota(&quota, store.log.segment_bytes())?;
         Ok(Config {
             log,
@@ -908,6 +1062,7 @@ impl Config {
             auth,
             policies,
             tenants,
+            quota_users,
             repair: cli.repair,
             warnings,
         })
@@ -1403,6 +1558,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("max-priority"), "{msg}");
+    }
+
+    #[test]
+    fn tenant_and_user_limits_are_read_with_units_and_checked() {
+        let path = file(
+            "tenant-limits",
+            "[[tenants]]\nname = \"a\"\nmax-queues = 3\nmax-queued-bytes = \"64MB\"\n\
+             max-message-size = 1024\npublish-rate = 500\n\n\
+             [[quota.users]]\nname = \"u\"\nmax-connections = 2\npublish-bytes-rate = \"1MB\"\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
+        let l = cfg.tenants[0].limits().expect("limits");
+        assert_eq!(l.max_queues, Some(3));
+        assert_eq!(l.max_queued_bytes, Some(64 << 20));
+        assert_eq!(l.max_message_size, Some(1024));
+        assert_eq!(l.publish_rate, Some(500));
+        assert_eq!(l.max_connections, None);
+        let u = cfg.quota_users[0].limits().expect("limits");
+        assert_eq!(
+            (u.max_connections, u.publish_bytes_rate),
+            (Some(2), Some(1 << 20))
+        );
+        for (name, text, needle) in [
+            (
+                "tenant-typo",
+                "[[tenants]]\nname = \"a\"\nmax-queue = 3\n",
+                "max-queue",
+            ),
+            (
+                "tenant-unit",
+                "[[tenants]]\nname = \"a\"\nmax-queued-bytes = \"9 parsecs\"\n",
+                "max-queued-bytes",
+            ),
+            // Queued limits are per tenant, not per user.
+            (
+                "user-queued",
+                "[[quota.users]]\nname = \"u\"\nmax-queued-bytes = 5\n",
+                "max-queued-bytes",
+            ),
+        ] {
+            let path = file(name, text);
+            let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains(needle), "{name}: {msg}");
+        }
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
 //! * [`mqtt`]: MQTT topic and message conversion.
 //! * [`server`]: listeners, store opening, graceful shutdown.
+//! * [`tenant_gate`]: a session's view of its tenant's block and publish rate.
 
 pub mod amqp;
 pub mod config;
 pub mod mqtt;
 pub mod server;
+pub mod tenant_gate;
 
 /// The engine lives in its own crate (`weir-engine`); re-exported for the sessions.
 pub use weir_engine as engine;

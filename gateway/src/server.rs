@@ -263,15 +263,21 @@ impl Broker {
         let engine = Engine::open(store.clone())?;
         engine.set_codecs(crate::amqp::convert::shared_codecs());
         for t in &cfg.tenants {
-            if let (_, Some(wait)) = engine
+            let (tenant, wait) = engine
                 .add_tenant(&t.name)
-                .map_err(|e| ServerError::Policy(e.to_string()))?
-            {
+                .map_err(|e| ServerError::Policy(e.to_string()))?;
+            // Limits come from the file at every start (not stored).
+            tenant.set_limits(t.limits().map_err(|e| ServerError::Policy(e.to_string()))?);
+            if let Some(wait) = wait {
                 wait.await
                     .map_err(|_| ServerError::Policy("the store closed".into()))?
                     .map_err(|e| ServerError::Policy(e.to_string()))?;
                 tracing::info!(tenant = %t.name, "tenant created");
             }
+        }
+        for u in &cfg.quota_users {
+            let limits = u.limits().map_err(|e| ServerError::Policy(e.to_string()))?;
+            engine.user_quotas.set(&u.name, limits);
         }
         apply_users(&engine, cfg, users).await?;
         for p in &cfg.policies {

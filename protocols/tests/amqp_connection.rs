@@ -578,6 +578,24 @@ fn channel_numbers_are_checked() {
     );
 }
 
+#[test]
+fn a_channel_over_the_open_channels_limit_is_refused_without_open_ok() {
+    let (mut c, mut input) = open_at(Instant::now(), 0);
+    c.limit_open_channels(Some(1));
+    open_channel(&mut c, &mut input, 1);
+    input.extend_from_slice(&channel_open(2));
+    assert!(c.poll(&mut input).is_none());
+    let frames = written(&mut c);
+    assert_eq!(connection_close(&frames), Some(reply::NOT_ALLOWED));
+    assert!(
+        !frames.iter().any(|f| matches!(
+            f,
+            AMQPFrame::Method(2, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)))
+        )),
+        "no channel.open-ok for the refused channel: {frames:?}"
+    );
+}
+
 // ---------------------------------------------------------------- content
 
 #[test]

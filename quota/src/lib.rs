@@ -4,9 +4,17 @@
 //!   between the tasks that take credit (queues delivering) and the task that
 //!   gives it back (the consumer's connection acknowledging).
 //!
-//! Per-tenant rate limits and queue/memory bounds land here with quotas.
+//! * [`limits`]: a tenant's limits ([`Limits`]) and the counters they are
+//!   checked against ([`TenantQuota`]), with the tenant's block signal.
+//! * [`rate`]: publish rate limits (messages/s, bytes/s) with `governor`.
 
 #![forbid(unsafe_code)]
+
+pub mod limits;
+pub mod rate;
+
+pub use limits::{Limits, QuotaError, TenantQuota, UserQuotas};
+pub use rate::{Debt, Rate};
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;

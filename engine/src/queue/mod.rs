@@ -118,16 +118,18 @@ impl Queue {
     /// A queue with its partitions, without timed work (expiry and
     /// dead-lettering wait for [`Partition::take_due`] calls): for tests.
     pub fn new(def: QueueDef, tenant: Arc<str>, exclusive_owner: Option<u64>) -> Arc<Self> {
-        Self::with_timers(def, tenant, exclusive_owner, None)
+        Self::with_timers(def, tenant, exclusive_owner, None, None)
     }
 
     /// A queue with its partitions, scheduling their timed work (expiry,
-    /// dead-lettering) on the engine's `timers`.
+    /// dead-lettering) on the engine's `timers`; its ready messages count
+    /// towards its tenant's `quota`.
     pub fn with_timers(
         def: QueueDef,
         tenant: Arc<str>,
         exclusive_owner: Option<u64>,
         timers: Option<Arc<crate::timers::Timers>>,
+        quota: Option<Arc<weir_quota::TenantQuota>>,
     ) -> Arc<Self> {
         assert!(
             !def.partitions.is_empty(),
@@ -159,6 +161,7 @@ impl Queue {
                         args.clone(),
                         timers.clone(),
                         me.clone(),
+                        quota.clone(),
                     )
                 })
                 .collect(),

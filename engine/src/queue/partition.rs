@@ -301,16 +301,18 @@ impl Partition {
 
     /// An empty partition of a queue with arguments `args`.
     pub fn with_args(id: PartitionId, durable: bool, args: Arc<QueueArgs>) -> Arc<Self> {
-        Self::of_queue(id, durable, args, None, std::sync::Weak::new())
+        Self::of_queue(id, durable, args, None, std::sync::Weak::new(), None)
     }
 
-    /// An empty partition of `queue`, scheduling its timed work on `timers`.
+    /// An empty partition of `queue`, scheduling its timed work on `timers`;
+    /// its ready messages count towards its tenant's `quota`.
     pub(crate) fn of_queue(
         id: PartitionId,
         durable: bool,
         args: Arc<QueueArgs>,
         timers: Option<Arc<Timers>>,
         queue: std::sync::Weak<super::Queue>,
+        quota: Option<Arc<weir_quota::TenantQuota>>,
     ) -> Arc<Self> {
         let counts_deliveries = AtomicBool::new(
             args.delivery_limit.is_some() || args.queue_type == crate::args::QueueType::Quorum,
@@ -321,7 +323,7 @@ impl Partition {
             partitioned: args.partitions > 1,
             counts_deliveries,
             state: Mutex::new(PartitionState {
-                ready: ReadyList::new(args.max_priority.unwrap_or(0)),
+                ready: ReadyList::counted(args.max_priority.unwrap_or(0), quota),
                 consumers: ConsumerSet::new(args.single_active_consumer),
                 args,
                 next_seq: 0,

@@ -11,6 +11,8 @@
 
 use crate::message::Entry;
 use std::collections::VecDeque;
+use std::sync::Arc;
+use weir_quota::TenantQuota;
 
 /// Tombstones a level tolerates before it is compacted, beyond half its
 /// live entries (avoids compacting tiny levels over and over).
@@ -48,15 +50,50 @@ pub(crate) struct ReadyList {
     levels: Vec<Level>,
     len: usize,
     bytes: u64,
+    /// The tenant's counters of queued messages and bytes, kept in step
+    /// with `len` and `bytes` (one atomic add per change).
+    quota: Option<Arc<TenantQuota>>,
+}
+
+impl Drop for ReadyList {
+    fn drop(&mut self) {
+        // A deleted queue (or one dropped at shutdown) gives its count back.
+        if let Some(q) = &self.quota {
+            q.dequeued(self.len as u64, self.bytes);
+        }
+    }
 }
 
 impl ReadyList {
     /// An empty list with `max_priority + 1` levels.
+    #[cfg(test)]
     pub(crate) fn new(max_priority: u8) -> Self {
+        Self::counted(max_priority, None)
+    }
+
+    /// An empty list whose entries count towards a tenant's `quota`.
+    pub(crate) fn counted(max_priority: u8, quota: Option<Arc<TenantQuota>>) -> Self {
         ReadyList {
             levels: (0..=max_priority).map(|_| Level::default()).collect(),
             len: 0,
             bytes: 0,
+            quota,
+        }
+    }
+
+    fn added(&mut self, size: u32) {
+        self.len += 1;
+        self.bytes += u64::from(size);
+        if let Some(q) = &self.quota {
+            q.queued(1, u64::from(size));
+        }
+    }
+
+    fn removed(&mut self, size: u32) {
+        self.len -= 1;
+        self.bytes -= u64::from(size);
+        if let Some(q) = &self.quota {
+            q.dequeued(1, u64::from(size));
         }
     }
 
@@ -94,9 +131,9 @@ impl ReadyList {
         e.priority = self.level_of(e.priority);
         let level = &mut self.levels[e.priority as usize];
         debug_assert!(level.q.back().is_none_or(|x| x.seq < e.seq));
-        self.len += 1;
-        self.bytes += u64::from(e.size);
+        let size = e.size;
         level.q.push_back(e);
+        self.added(size);
     }
 
     /// Puts an entry back at its place (by `seq`) in its level.
@@ -110,9 +147,9 @@ impl ReadyList {
             level.q.get(pos).is_none_or(|x| x.seq != e.seq),
             "entry requeued twice"
         );
-        self.len += 1;
-        self.bytes += u64::from(e.size);
+        let size = e.size;
         level.q.insert(pos, e);
+        self.added(size);
     }
 
     /// The next entry to deliver: the oldest of the highest non-empty level.
@@ -126,8 +163,7 @@ impl ReadyList {
         let e = level.q.pop_front()?;
         debug_assert!(!e.is_tombstone(), "a tombstone at the front of a level");
         level.trim_front();
-        self.len -= 1;
-        self.bytes -= u64::from(e.size);
+        self.removed(e.size);
         Some(e)
     }
 
@@ -171,8 +207,7 @@ impl ReadyList {
             level.q.retain(|e| !e.is_tombstone());
             level.dead = 0;
         }
-        self.len -= 1;
-        self.bytes -= u64::from(e.size);
+        self.removed(e.size);
         Some(e)
     }
 
@@ -182,6 +217,9 @@ impl ReadyList {
         for l in self.levels.iter_mut().rev() {
             out.extend(l.q.drain(..).filter(|e| !e.is_tombstone()));
             l.dead = 0;
+        }
+        if let Some(q) = &self.quota {
+            q.dequeued(self.len as u64, self.bytes);
         }
         self.len = 0;
         self.bytes = 0;

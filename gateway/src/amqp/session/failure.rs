@@ -34,6 +34,13 @@ impl From<EngineError> for Failure {
             EngineError::CommandInvalid(_) => bare_hard(reply::COMMAND_INVALID, text),
             EngineError::NotImplemented(_) => bare_hard(reply::NOT_IMPLEMENTED, text),
             EngineError::Store(_) => bare_hard(reply::INTERNAL_ERROR, text),
+            // Tenant limits, as RabbitMQ answers them: connections close
+            // the connection (530), the rest the channel (406).
+            EngineError::Quota(
+                weir_quota::QuotaError::Connections { .. }
+                | weir_quota::QuotaError::UserConnections { .. },
+            ) => bare_hard(reply::NOT_ALLOWED, text),
+            EngineError::Quota(_) => Failure::Channel(reply::PRECONDITION_FAILED, text),
         }
     }
 }

@@ -35,6 +35,7 @@ use self::replies::Replies;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
 use crate::server::{Alarms, Shared};
+use crate::tenant_gate::{self, TenantGate};
 use bytes::BytesMut;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -81,6 +82,7 @@ pub async fn serve(
         login_refusal: None,
         alarms,
         alarm: Alarms::default(),
+        gate: None,
         blocked_sent: false,
         blocked: false,
         tx_bytes: 0,
@@ -127,6 +129,8 @@ struct Session {
     alarms: watch::Receiver<Alarms>,
     /// Their last seen state.
     alarm: Alarms,
+    /// The tenant's block and publish rate (from connection.open on).
+    gate: Option<TenantGate>,
     /// connection.blocked was sent and not yet followed by unblocked.
     blocked_sent: bool,
     /// It published while an alarm was set: not read until the alarm
@@ -198,14 +202,18 @@ impl Session {
             // A publish is judged against the alarms as they are now: one
             // atomic load per loop, no waiter registered (only a blocked
             // connection waits for the alarm to clear, below).
-            if self.alarms.has_changed().unwrap_or(false) {
+            if self.alarms.has_changed().unwrap_or(false)
+                || self.gate.as_mut().is_some_and(|g| g.refresh())
+            {
                 self.refresh_alarm();
             }
             // 1. Interpret every complete frame we have. One read can hold
             // tens of thousands of frames (binds, declares, publishes): spend
             // the task's cooperative budget per event so the runtime gets to
             // serve other connections (and accept new ones) in between.
-            while self.login_refusal.is_none() {
+            // Nothing while blocked: what was read waits in the buffer with
+            // the unread socket.
+            while self.login_refusal.is_none() && !self.blocked {
                 let Some(ev) = self.conn.poll(&mut input) else {
                     break;
                 };
@@ -213,6 +221,9 @@ impl Session {
                 tokio::task::consume_budget().await;
             }
             self.end_batch();
+            if let Some(g) = self.gate.as_mut() {
+                g.end_batch();
+            }
             self.signal_alarm();
             // 2. Deliveries and notices from the engine.
             if self.conn.out().len() < DELIVERY_HIGH_WATER && self.conn.is_open() {
@@ -239,7 +250,7 @@ impl Session {
             // 4. Wait for something to do. While a resource alarm is set, a
             // connection that publishes is not read (after the publish in
             // hand, or in the middle of one); one that only consumes is.
-            if self.alarm.any() && !self.blocked && self.conn.partial_content_bytes() > 0 {
+            if self.alarmed() && !self.blocked && self.conn.partial_content_bytes() > 0 {
                 self.blocked = true;
                 self.signal_alarm();
             }
@@ -247,6 +258,7 @@ impl Session {
                 && !self.replies.is_full()
                 && !self.conn.is_finished()
                 && !self.blocked
+                && !self.gate.as_ref().is_some_and(|g| g.paused())
                 && self.login_refusal.is_none();
             if want_read {
                 self.conn.resume_reads(now);
@@ -324,6 +336,10 @@ impl Session {
                         self.refresh_alarm();
                     }
                 }
+                // The tenant's block changed, or its rate pause is over.
+                () = tenant_gate::wake(self.gate.as_mut(), self.blocked) => {
+                    self.refresh_alarm();
+                }
                 Some(c) = confirm_rx.recv() => {
                     self.on_store_confirm(c);
                     while let Ok(c) = confirm_rx.try_recv() {
@@ -376,9 +392,15 @@ impl Session {
             }
             Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {
                 Ok(client) => {
+                    self.gate = TenantGate::for_client(&client);
+                    // max-channels-per-connection, refused by the adapter
+                    // before channel.open-ok.
+                    self.conn.limit_open_channels(client.max_channels());
                     self.client = Some(client);
                     self.conn.accept_open();
                 }
+                // The tenant's max-connections: 530 with RabbitMQ's text.
+                Err(crate::engine::EngineError::Quota(q)) => self.conn.refuse_open(&q.to_string()),
                 // No such vhost, or no permissions there: 530 NOT_ALLOWED
                 // with RabbitMQ's texts.
                 Err(e) => {
@@ -415,8 +437,14 @@ impl Session {
                     return;
                 }
                 // The publish in hand is taken; then no more reads until
-                // the alarm clears.
-                self.blocked |= self.alarm.any();
+                // the alarm (or the tenant's block) clears. The tenant's
+                // block is looked at per publish (one atomic load), so a
+                // batch does not run far past the quota.
+                if let Some(g) = self.gate.as_mut() {
+                    g.refresh();
+                    g.published(message.body.len());
+                }
+                self.blocked |= self.alarmed();
                 if let Err(f) = self.on_publish(channel, message) {
                     self.fail(channel, f, 60, 40);
                 }
@@ -538,7 +566,17 @@ impl Session {
     /// Takes the current alarm state; a cleared alarm unblocks.
     fn refresh_alarm(&mut self) {
         self.alarm = *self.alarms.borrow_and_update();
-        self.blocked &= self.alarm.any();
+        if let Some(g) = self.gate.as_mut() {
+            g.refresh();
+        }
+        self.blocked &= self.alarmed();
+    }
+
+    /// Whether publishers of this connection are to be blocked: the
+    /// tenant's queued quota (checked first: it blocks only its tenant) or
+    /// a global alarm.
+    fn alarmed(&self) -> bool {
+        self.gate.as_ref().is_some_and(|g| g.blocked()) || self.alarm.any()
     }
 
     /// Tells the client (`connection.blocked` / `connection.unblocked`) when
@@ -550,7 +588,10 @@ impl Session {
         }
         let method = if set {
             connection::AMQPMethod::Blocked(connection::Blocked {
-                reason: self.alarm.reason().into(),
+                reason: match self.gate.as_ref() {
+                    Some(g) if g.blocked() => g.reason().into(),
+                    _ => self.alarm.reason().into(),
+                },
             })
         } else {
             connection::AMQPMethod::Unblocked(connection::Unblocked {})

@@ -27,6 +27,8 @@ impl Session {
         if p.immediate {
             return Err(hard(reply::NOT_IMPLEMENTED, "immediate=true".into()));
         }
+        // The tenant's max-message-size: 406, as RabbitMQ's max_message_size.
+        self.client()?.check_message_size(p.body.len() as u64)?;
         let (exchange, routing_key) = names(&p)?;
         let ttl = self.publish_ttl(&p, exchange, routing_key)?;
         if self.is_transacted(ch) {

@@ -8,6 +8,7 @@ use crate::engine::client::SubscribeOptions;
 use crate::engine::exchange::Destination;
 use crate::engine::tenant::QueueDeclare;
 use crate::engine::{Client, EngineError, DEFAULT_TENANT};
+use crate::tenant_gate::TenantGate;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use weir_protocols::mqtt::{Connect, ConnectAccept, ConnectRefusal, QoS, Version, Will};
@@ -87,6 +88,11 @@ impl Session {
         }
         let mut client = match Client::open(&self.engine, &tenant, &user) {
             Ok(c) => c,
+            // The tenant's max-connections: 0x97 (MQTT 3.1.1: 0x03).
+            Err(EngineError::Quota(q)) => {
+                self.refuse(ConnectRefusal::QuotaExceeded, &q.to_string());
+                return;
+            }
             Err(e) => {
                 // No such tenant, or no permissions there: CONNACK 0x87 / 5.
                 let text = match e {
@@ -111,6 +117,7 @@ impl Session {
         self.tenant = tenant;
         self.client_id = client_id.clone();
         self.conn_id = client.id();
+        self.gate = TenantGate::for_client(&client).map(Box::new);
         self.client = Some(client);
 
         let (registration, _took_over) = self
@@ -151,6 +158,11 @@ impl Session {
         } else {
             Ok(())
         };
+        if let Err(EngineError::Quota(q)) = &opened {
+            // The tenant's max-queues or max-consumers: 0x97.
+            self.refuse(ConnectRefusal::QuotaExceeded, &q.to_string());
+            return;
+        }
         if let Err(e) = opened {
             tracing::warn!(peer = %self.peer, client_id = %client_id, error = %e, "cannot consume the MQTT session queue");
             self.refuse(ConnectRefusal::ServerBusy, "the session is in use");

@@ -63,6 +63,21 @@ impl Session {
         let Some(client) = self.client.as_mut() else {
             return;
         };
+        // The tenant's max-message-size: dropped, and a QoS 1/2 publish
+        // answered 0x97 (MQTT 5; 3.1.1 has no negative answer).
+        if let Err(e) = client.check_message_size(p.payload.len() as u64) {
+            tracing::debug!(peer = %self.peer, error = %e, "MQTT publish refused");
+            if let Some(packet_id) = p.packet_id {
+                let v5 = self.conn.version() == Some(Version::V5);
+                let kind = if p.qos == QoS::ExactlyOnce {
+                    AckKind::Received
+                } else {
+                    AckKind::Ack
+                };
+                self.queue_ack(packet_id, kind, if v5 { QUOTA_EXCEEDED } else { 0 }, false);
+            }
+            return;
+        }
         let published = route(client, &p, Some(&self.client_id));
         let v5 = self.conn.version() == Some(Version::V5);
         if let Err(EngineError::AccessRefused(text)) = &published {

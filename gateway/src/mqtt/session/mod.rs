@@ -26,6 +26,7 @@ use super::registry::Registration;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
 use crate::server::{Alarms, Shared};
+use crate::tenant_gate::{self, TenantGate};
 use bytes::BytesMut;
 use futures_util::FutureExt;
 use std::collections::{HashMap, VecDeque};
@@ -215,6 +216,7 @@ pub async fn serve_io<R, W>(
         next_tag: 0,
         alarms,
         alarm: Alarms::default(),
+        gate: None,
         blocked: false,
         end_reason: None,
         publish_will: false,
@@ -281,6 +283,9 @@ pub(crate) struct Session {
     next_tag: u64,
     alarms: watch::Receiver<Alarms>,
     alarm: Alarms,
+    /// The tenant's block and publish rate (boxed: an idle connection of
+    /// an unlimited tenant carries none).
+    gate: Option<Box<TenantGate>>,
     /// It published while an alarm was set: not read until it clears.
     blocked: bool,
     /// Why the connection ended, for the log.
@@ -352,7 +357,9 @@ impl Session {
         let mut eof = false;
         self.alarm = *self.alarms.borrow_and_update();
         loop {
-            if self.alarms.has_changed().unwrap_or(false) {
+            if self.alarms.has_changed().unwrap_or(false)
+                || self.gate.as_mut().is_some_and(|g| g.refresh())
+            {
                 self.refresh_alarm();
             }
             // 0. Answers whose store barrier completed.
@@ -361,19 +368,23 @@ impl Session {
                 self.barriers_done = done;
                 self.send_ready_acks();
             }
-            // 1. Every complete packet we have.
-            while let Some(ev) = self.conn.poll(&mut input) {
+            // 1. Every complete packet we have (none while blocked: what
+            // was read waits in the buffer with the unread socket).
+            while !self.blocked {
+                let Some(ev) = self.conn.poll(&mut input) else {
+                    break;
+                };
                 if let Some(c) = self.handle_event(ev) {
                     // Boxed: the login's future is large and only needed
                     // once; the task of an idle connection should not carry it.
                     Box::pin(self.on_connect(*c)).await;
                 }
                 tokio::task::consume_budget().await;
-                if self.blocked {
-                    break;
-                }
             }
             self.end_batch();
+            if let Some(g) = self.gate.as_mut() {
+                g.end_batch();
+            }
             // 2. Deliveries.
             if self.conn.out.len() < DELIVERY_HIGH_WATER && !self.conn.is_finished() {
                 self.write_deliveries();
@@ -392,8 +403,10 @@ impl Session {
                 return Ok(());
             }
             // 4. Wait.
-            let want_read =
-                self.conn.out.len() < OUT_HIGH_WATER && !self.conn.is_finished() && !self.blocked;
+            let want_read = self.conn.out.len() < OUT_HIGH_WATER
+                && !self.conn.is_finished()
+                && !self.blocked
+                && !self.gate.as_ref().is_some_and(|g| g.paused());
             if let Some(at) = self.conn.poll_timeout() {
                 if armed.is_none_or(|a| at < a) {
                     timer.as_mut().reset(tokio::time::Instant::from_std(at));
@@ -475,6 +488,10 @@ impl Session {
                         self.refresh_alarm();
                     }
                 }
+                // The tenant's block changed, or its rate pause is over.
+                () = tenant_gate::wake(self.gate.as_deref_mut(), self.blocked) => {
+                    self.refresh_alarm();
+                }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         self.end_reason = Some("broker shutdown".into());
@@ -493,7 +510,13 @@ impl Session {
         match ev {
             Event::Connect(c) => return Some(c),
             Event::Publish(p) => {
-                self.blocked |= self.alarm.any();
+                // The tenant's block first (looked at per publish, one
+                // atomic load): it stops only its tenant.
+                if let Some(g) = self.gate.as_mut() {
+                    g.refresh();
+                    g.published(p.payload.len());
+                }
+                self.blocked |= self.gate.as_ref().is_some_and(|g| g.blocked()) || self.alarm.any();
                 self.on_publish(p);
             }
             Event::PubAck { packet_id, .. } => self.on_puback(packet_id),
@@ -589,7 +612,10 @@ impl Session {
 
     fn refresh_alarm(&mut self) {
         self.alarm = *self.alarms.borrow_and_update();
-        self.blocked &= self.alarm.any();
+        if let Some(g) = self.gate.as_mut() {
+            g.refresh();
+        }
+        self.blocked &= self.gate.as_ref().is_some_and(|g| g.blocked()) || self.alarm.any();
     }
 
     /// Releases everything: leases back to the queue, the session queue's

@@ -16,6 +16,7 @@ use weir_protocols::mqtt::{OutgoingPublish, SubscribeFilter};
 const UNSPECIFIED_ERROR: u8 = 0x80;
 /// v5 "Not authorized" (3.1.1 has only 0x80, which the adapter sends).
 const NOT_AUTHORIZED: u8 = 0x87;
+const QUOTA_EXCEEDED: u8 = 0x97;
 const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
 
 /// The queue of a shared subscription group.
@@ -50,11 +51,17 @@ impl Session {
                 Some(s) => self.subscribe_shared(&s.group, sub),
                 None => self.subscribe_own(sub, f.retain_handling),
             };
+            let v5 = self.conn.version() == Some(weir_protocols::mqtt::Version::V5);
             codes.push(match r {
                 Ok(()) => f.qos as u8,
                 Err(e @ crate::engine::EngineError::AccessRefused(_)) => {
                     tracing::info!(peer = %self.peer, filter = %f.filter, error = %e, "MQTT subscription refused");
                     NOT_AUTHORIZED
+                }
+                // The tenant's max-queues or max-consumers (MQTT 5: 0x97).
+                Err(crate::engine::EngineError::Quota(q)) if v5 => {
+                    tracing::debug!(peer = %self.peer, filter = %f.filter, error = %q, "MQTT subscribe over quota");
+                    QUOTA_EXCEEDED
                 }
                 Err(e) => {
                     tracing::debug!(peer = %self.peer, filter = %f.filter, error = %e, "MQTT subscribe failed");

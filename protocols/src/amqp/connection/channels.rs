@@ -119,6 +119,17 @@ impl Connection {
                     10,
                 );
             }
+            let open = u32::try_from(self.channels.len()).unwrap_or(u32::MAX);
+            if let Some(max) = self.open_channels_max.filter(|&m| open >= m) {
+                return self.fail(
+                    reply::NOT_ALLOWED,
+                    format!(
+                        "NOT_ALLOWED - number of channels opened ({open}) has reached the negotiated channel_max ({max})"
+                    ),
+                    20,
+                    10,
+                );
+            }
             self.channels.insert(
                 ch,
                 ChannelState {

@@ -89,6 +89,8 @@ pub struct Connection {
     phase: Phase,
     frame_max: usize,
     channel_max: u16,
+    /// Channels that may be open at once (a tenant's quota), if limited.
+    open_channels_max: Option<u32>,
     heartbeat: u16,
     channels: HashMap<u16, ChannelState>,
     pending: VecDeque<Event>,
@@ -132,6 +134,7 @@ impl Connection {
             phase: Phase::AwaitingHeader,
             frame_max,
             channel_max,
+            open_channels_max: None,
             heartbeat: 0,
             channels: HashMap::new(),
             pending: VecDeque::new(),
@@ -184,6 +187,14 @@ impl Connection {
     /// stays non-zero and unchanged means a client stalled mid-message.
     pub fn partial_content_bytes(&self) -> usize {
         self.partial_bytes
+    }
+
+    /// Limits the channels open at once (a tenant's or user's
+    /// `max-channels-per-connection`, known at connection.open): one more
+    /// `channel.open` is refused with 530, as RabbitMQ refuses a channel
+    /// over its channel_max, without channel.open-ok.
+    pub fn limit_open_channels(&mut self, max: Option<u32>) {
+        self.open_channels_max = max;
     }
 
     /// Whether the client advertised the `connection.blocked` capability

@@ -1,0 +1,144 @@
+//! What a publishing session obeys of its tenant's quota, beside the
+//! broker's global alarms: the tenant's block (its queued messages or bytes
+//! at their limit) and its publish rate. Shared by the AMQP and MQTT
+//! sessions, which hold one per logged-in connection.
+//!
+//! * **Block**: the tenant's [`TenantQuota`] flips a watch when its queued
+//!   limit is reached and when it drains below the resume mark. A session
+//!   treats it as one more alarm: after the publish in hand it stops reading
+//!   (AMQP also sends `connection.blocked` naming the tenant quota), and it
+//!   waits on the watch (no polling, see [`wake`]) to read again.
+//! * **Rate**: the session adds what it published in a batch to its
+//!   [`Debt`]; after the batch it asks the tenant's limiter, and over the
+//!   rate it stops reading for the time the limiter names (TCP pushes back
+//!   on the producer). No error, nothing allocated per message.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use weir_quota::{Debt, Rate, TenantQuota};
+
+/// One connection's view of its tenant's block and rate.
+pub struct TenantGate {
+    quota: Arc<TenantQuota>,
+    tenant: Arc<str>,
+    block: watch::Receiver<bool>,
+    /// The block as last seen.
+    blocked: bool,
+    /// The tenant's publish rate and the user's (`[[quota.users]]`), each
+    /// with what this connection owes it.
+    rates: [Option<(Arc<Rate>, Debt)>; 2],
+    /// Not read until then: over the rate.
+    pause_until: Option<Instant>,
+}
+
+impl TenantGate {
+    /// The gate of an engine client's connection, if its tenant has a
+    /// queued or rate limit or its user a rate limit (without, a connection
+    /// carries and checks nothing).
+    pub fn for_client(client: &weir_engine::Client) -> Option<Self> {
+        let tenant = client.tenant();
+        let l = tenant.quota().limits();
+        let user_rate = client.user_quota().and_then(|u| u.rate());
+        let limited = l.max_queued_bytes.is_some()
+            || l.max_queued_messages.is_some()
+            || l.publish_rate.is_some()
+            || l.publish_bytes_rate.is_some()
+            || user_rate.is_some();
+        limited.then(|| {
+            let mut g = Self::new(tenant.name.clone(), tenant.quota().clone());
+            g.rates[1] = user_rate.map(|r| (r, Debt::default()));
+            g
+        })
+    }
+
+    /// The gate of a connection of `tenant`.
+    pub fn new(tenant: Arc<str>, quota: Arc<TenantQuota>) -> Self {
+        let mut block = quota.subscribe_blocked();
+        let blocked = *block.borrow_and_update();
+        let rate = quota.rate().map(|r| (r, Debt::default()));
+        TenantGate {
+            quota,
+            tenant,
+            block,
+            blocked,
+            rates: [rate, None],
+            pause_until: None,
+        }
+    }
+
+    /// Whether the tenant is blocked (as last refreshed).
+    pub fn blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// Takes the block's current state if it changed (one atomic load when
+    /// it did not). Returns whether it changed.
+    pub fn refresh(&mut self) -> bool {
+        if !self.block.has_changed().unwrap_or(false) {
+            return false;
+        }
+        self.blocked = *self.block.borrow_and_update();
+        true
+    }
+
+    /// The `connection.blocked` reason.
+    pub fn reason(&self) -> String {
+        self.quota.block_reason(&self.tenant)
+    }
+
+    /// A message of `bytes` was published: owed to the rate, if any.
+    pub fn published(&mut self, bytes: usize) {
+        for (_, debt) in self.rates.iter_mut().flatten() {
+            debt.messages = debt.messages.saturating_add(1);
+            debt.bytes = debt.bytes.saturating_add(bytes as u64);
+        }
+    }
+
+    /// After a batch: takes its debt from the tenant's rate; over it, reads
+    /// pause (see [`TenantGate::paused`]).
+    pub fn end_batch(&mut self) {
+        if self.pause_until.is_some() {
+            return;
+        }
+        let mut wait: Option<Duration> = None;
+        for (rate, debt) in self.rates.iter_mut().flatten() {
+            if !debt.is_empty() {
+                wait = wait.max(rate.take(debt));
+            }
+        }
+        if let Some(wait) = wait {
+            self.pause_until = Some(Instant::now() + wait.max(Duration::from_millis(1)));
+        }
+    }
+
+    /// Whether reads are paused by the rate.
+    pub fn paused(&self) -> bool {
+        self.pause_until.is_some()
+    }
+}
+
+/// Resolves when `gate`'s block changes (only if `watch_block`) or its
+/// rate pause is over; never without a gate or either. The caller then
+/// refreshes its alarm state.
+pub async fn wake(gate: Option<&mut TenantGate>, watch_block: bool) {
+    let Some(g) = gate else {
+        return std::future::pending().await;
+    };
+    let pause = g.pause_until;
+    tokio::select! {
+        r = g.block.changed(), if watch_block => {
+            if r.is_err() {
+                // The tenant is gone: its block never changes again.
+                std::future::pending::<()>().await;
+            }
+            // `changed` marked the value seen: take it here.
+            g.blocked = *g.block.borrow_and_update();
+        }
+        () = tokio::time::sleep_until(pause.unwrap_or_else(Instant::now)), if pause.is_some() => {
+            g.pause_until = None;
+        }
+        else => std::future::pending().await,
+    }
+}
