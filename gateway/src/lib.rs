@@ -6,11 +6,13 @@
 //! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
 //! * [`mqtt`]: MQTT topic and message conversion.
 //! * [`server`]: listeners, store opening, graceful shutdown.
+//! * [`tls`]: TLS for the AMQPS and MQTTS listeners, certificate reload.
 
 pub mod amqp;
 pub mod config;
 pub mod mqtt;
 pub mod server;
+pub mod tls;
 
 /// The engine lives in its own crate (`weir-engine`); re-exported for the sessions.
 pub use weir_engine as engine;

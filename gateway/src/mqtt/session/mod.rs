@@ -185,6 +185,23 @@ pub async fn serve_io<R, W>(
     R: ReadReady,
     W: AsyncWrite + Unpin,
 {
+    serve_io_as(rd, wr, peer, None, shared, shutdown).await;
+}
+
+/// [`serve_io`] for a TLS connection: `cert_user` is the subject CN of the
+/// client's verified certificate, the user of a certificate login
+/// (`mqtt.ssl_cert_login`).
+pub async fn serve_io_as<R, W>(
+    rd: R,
+    wr: W,
+    peer: SocketAddr,
+    cert_user: Option<String>,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) where
+    R: ReadReady,
+    W: AsyncWrite + Unpin,
+{
     let alarms = shared.alarms.subscribe();
     let mut s = Session {
         engine: shared.engine.clone(),
@@ -192,6 +209,7 @@ pub async fn serve_io<R, W>(
         shared,
         client: None,
         peer,
+        cert_user,
         tenant: String::new(),
         client_id: String::new(),
         conn_id: 0,
@@ -234,6 +252,8 @@ pub(crate) struct Session {
     conn: Connection,
     client: Option<Client>,
     peer: SocketAddr,
+    /// Over TLS with a verified client certificate: its subject CN.
+    cert_user: Option<String>,
     /// The tenant logged into (the user is the engine client's principal).
     tenant: String,
     client_id: String,
