@@ -278,7 +278,7 @@ async fn serve_tls(
         TlsProtocol::Mqtt => {
             let cert_user = identity.verified.then_some(identity.common_name).flatten();
             let (rd, wr) = tokio::io::split(stream);
-            crate::mqtt::session::serve_io_as(rd, wr, peer, cert_user, shared, shutdown).await
+            crate::mqtt::session::serve_tls(rd, wr, peer, cert_user, shared, shutdown).await
         }
     }
 }
