@@ -1465,6 +1465,42 @@ mod tests {
     }
 
     #[test]
+    fn tls_listeners_only_with_a_tls_section() {
+        let cfg = load(&[], &[]).expect("defaults");
+        assert_eq!(cfg.tls, None);
+        assert_eq!((cfg.amqp.tls_listen, cfg.mqtt.tls_listen), (None, None));
+        let msg = load(&["--amqps-listen", "127.0.0.1:5671"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("amqp.tls_listen needs [tls]"), "{msg}");
+
+        let cfg = load(
+            &["--tls-cert-file", "/c.pem", "--tls-key-file", "/k.pem"],
+            &[("WEIR_MQTTS_LISTEN", "127.0.0.1:9883")],
+        )
+        .expect("TLS from flags and environment");
+        let tls = cfg.tls.expect("[tls]");
+        assert_eq!(tls.cert_file, PathBuf::from("/c.pem"));
+        assert_eq!(tls.reload_interval, 5);
+        assert_eq!(cfg.amqp.tls_listen, Some(AMQPS_DEFAULT_LISTEN));
+        assert_eq!(cfg.mqtt.tls_listen, Some("127.0.0.1:9883".parse().unwrap()));
+
+        let path = file("tls-no-key", "[tls]\ncert_file = \"/c.pem\"\n");
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("tls.key_file"), "{msg}");
+        let path = file(
+            "tls-peer-cert",
+            "[tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\nfail_if_no_peer_cert = true\n",
+        );
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("needs tls.ca_file"), "{msg}");
+    }
+
+    #[test]
     fn the_example_file_loads_without_warnings() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/weir.toml");
         let cfg = load(&["--config", path], &[]).expect("deploy/weir.toml is valid");

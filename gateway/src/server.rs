@@ -242,6 +242,8 @@ pub struct Broker {
 /// The TLS listeners (with `[tls]`) and the certificates they share.
 struct TlsListeners {
     tls: Arc<crate::tls::Tls>,
+    /// SIGHUP, listened for from startup on (taken by the reload task).
+    hup: crate::tls::Hangup,
     amqps: TcpListener,
     mqtts: TcpListener,
 }
@@ -393,6 +395,7 @@ impl Broker {
         let tls = match &cfg.tls {
             Some(files) => {
                 let tls = crate::tls::Tls::load(files)?;
+                let hup = crate::tls::sighup();
                 let bind = |addr: Option<SocketAddr>, default: SocketAddr| async move {
                     let addr = addr.unwrap_or(default);
                     TcpListener::bind(addr)
@@ -401,6 +404,7 @@ impl Broker {
                 };
                 Some(TlsListeners {
                     tls,
+                    hup,
                     amqps: bind(cfg.amqp.tls_listen, crate::config::AMQPS_DEFAULT_LISTEN).await?,
                     mqtts: bind(cfg.mqtt.tls_listen, crate::config::MQTTS_DEFAULT_LISTEN).await?,
                 })
@@ -471,7 +475,7 @@ impl Broker {
 
     /// Serves until `stop` resolves, then closes every connection with
     /// connection.close (320), waits briefly for them, and closes the store.
-    pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut conns = JoinSet::new();
         let timers = tokio::spawn(run_timers(self.shared.engine.clone()));
@@ -520,13 +524,13 @@ impl Broker {
         if let Ok(addr) = self.mqtt_ws_listener.local_addr() {
             tracing::info!(%addr, "MQTT WebSocket listener ready");
         }
-        let tls_watch = self.tls.as_ref().map(|t| {
+        let tls_watch = self.tls.as_mut().map(|t| {
             for (l, what) in [(&t.amqps, "AMQPS"), (&t.mqtts, "MQTTS")] {
                 if let Ok(addr) = l.local_addr() {
                     tracing::info!(%addr, "{what} listener ready");
                 }
             }
-            tokio::spawn(t.tls.clone().watch())
+            tokio::spawn(t.tls.clone().watch(t.hup.take()))
         });
         tokio::pin!(stop);
         loop {

@@ -109,18 +109,10 @@ impl Tls {
     }
 
     /// Watches the files (every `reload_interval` seconds, if not 0) and
-    /// SIGHUP, reloading on either. Runs until aborted.
-    pub async fn watch(self: Arc<Self>) {
+    /// `hup` (from [`sighup`]), reloading on either. Runs until aborted.
+    pub async fn watch(self: Arc<Self>, mut hup: Hangup) {
         let every = (self.files.reload_interval > 0)
             .then(|| Duration::from_secs(self.files.reload_interval));
-        #[cfg(unix)]
-        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGHUP: TLS reload only by file changes");
-                None
-            }
-        };
         loop {
             let tick = async {
                 match every {
@@ -136,7 +128,10 @@ impl Tls {
                 }
             };
             #[cfg(not(unix))]
-            let hup_recv = std::future::pending::<Option<()>>();
+            let hup_recv = async {
+                let _ = &mut hup;
+                std::future::pending::<Option<()>>().await
+            };
             // The checks read files: off the runtime's workers.
             let me = self.clone();
             tokio::select! {
@@ -148,6 +143,33 @@ impl Tls {
                 }
             }
         }
+    }
+}
+
+/// SIGHUP, once listened for (`None` where it cannot be).
+#[cfg(unix)]
+pub type Hangup = Option<tokio::signal::unix::Signal>;
+/// No SIGHUP on this platform.
+#[cfg(not(unix))]
+pub type Hangup = Option<()>;
+
+/// Starts listening for SIGHUP. Call before the listeners open: from then
+/// on SIGHUP no longer ends the process (its default action), so a reload
+/// signal sent as soon as the broker accepts connections is not fatal.
+pub fn sighup() -> Hangup {
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: TLS reload only by file changes");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        None
     }
 }
 
