@@ -177,12 +177,12 @@ def _paho(w, client=None, username=None, password=None):
     return c, connected.get(timeout=TIMEOUT), got
 
 
-def _mqtt_round_trip(c, got) -> None:
+def _mqtt_round_trip(c, got, payload: bytes = b"over mqtts") -> None:
     topic = f"tls/{uuid.uuid4().hex[:8]}"
     c.subscribe(topic, qos=1)
     assert got.get(timeout=TIMEOUT)[0] == "suback"
-    c.publish(topic, b"over mqtts", qos=1).wait_for_publish(TIMEOUT)
-    assert got.get(timeout=TIMEOUT) == (topic, b"over mqtts")
+    c.publish(topic, payload, qos=1).wait_for_publish(TIMEOUT)
+    assert got.get(timeout=TIMEOUT) == (topic, payload)
 
 
 def test_paho_over_tls_with_password(tls_weir):
@@ -190,6 +190,8 @@ def test_paho_over_tls_with_password(tls_weir):
     try:
         assert not rc.is_failure, f"CONNACK {rc}"
         _mqtt_round_trip(c, got)
+        # Larger than the socket and TLS buffers: written in many steps.
+        _mqtt_round_trip(c, got, bytes(range(256)) * 16384)
     finally:
         c.loop_stop()
         c.disconnect()

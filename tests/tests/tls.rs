@@ -190,6 +190,29 @@ async fn amqps_publish_and_consume_with_a_test_ca() {
         .await
         .expect("AMQPS connection with the test CA");
     round_trip(&conn, "tls-q").await;
+    // Bulk both ways: output larger than the socket and TLS buffers (the
+    // TLS writer is driven by readiness like a socket: nothing may stay
+    // behind in it once the client reads again).
+    let ch = confirm_channel(&conn).await;
+    declare_queue(&ch, "tls-bulk").await;
+    let big: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+    for _ in 0..4 {
+        publish_confirmed(&ch, "", "tls-bulk", &big, BasicProperties::default()).await;
+    }
+    let mut consumer = ch
+        .basic_consume(
+            "tls-bulk".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        let d = next_delivery(&mut consumer).await;
+        assert!(d.data == big, "body of {} bytes differs", d.data.len());
+        d.ack(BasicAckOptions::default()).await.unwrap();
+    }
     // The plain listener still serves plain AMQP.
     let plain = connect(&b.broker.url()).await;
     assert_eq!(queue_len(&confirm_channel(&plain).await, "tls-q").await, 0);
