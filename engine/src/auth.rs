@@ -397,6 +397,21 @@ mod tests {
     }
 
     #[test]
+    fn known_user_needs_an_existing_user_and_keeps_the_loopback_rule() {
+        let mut guest = user("guest", Credential::Plain("guest".into()));
+        guest.loopback_only = true;
+        let auth = Authenticator::new([user("alice", Credential::Plain("guest".into())), guest])
+            .expect("valid users");
+        assert_eq!(
+            auth.known_user("alice", REMOTE).map(|p| p.name),
+            Ok("alice".into())
+        );
+        assert_eq!(auth.known_user("carol", LOCAL), Err(AuthFailure));
+        assert!(auth.known_user("guest", LOCAL).is_ok());
+        assert_eq!(auth.known_user("guest", REMOTE), Err(AuthFailure));
+    }
+
+    #[test]
     fn the_cache_answers_only_for_passwords_that_succeeded() {
         let auth = Authenticator::new([user("alice", Credential::Plain("pw".into()))])
             .expect("valid users");
