@@ -266,6 +266,21 @@ async fn untrusted_client_certificate_is_refused_in_the_handshake() {
     .expect("trusted client certificate");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_if_no_peer_cert_refuses_clients_without_one() {
+    let ca = Ca::new("Weir test CA");
+    let b = TlsBroker::start(&ca, &ca, "fail_if_no_peer_cert = true", "");
+    let r = connect_tls(&b.amqps_url(""), tls_config(&ca, None)).await;
+    assert!(r.is_err(), "a client without a certificate was accepted");
+    let conn = connect_tls(
+        &b.amqps_url(""),
+        tls_config(&ca, Some(ca.issue("alice", false))),
+    )
+    .await
+    .expect("client with a certificate, password login");
+    round_trip(&conn, "peer-cert-q").await;
+}
+
 /// Connects (bounded retries) until the broker serves a certificate `ca`
 /// signed: a reload is asynchronous to the signal or file change.
 async fn connect_after_reload(url: &str, ca: &Ca) -> Connection {
