@@ -97,6 +97,9 @@ settings! {
         "AMQP 0-9-1 over TLS listen address, served when [tls] is configured [default: 0.0.0.0:5671]";
     "mqtt.tls_listen", "mqtts-listen", "WEIR_MQTTS_LISTEN", Str, None,
         "MQTT over TLS listen address, served when [tls] is configured [default: 0.0.0.0:8883]";
+    "mqtt.wss_listen", "mqtt-wss-listen", "WEIR_MQTT_WSS_LISTEN", Str, None,
+        "MQTT over secure WebSocket (TLS, path /mqtt) listen address, served when [tls] is \
+         configured [default: 0.0.0.0:8084]";
     "mqtt.ssl_cert_login", "mqtt-ssl-cert-login", "WEIR_MQTT_SSL_CERT_LOGIN", Bool, None,
         "MQTT over TLS: a verified client certificate's subject CN is the user, no password \
          needed [default: false]";
@@ -253,7 +256,7 @@ fn value_name(s: &Setting) -> &'static str {
     match (s.kind, last) {
         (Kind::Uint, _) => "N",
         (Kind::Bool, _) => "BOOL",
-        (_, "listen" | "tls_listen") => "ADDR",
+        (_, "listen" | "tls_listen" | "wss_listen") => "ADDR",
         (_, "cert_file" | "key_file" | "ca_file") => "FILE",
         (_, "data_dir") => "DIR",
         (_, "memory_limit" | "disk_free_limit") => "SIZE",
@@ -338,6 +341,9 @@ pub struct MqttConfig {
     /// MQTT over TLS listen address (only with `[tls]`; default
     /// [`MQTTS_DEFAULT_LISTEN`]).
     pub tls_listen: Option<SocketAddr>,
+    /// MQTT over secure WebSocket listen address (only with `[tls]`;
+    /// default [`MQTT_WSS_DEFAULT_LISTEN`]).
+    pub wss_listen: Option<SocketAddr>,
     /// Over TLS, a verified client certificate's subject CN is the user
     /// and no password is needed (RabbitMQ's `mqtt.ssl_cert_login`).
     pub ssl_cert_login: bool,
@@ -359,6 +365,7 @@ impl Default for MqttConfig {
             max_retained_per_tenant: 100_000,
             max_retained_bytes: 64 << 20,
             tls_listen: None,
+            wss_listen: None,
             ssl_cert_login: false,
         }
     }
@@ -370,6 +377,11 @@ pub const AMQPS_DEFAULT_LISTEN: SocketAddr =
 /// Where MQTTS listens when `[tls]` is configured and `mqtt.tls_listen` is not.
 pub const MQTTS_DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8883);
+
+/// Where MQTT over secure WebSocket listens when `[tls]` is configured and
+/// `mqtt.wss_listen` is not (EMQX's port; 8083 is its and Weir's `ws`).
+pub const MQTT_WSS_DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8084);
 
 /// `[tls]`: TLS on the AMQPS and MQTTS listeners. Present = TLS is served;
 /// absent = nothing TLS listens. The files are read at startup (a bad file
@@ -968,6 +980,7 @@ fn validate_tls(
         for (key, set) in [
             ("amqp.tls_listen", amqp.tls_listen.is_some()),
             ("mqtt.tls_listen", mqtt.tls_listen.is_some()),
+            ("mqtt.wss_listen", mqtt.wss_listen.is_some()),
             ("mqtt.ssl_cert_login", mqtt.ssl_cert_login),
         ] {
             if set {
@@ -994,6 +1007,7 @@ fn validate_tls(
     }
     amqp.tls_listen.get_or_insert(AMQPS_DEFAULT_LISTEN);
     mqtt.tls_listen.get_or_insert(MQTTS_DEFAULT_LISTEN);
+    mqtt.wss_listen.get_or_insert(MQTT_WSS_DEFAULT_LISTEN);
     Ok(())
 }
 
@@ -1484,6 +1498,7 @@ mod tests {
         assert_eq!(tls.reload_interval, 5);
         assert_eq!(cfg.amqp.tls_listen, Some(AMQPS_DEFAULT_LISTEN));
         assert_eq!(cfg.mqtt.tls_listen, Some("127.0.0.1:9883".parse().unwrap()));
+        assert_eq!(cfg.mqtt.wss_listen, Some(MQTT_WSS_DEFAULT_LISTEN));
 
         let path = file("tls-no-key", "[tls]\ncert_file = \"/c.pem\"\n");
         let msg = load(&["--config", path.to_str().expect("utf-8")], &[])

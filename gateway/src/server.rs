@@ -246,6 +246,7 @@ struct TlsListeners {
     hup: crate::tls::Hangup,
     amqps: TcpListener,
     mqtts: TcpListener,
+    mqtt_wss: TcpListener,
 }
 
 /// Which session a TLS connection is handed to after its handshake.
@@ -253,6 +254,8 @@ struct TlsListeners {
 enum TlsProtocol {
     Amqp,
     Mqtt,
+    /// MQTT over secure WebSocket.
+    MqttWs,
 }
 
 /// Runs the TLS handshake of an accepted connection (in its own task, so a
@@ -281,6 +284,10 @@ async fn serve_tls(
             let cert_user = identity.verified.then_some(identity.common_name).flatten();
             let (rd, wr) = tokio::io::split(stream);
             crate::mqtt::session::serve_tls(rd, wr, peer, cert_user, shared, shutdown).await
+        }
+        TlsProtocol::MqttWs => {
+            let cert_user = identity.verified.then_some(identity.common_name).flatten();
+            crate::mqtt::websocket::serve_stream(stream, peer, cert_user, shared, shutdown).await
         }
     }
 }
@@ -407,6 +414,8 @@ impl Broker {
                     hup,
                     amqps: bind(cfg.amqp.tls_listen, crate::config::AMQPS_DEFAULT_LISTEN).await?,
                     mqtts: bind(cfg.mqtt.tls_listen, crate::config::MQTTS_DEFAULT_LISTEN).await?,
+                    mqtt_wss: bind(cfg.mqtt.wss_listen, crate::config::MQTT_WSS_DEFAULT_LISTEN)
+                        .await?,
                 })
             }
             None => None,
@@ -525,7 +534,11 @@ impl Broker {
             tracing::info!(%addr, "MQTT WebSocket listener ready");
         }
         let tls_watch = self.tls.as_mut().map(|t| {
-            for (l, what) in [(&t.amqps, "AMQPS"), (&t.mqtts, "MQTTS")] {
+            for (l, what) in [
+                (&t.amqps, "AMQPS"),
+                (&t.mqtts, "MQTTS"),
+                (&t.mqtt_wss, "MQTT secure WebSocket"),
+            ] {
                 if let Ok(addr) = l.local_addr() {
                     tracing::info!(%addr, "{what} listener ready");
                 }
@@ -585,6 +598,18 @@ impl Broker {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "MQTTS accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                accepted = accept_opt(self.tls.as_ref().map(|t| &t.mqtt_wss)) => match accepted {
+                    Ok((stream, peer)) => {
+                        let acceptor = self.tls.as_ref().map(|t| t.tls.acceptor());
+                        if let Some(acceptor) = acceptor {
+                            conns.spawn(serve_tls(TlsProtocol::MqttWs, acceptor, stream, peer, self.shared.clone(), shutdown_rx.clone()));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "MQTT secure WebSocket accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },

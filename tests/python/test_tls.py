@@ -2,8 +2,8 @@
 listeners, with certificates this module makes (the `cryptography`
 package): a test CA, a server certificate for localhost/127.0.0.1, client
 certificates. Covers a plain TLS connection, SASL EXTERNAL and MQTT
-`ssl_cert_login` by client certificate, and an untrusted client certificate
-refused in the handshake."""
+`ssl_cert_login` by client certificate (over MQTTS and secure WebSocket),
+and an untrusted client certificate refused in the handshake."""
 from __future__ import annotations
 
 import datetime
@@ -98,12 +98,12 @@ def tls_weir(tmp_path_factory):
         "[mqtt]\nssl_cert_login = true\n"
         "[[auth.users]]\nname = \"alice\"\npassword = \"not-used-by-certificate-logins\"\n"
     )
-    amqps, mqtts = free_port(), free_port()
+    amqps, mqtts, wss = free_port(), free_port(), free_port()
     (base / "data").mkdir()
     w = Weir(base / "data", base / "weir.log", extra_args=[
         "--config", str(config), "--amqps-listen", f"127.0.0.1:{amqps}",
-        "--mqtts-listen", f"127.0.0.1:{mqtts}"]).start()
-    w.amqps_port, w.mqtts_port = amqps, mqtts
+        "--mqtts-listen", f"127.0.0.1:{mqtts}", "--mqtt-wss-listen", f"127.0.0.1:{wss}"]).start()
+    w.amqps_port, w.mqtts_port, w.wss_port = amqps, mqtts, wss
     w.ca_file, w.alice, w.rogue_alice = base / "ca.pem", alice, rogue_alice
     try:
         yield w
@@ -161,18 +161,20 @@ def test_pika_untrusted_client_certificate_refused(tls_weir):
         conn.close()
 
 
-def _paho(w, client=None, username=None, password=None):
+def _paho(w, client=None, username=None, password=None, websocket=False):
     connected: "queue.Queue" = queue.Queue()
     got: "queue.Queue" = queue.Queue()
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"tls-{uuid.uuid4().hex[:8]}",
-                    protocol=mqtt.MQTTv311)
+                    protocol=mqtt.MQTTv311, transport="websockets" if websocket else "tcp")
+    if websocket:
+        c.ws_set_options(path="/mqtt")
     c.tls_set_context(_context(w, client))
     if username is not None:
         c.username_pw_set(username, password)
     c.on_connect = lambda cl, ud, flags, rc, props=None: connected.put(rc)
     c.on_message = lambda cl, ud, msg: got.put((msg.topic, msg.payload))
     c.on_subscribe = lambda cl, ud, mid, rcs, props=None: got.put(("suback", mid))
-    c.connect("localhost", w.mqtts_port, keepalive=30)
+    c.connect("localhost", w.wss_port if websocket else w.mqtts_port, keepalive=30)
     c.loop_start()
     return c, connected.get(timeout=TIMEOUT), got
 
@@ -200,6 +202,18 @@ def test_paho_over_tls_with_password(tls_weir):
 def test_paho_ssl_cert_login(tls_weir):
     # No user name or password: the certificate's CN (alice) is the user.
     c, rc, got = _paho(tls_weir, client=tls_weir.alice)
+    try:
+        assert not rc.is_failure, f"CONNACK {rc}"
+        _mqtt_round_trip(c, got)
+    finally:
+        c.loop_stop()
+        c.disconnect()
+
+
+def test_paho_over_secure_websocket_with_ssl_cert_login(tls_weir):
+    # MQTT over wss (TLS, then the WebSocket upgrade on /mqtt): the same
+    # certificate login as MQTTS.
+    c, rc, got = _paho(tls_weir, client=tls_weir.alice, websocket=True)
     try:
         assert not rc.is_failure, f"CONNACK {rc}"
         _mqtt_round_trip(c, got)

@@ -109,6 +109,8 @@ impl TlsBroker {
             &format!("127.0.0.1:{amqps}"),
             "--mqtts-listen",
             &format!("127.0.0.1:{mqtts}"),
+            "--mqtt-wss-listen",
+            &format!("127.0.0.1:{}", free_port()),
         ]);
         TlsBroker {
             broker,

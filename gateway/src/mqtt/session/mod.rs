@@ -221,7 +221,9 @@ pub async fn serve_tls<R, W>(
     serve_inner(rd, wr, peer, cert_user, true, shared, shutdown).await;
 }
 
-async fn serve_inner<R, W>(
+/// [`serve_io`] and [`serve_tls`]: `flush_writes` when the writer may keep
+/// bytes it took (TLS).
+pub(crate) async fn serve_inner<R, W>(
     rd: R,
     wr: W,
     peer: SocketAddr,
