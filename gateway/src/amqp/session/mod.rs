@@ -49,6 +49,9 @@ use weir_protocols::amqp::{reply, Connection, Event, Timeout};
 const OUT_HIGH_WATER: usize = 4 << 20;
 /// Stop encoding deliveries while this much output is unwritten.
 const DELIVERY_HIGH_WATER: usize = 1 << 20;
+/// How long a finished connection may take to flush what a TLS stream
+/// still buffers.
+const FINAL_FLUSH: Duration = Duration::from_secs(1);
 /// How often expired leases are looked for while the client holds any (the
 /// engine keeps no expiry deadline; the consumer timeout counts in seconds).
 const LEASE_CHECK: Duration = Duration::from_secs(1);
@@ -274,6 +277,11 @@ impl Session {
                 self.conn.on_write(now);
             }
             if self.conn.is_finished() && self.conn.out().is_empty() {
+                if wr.has_unflushed() {
+                    // A TLS record (the close-ok) still buffered: one
+                    // bounded last flush.
+                    let _ = tokio::time::timeout(FINAL_FLUSH, wr.writable()).await;
+                }
                 return Ok(());
             }
             if eof {

@@ -444,7 +444,9 @@ impl Session {
             }
             let released = self.barriers_done >= self.hold_until;
             if (self.conn.is_finished() && self.conn.out.is_empty()) || eof {
-                let _ = wr.flush().await;
+                // Bounded: a TLS writer flushes only as fast as the
+                // client reads.
+                let _ = tokio::time::timeout(Duration::from_secs(1), wr.flush()).await;
                 return Ok(());
             }
             // 4. Wait.
