@@ -333,6 +333,14 @@ impl Authenticator {
         self.admit(user, &u, peer)
     }
 
+    /// A login vouched for by the transport (a verified TLS client
+    /// certificate naming `user`): no password, but the user must exist
+    /// and the other checks of a login apply.
+    pub fn known_user(&self, user: &str, peer: IpAddr) -> Result<Principal, AuthFailure> {
+        let u = self.users.read().get(user).cloned().ok_or(AuthFailure)?;
+        self.admit(user, &u, peer)
+    }
+
     /// The checks after a correct password.
     fn admit(&self, name: &str, u: &User, peer: IpAddr) -> Result<Principal, AuthFailure> {
         if u.loopback_only && !is_loopback(peer) {
@@ -431,6 +439,21 @@ mod tests {
             auth.authenticate("carol", b"s3cret", REMOTE),
             Err(AuthFailure)
         );
+    }
+
+    #[test]
+    fn known_user_needs_an_existing_user_and_keeps_the_loopback_rule() {
+        let mut guest = user("guest", Credential::Plain("guest".into()));
+        guest.loopback_only = true;
+        let auth = Authenticator::new([user("alice", Credential::Plain("guest".into())), guest])
+            .expect("valid users");
+        assert_eq!(
+            auth.known_user("alice", REMOTE).map(|p| p.name),
+            Ok("alice".into())
+        );
+        assert_eq!(auth.known_user("carol", LOCAL), Err(AuthFailure));
+        assert!(auth.known_user("guest", LOCAL).is_ok());
+        assert_eq!(auth.known_user("guest", REMOTE), Err(AuthFailure));
     }
 
     #[test]

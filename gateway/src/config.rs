@@ -93,6 +93,28 @@ settings! {
         "MQTT 3.1.1 and 5 listen address [default: 0.0.0.0:1883]";
     "mqtt.ws_listen", "mqtt-ws-listen", "WEIR_MQTT_WS_LISTEN", Str, None,
         "MQTT over WebSocket listen address (path /mqtt, subprotocol mqtt) [default: 0.0.0.0:8083]";
+    "amqp.tls_listen", "amqps-listen", "WEIR_AMQPS_LISTEN", Str, None,
+        "AMQP 0-9-1 over TLS listen address, served when [tls] is configured [default: 0.0.0.0:5671]";
+    "mqtt.tls_listen", "mqtts-listen", "WEIR_MQTTS_LISTEN", Str, None,
+        "MQTT over TLS listen address, served when [tls] is configured [default: 0.0.0.0:8883]";
+    "mqtt.wss_listen", "mqtt-wss-listen", "WEIR_MQTT_WSS_LISTEN", Str, None,
+        "MQTT over secure WebSocket (TLS, path /mqtt) listen address, served when [tls] is \
+         configured [default: 0.0.0.0:8084]";
+    "mqtt.ssl_cert_login", "mqtt-ssl-cert-login", "WEIR_MQTT_SSL_CERT_LOGIN", Bool, None,
+        "MQTT over TLS: a verified client certificate's subject CN is the user, no password \
+         needed [default: false]";
+    "tls.cert_file", "tls-cert-file", "WEIR_TLS_CERT_FILE", Str, None,
+        "TLS: the server's certificate chain (PEM); setting it turns TLS on";
+    "tls.key_file", "tls-key-file", "WEIR_TLS_KEY_FILE", Str, None,
+        "TLS: the server's private key (PEM)";
+    "tls.ca_file", "tls-ca-file", "WEIR_TLS_CA_FILE", Str, None,
+        "TLS: CA certificates of clients (PEM); when set, client certificates are requested \
+         and verified";
+    "tls.fail_if_no_peer_cert", "tls-fail-if-no-peer-cert", "WEIR_TLS_FAIL_IF_NO_PEER_CERT", Bool, None,
+        "TLS: refuse clients without a certificate (needs ca_file) [default: false]";
+    "tls.reload_interval", "tls-reload-interval", "WEIR_TLS_RELOAD_INTERVAL", Uint, None,
+        "TLS: seconds between checks of the files' modification times (0 = only on SIGHUP) \
+         [default: 5]";
     "http.listen", "http-listen", "WEIR_HTTP_LISTEN", Str, None,
         "HTTP listen address (reserved: not served yet)";
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
@@ -125,7 +147,7 @@ const LEGACY_TABLES: &[(&str, &str)] = &[("users", "auth.users")];
 
 /// The top-level keys of the file: the sections and `log`.
 const SECTIONS: &[&str] = &[
-    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies", "tenants",
+    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies", "tenants", "tls",
 ];
 
 // ---------------------------------------------------------------------------
@@ -234,7 +256,8 @@ fn value_name(s: &Setting) -> &'static str {
     match (s.kind, last) {
         (Kind::Uint, _) => "N",
         (Kind::Bool, _) => "BOOL",
-        (_, "listen") => "ADDR",
+        (_, "listen" | "tls_listen" | "wss_listen") => "ADDR",
+        (_, "cert_file" | "key_file" | "ca_file") => "FILE",
         (_, "data_dir") => "DIR",
         (_, "memory_limit" | "disk_free_limit") => "SIZE",
         (_, "kind") => "KIND",
@@ -263,6 +286,9 @@ pub struct AmqpConfig {
     pub consumer_timeout: u64,
     /// Seconds a partly received message may make no progress; 0 = never.
     pub partial_content_timeout: u64,
+    /// AMQP over TLS listen address (only with `[tls]`; default
+    /// [`AMQPS_DEFAULT_LISTEN`]).
+    pub tls_listen: Option<SocketAddr>,
 }
 
 impl Default for AmqpConfig {
@@ -274,6 +300,7 @@ impl Default for AmqpConfig {
             heartbeat: 60,
             consumer_timeout: 1800,
             partial_content_timeout: 30,
+            tls_listen: None,
         }
     }
 }
@@ -311,6 +338,15 @@ pub struct MqttConfig {
     pub max_retained_per_tenant: usize,
     /// Bytes of retained messages kept in all (0 = no limit; more: 0x97).
     pub max_retained_bytes: u64,
+    /// MQTT over TLS listen address (only with `[tls]`; default
+    /// [`MQTTS_DEFAULT_LISTEN`]).
+    pub tls_listen: Option<SocketAddr>,
+    /// MQTT over secure WebSocket listen address (only with `[tls]`;
+    /// default [`MQTT_WSS_DEFAULT_LISTEN`]).
+    pub wss_listen: Option<SocketAddr>,
+    /// Over TLS, a verified client certificate's subject CN is the user
+    /// and no password is needed (RabbitMQ's `mqtt.ssl_cert_login`).
+    pub ssl_cert_login: bool,
 }
 
 impl Default for MqttConfig {
@@ -328,6 +364,55 @@ impl Default for MqttConfig {
             server_keep_alive: 0,
             max_retained_per_tenant: 100_000,
             max_retained_bytes: 64 << 20,
+            tls_listen: None,
+            wss_listen: None,
+            ssl_cert_login: false,
+        }
+    }
+}
+
+/// Where AMQPS listens when `[tls]` is configured and `amqp.tls_listen` is not.
+pub const AMQPS_DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 5671);
+/// Where MQTTS listens when `[tls]` is configured and `mqtt.tls_listen` is not.
+pub const MQTTS_DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8883);
+
+/// Where MQTT over secure WebSocket listens when `[tls]` is configured and
+/// `mqtt.wss_listen` is not (EMQX's port; 8083 is its and Weir's `ws`).
+pub const MQTT_WSS_DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8084);
+
+/// `[tls]`: TLS on the AMQPS and MQTTS listeners. Present = TLS is served;
+/// absent = nothing TLS listens. The files are read at startup (a bad file
+/// refuses to start) and again when they change or on SIGHUP (a bad file
+/// then keeps the previous certificate); see `crate::tls`.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The server's certificate chain, PEM (leaf first).
+    pub cert_file: PathBuf,
+    /// The server's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// CA certificates that sign client certificates, PEM. When set,
+    /// clients are asked for a certificate, and one that does not verify
+    /// is refused in the handshake.
+    pub ca_file: Option<PathBuf>,
+    /// Refuse clients that present no certificate (RabbitMQ's name).
+    pub fail_if_no_peer_cert: bool,
+    /// Seconds between checks of the files' modification times; 0 = reload
+    /// only on SIGHUP.
+    pub reload_interval: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert_file: PathBuf::new(),
+            key_file: PathBuf::new(),
+            ca_file: None,
+            fail_if_no_peer_cert: false,
+            reload_interval: 5,
         }
     }
 }
@@ -832,6 +917,9 @@ pub struct Config {
     pub tenants: Vec<TenantConfig>,
     /// `[[quota.users]]`.
     pub quota_users: Vec<UserQuotaConfig>,
+    /// `[tls]`, if configured (then `amqp.tls_listen` and `mqtt.tls_listen`
+    /// are set, to their defaults if not given).
+    pub tls: Option<TlsConfig>,
     /// Quarantine damaged log ranges before opening the store (`--repair`).
     pub repair: bool,
     /// Deprecations and other remarks, logged once logging is set up.
@@ -1001,6 +1089,10 @@ impl Config {
         let store: StoreConfig = typed("store", section("store"), &describe)?;
         let quota: QuotaConfig = typed("quota", section("quota"), &describe)?;
         let auth: AuthConfig = typed("auth", section("auth"), &describe)?;
+        let tls: Option<TlsConfig> = match table.remove("tls") {
+            Some(v) => Some(typed("tls", v, &describe)?),
+            None => None,
+        };
         let policies: Vec<PolicyConfig> = typed(
             "policies",
             table
@@ -1033,6 +1125,8 @@ impl Config {
         debug_assert!(table.is_empty(), "unhandled sections: {table:?}");
 
         validate(&amqp, &store, &auth)?;
+        let (mut amqp, mut mqtt) = (amqp, mqtt);
+        validate_tls(tls.as_ref(), &mut amqp, &mut mqtt)?;
         for (name, l) in [("http", &http), ("native", &native)] {
             if let Some(addr) = l.listen {
                 warnings.push(format!(
@@ -1063,6 +1157,7 @@ impl Config {
             policies,
             tenants,
             quota_users,
+            tls,
             repair: cli.repair,
             warnings,
         })
@@ -1141,6 +1236,48 @@ fn validate(amqp: &AmqpConfig, store: &StoreConfig, auth: &AuthConfig) -> Result
             ConfigError::Invalid(format!("user {}: topic_permissions: {e}", t.user))
         })?;
     }
+    Ok(())
+}
+
+/// `[tls]` needs its two files; the TLS listen addresses need `[tls]` and
+/// get their defaults with it.
+fn validate_tls(
+    tls: Option<&TlsConfig>,
+    amqp: &mut AmqpConfig,
+    mqtt: &mut MqttConfig,
+) -> Result<(), ConfigError> {
+    let Some(tls) = tls else {
+        for (key, set) in [
+            ("amqp.tls_listen", amqp.tls_listen.is_some()),
+            ("mqtt.tls_listen", mqtt.tls_listen.is_some()),
+            ("mqtt.wss_listen", mqtt.wss_listen.is_some()),
+            ("mqtt.ssl_cert_login", mqtt.ssl_cert_login),
+        ] {
+            if set {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} needs [tls] (tls.cert_file and tls.key_file)"
+                )));
+            }
+        }
+        return Ok(());
+    };
+    for (key, path) in [
+        ("tls.cert_file", &tls.cert_file),
+        ("tls.key_file", &tls.key_file),
+    ] {
+        if path.as_os_str().is_empty() {
+            return Err(ConfigError::Invalid(format!("[tls] needs {key}")));
+        }
+    }
+    if tls.fail_if_no_peer_cert && tls.ca_file.is_none() {
+        return Err(ConfigError::Invalid(
+            "tls.fail_if_no_peer_cert needs tls.ca_file (the CA that signs client certificates)"
+                .into(),
+        ));
+    }
+    amqp.tls_listen.get_or_insert(AMQPS_DEFAULT_LISTEN);
+    mqtt.tls_listen.get_or_insert(MQTTS_DEFAULT_LISTEN);
+    mqtt.wss_listen.get_or_insert(MQTT_WSS_DEFAULT_LISTEN);
     Ok(())
 }
 
@@ -1697,6 +1834,44 @@ mod tests {
             .to_string();
         assert!(msg.contains("configure pattern"), "{msg}");
     }
+
+    #[test]
+    fn tls_listeners_only_with_a_tls_section() {
+        let cfg = load(&[], &[]).expect("defaults");
+        assert_eq!(cfg.tls, None);
+        assert_eq!((cfg.amqp.tls_listen, cfg.mqtt.tls_listen), (None, None));
+        let msg = load(&["--amqps-listen", "127.0.0.1:5671"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("amqp.tls_listen needs [tls]"), "{msg}");
+
+        let cfg = load(
+            &["--tls-cert-file", "/c.pem", "--tls-key-file", "/k.pem"],
+            &[("WEIR_MQTTS_LISTEN", "127.0.0.1:9883")],
+        )
+        .expect("TLS from flags and environment");
+        let tls = cfg.tls.expect("[tls]");
+        assert_eq!(tls.cert_file, PathBuf::from("/c.pem"));
+        assert_eq!(tls.reload_interval, 5);
+        assert_eq!(cfg.amqp.tls_listen, Some(AMQPS_DEFAULT_LISTEN));
+        assert_eq!(cfg.mqtt.tls_listen, Some("127.0.0.1:9883".parse().unwrap()));
+        assert_eq!(cfg.mqtt.wss_listen, Some(MQTT_WSS_DEFAULT_LISTEN));
+
+        let path = file("tls-no-key", "[tls]\ncert_file = \"/c.pem\"\n");
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("tls.key_file"), "{msg}");
+        let path = file(
+            "tls-peer-cert",
+            "[tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\nfail_if_no_peer_cert = true\n",
+        );
+        let msg = load(&["--config", path.to_str().expect("utf-8")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("needs tls.ca_file"), "{msg}");
+    }
+
 
     #[test]
     fn the_example_file_loads_without_warnings() {

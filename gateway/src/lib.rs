@@ -7,12 +7,14 @@
 //! * [`mqtt`]: MQTT topic and message conversion.
 //! * [`server`]: listeners, store opening, graceful shutdown.
 //! * [`tenant_gate`]: a session's view of its tenant's block and publish rate.
+//! * [`tls`]: TLS for the AMQPS and MQTTS listeners, certificate reload.
 
 pub mod amqp;
 pub mod config;
 pub mod mqtt;
 pub mod server;
 pub mod tenant_gate;
+pub mod tls;
 
 /// The engine lives in its own crate (`weir-engine`); re-exported for the sessions.
 pub use weir_engine as engine;

@@ -82,6 +82,16 @@ impl Shared {
         .unwrap_or(Err(AuthFailure))
     }
 
+    /// A login by verified client certificate (its subject CN is `user`):
+    /// the user must exist; no password is checked.
+    pub fn login_certificate(
+        &self,
+        user: &str,
+        peer: SocketAddr,
+    ) -> Result<Principal, AuthFailure> {
+        self.auth.known_user(user, peer.ip())
+    }
+
     /// [`Self::login`], as a yes or no.
     pub async fn authenticate(&self, user: &str, pass: &str, peer: SocketAddr) -> bool {
         self.login(user, pass, peer).await.is_ok()
@@ -205,6 +215,9 @@ pub enum ServerError {
     /// The engine could not recover.
     #[error("recovering engine: {0}")]
     Engine(#[from] crate::engine::EngineError),
+    /// The TLS files are unusable.
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// A listener could not bind.
     #[error("binding {addr}: {source}")]
     Bind {
@@ -222,7 +235,71 @@ pub struct Broker {
     listener: TcpListener,
     mqtt_listener: TcpListener,
     mqtt_ws_listener: TcpListener,
+    tls: Option<TlsListeners>,
     limits: Limits,
+}
+
+/// The TLS listeners (with `[tls]`) and the certificates they share.
+struct TlsListeners {
+    tls: Arc<crate::tls::Tls>,
+    /// SIGHUP, listened for from startup on (taken by the reload task).
+    hup: crate::tls::Hangup,
+    amqps: TcpListener,
+    mqtts: TcpListener,
+    mqtt_wss: TcpListener,
+}
+
+/// Which session a TLS connection is handed to after its handshake.
+#[derive(Clone, Copy)]
+enum TlsProtocol {
+    Amqp,
+    Mqtt,
+    /// MQTT over secure WebSocket.
+    MqttWs,
+}
+
+/// Runs the TLS handshake of an accepted connection (in its own task, so a
+/// slow client holds up no one), then serves it like a plain one.
+async fn serve_tls(
+    protocol: TlsProtocol,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = tcp.set_nodelay(true);
+    let (stream, identity) = match crate::tls::accept(acceptor, tcp).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+    };
+    match protocol {
+        TlsProtocol::Amqp => {
+            crate::amqp::session::serve_tls(stream, peer, identity, shared, shutdown).await
+        }
+        TlsProtocol::Mqtt => {
+            let cert_user = identity.verified.then_some(identity.common_name).flatten();
+            let (rd, wr) = tokio::io::split(stream);
+            crate::mqtt::session::serve_tls(rd, wr, peer, cert_user, shared, shutdown).await
+        }
+        TlsProtocol::MqttWs => {
+            let cert_user = identity.verified.then_some(identity.common_name).flatten();
+            crate::mqtt::websocket::serve_stream(stream, peer, cert_user, shared, shutdown).await
+        }
+    }
+}
+
+/// Accepts on `l`; never resolves without a listener.
+async fn accept_opt(
+    l: Option<&TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The resource watermarks the monitors check.
@@ -329,6 +406,27 @@ impl Broker {
                 addr: cfg.mqtt.ws_listen,
                 source,
             })?;
+        let tls = match &cfg.tls {
+            Some(files) => {
+                let tls = crate::tls::Tls::load(files)?;
+                let hup = crate::tls::sighup();
+                let bind = |addr: Option<SocketAddr>, default: SocketAddr| async move {
+                    let addr = addr.unwrap_or(default);
+                    TcpListener::bind(addr)
+                        .await
+                        .map_err(|source| ServerError::Bind { addr, source })
+                };
+                Some(TlsListeners {
+                    tls,
+                    hup,
+                    amqps: bind(cfg.amqp.tls_listen, crate::config::AMQPS_DEFAULT_LISTEN).await?,
+                    mqtts: bind(cfg.mqtt.tls_listen, crate::config::MQTTS_DEFAULT_LISTEN).await?,
+                    mqtt_wss: bind(cfg.mqtt.wss_listen, crate::config::MQTT_WSS_DEFAULT_LISTEN)
+                        .await?,
+                })
+            }
+            None => None,
+        };
         let m = &cfg.mqtt;
         engine.set_retained_limits(weir_engine::retained::RetainedLimits {
             max_messages_per_tenant: m.max_retained_per_tenant,
@@ -354,6 +452,7 @@ impl Broker {
             max_connections: m.max_connections,
             max_queued_messages: m.max_queued_messages,
             max_session_expiry_secs: m.max_session_expiry,
+            ssl_cert_login: m.ssl_cert_login,
         };
         let auth = engine.authenticator().clone();
         Ok(Broker {
@@ -377,6 +476,7 @@ impl Broker {
             listener,
             mqtt_listener,
             mqtt_ws_listener,
+            tls,
             limits: Limits {
                 memory: cfg.quota.memory_limit,
                 disk_free: cfg.quota.disk_free_limit,
@@ -392,7 +492,7 @@ impl Broker {
 
     /// Serves until `stop` resolves, then closes every connection with
     /// connection.close (320), waits briefly for them, and closes the store.
-    pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut conns = JoinSet::new();
         let timers = tokio::spawn(run_timers(self.shared.engine.clone()));
@@ -441,6 +541,18 @@ impl Broker {
         if let Ok(addr) = self.mqtt_ws_listener.local_addr() {
             tracing::info!(%addr, "MQTT WebSocket listener ready");
         }
+        let tls_watch = self.tls.as_mut().map(|t| {
+            for (l, what) in [
+                (&t.amqps, "AMQPS"),
+                (&t.mqtts, "MQTTS"),
+                (&t.mqtt_wss, "MQTT secure WebSocket"),
+            ] {
+                if let Ok(addr) = l.local_addr() {
+                    tracing::info!(%addr, "{what} listener ready");
+                }
+            }
+            tokio::spawn(t.tls.clone().watch(t.hup.take()))
+        });
         tokio::pin!(stop);
         loop {
             tokio::select! {
@@ -473,6 +585,42 @@ impl Broker {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
+                accepted = accept_opt(self.tls.as_ref().map(|t| &t.amqps)) => match accepted {
+                    Ok((stream, peer)) => {
+                        let acceptor = self.tls.as_ref().map(|t| t.tls.acceptor());
+                        if let Some(acceptor) = acceptor {
+                            conns.spawn(serve_tls(TlsProtocol::Amqp, acceptor, stream, peer, self.shared.clone(), shutdown_rx.clone()));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "AMQPS accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                accepted = accept_opt(self.tls.as_ref().map(|t| &t.mqtts)) => match accepted {
+                    Ok((stream, peer)) => {
+                        let acceptor = self.tls.as_ref().map(|t| t.tls.acceptor());
+                        if let Some(acceptor) = acceptor {
+                            conns.spawn(serve_tls(TlsProtocol::Mqtt, acceptor, stream, peer, self.shared.clone(), shutdown_rx.clone()));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "MQTTS accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                accepted = accept_opt(self.tls.as_ref().map(|t| &t.mqtt_wss)) => match accepted {
+                    Ok((stream, peer)) => {
+                        let acceptor = self.tls.as_ref().map(|t| t.tls.acceptor());
+                        if let Some(acceptor) = acceptor {
+                            conns.spawn(serve_tls(TlsProtocol::MqttWs, acceptor, stream, peer, self.shared.clone(), shutdown_rx.clone()));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "MQTT secure WebSocket accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
@@ -483,6 +631,10 @@ impl Broker {
         drop(self.listener);
         drop(self.mqtt_listener);
         drop(self.mqtt_ws_listener);
+        drop(self.tls);
+        if let Some(w) = tls_watch {
+            w.abort();
+        }
         let _ = shutdown_tx.send(true);
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
             while conns.join_next().await.is_some() {}

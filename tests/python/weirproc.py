@@ -35,8 +35,11 @@ class Weir:
     """One weir process on a data dir. Can be stopped and started again on
     the same data dir."""
 
-    def __init__(self, data_dir: Path, log_path: Path, start_timeout: float = 30.0):
+    def __init__(self, data_dir: Path, log_path: Path, start_timeout: float = 30.0,
+                 extra_args: list[str] | None = None):
         self.data_dir = Path(data_dir)
+        # More flags (e.g. --config with [tls]); kept across restarts.
+        self.extra_args = list(extra_args or [])
         self.log_path = Path(log_path)
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
@@ -59,7 +62,8 @@ class Weir:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(binary), "--data-dir", str(self.data_dir), "--amqp-listen", f"127.0.0.1:{self.port}",
-             "--mqtt-listen", f"127.0.0.1:{self.mqtt_port}", "--mqtt-ws-listen", f"127.0.0.1:{self.ws_port}"],
+             "--mqtt-listen", f"127.0.0.1:{self.mqtt_port}", "--mqtt-ws-listen", f"127.0.0.1:{self.ws_port}",
+             *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()

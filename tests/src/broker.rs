@@ -363,6 +363,15 @@ pub const WEIR_SETTING_VARS: &[&str] = &[
     "WEIR_MQTT_WS_LISTEN",
     "WEIR_HTTP_LISTEN",
     "WEIR_NATIVE_LISTEN",
+    "WEIR_AMQPS_LISTEN",
+    "WEIR_MQTTS_LISTEN",
+    "WEIR_MQTT_WSS_LISTEN",
+    "WEIR_MQTT_SSL_CERT_LOGIN",
+    "WEIR_TLS_CERT_FILE",
+    "WEIR_TLS_KEY_FILE",
+    "WEIR_TLS_CA_FILE",
+    "WEIR_TLS_FAIL_IF_NO_PEER_CERT",
+    "WEIR_TLS_RELOAD_INTERVAL",
 ];
 
 /// A `weir` command with no arguments, inherited settings cleared (see

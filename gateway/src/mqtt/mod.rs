@@ -27,4 +27,7 @@ pub struct MqttShared {
     pub max_queued_messages: u64,
     /// Longest session expiry granted, seconds (0 = no limit).
     pub max_session_expiry_secs: u32,
+    /// Over TLS, a verified client certificate's CN logs in without a
+    /// password (`mqtt.ssl_cert_login`).
+    pub ssl_cert_login: bool,
 }

@@ -65,6 +65,21 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    serve_stream(stream, peer, None, shared, shutdown).await;
+}
+
+/// [`serve`] over any stream: a TLS stream for MQTT over secure WebSocket
+/// (`cert_user`: the CN of the client's verified certificate, for
+/// `mqtt.ssl_cert_login`).
+pub async fn serve_stream<S>(
+    stream: S,
+    peer: SocketAddr,
+    cert_user: Option<String>,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut config = WebSocketConfig::default();
     // A frame or message larger than the largest MQTT packet is refused.
     let max = shared.mqtt.server.maximum_packet_size as usize + 16;
@@ -129,7 +144,8 @@ pub async fn serve(
         }
     });
     let (rd, wr) = tokio::io::split(session_end);
-    super::session::serve_io(rd, wr, peer, shared, shutdown).await;
+    // The pipe buffers nothing that needs a flush.
+    super::session::serve_inner(rd, wr, peer, cert_user, false, shared, shutdown).await;
     // The session dropped its pipe end: the pump sees EOF and closes.
     let _ = pump.await;
 }

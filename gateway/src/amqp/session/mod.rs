@@ -50,6 +50,9 @@ use weir_protocols::amqp::{reply, Connection, Event, Timeout};
 const OUT_HIGH_WATER: usize = 4 << 20;
 /// Stop encoding deliveries while this much output is unwritten.
 const DELIVERY_HIGH_WATER: usize = 1 << 20;
+/// How long a finished connection may take to flush what a TLS stream
+/// still buffers.
+const FINAL_FLUSH: Duration = Duration::from_secs(1);
 /// How often expired leases are looked for while the client holds any (the
 /// engine keeps no expiry deadline; the consumer timeout counts in seconds).
 const LEASE_CHECK: Duration = Duration::from_secs(1);
@@ -62,15 +65,54 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    // The socket's own readiness and non-blocking calls, as before: the
+    // plain-TCP path is unchanged by the generic session.
+    serve_on(&stream, &stream, peer, None, shared, shutdown).await;
+}
+
+/// Serves one AMQP connection over TLS (handshake done) until it closes.
+/// A verified client certificate (`identity`) makes SASL EXTERNAL
+/// available, logging in as the certificate's subject CN.
+pub async fn serve_tls(
+    stream: crate::tls::TlsStream,
+    peer: SocketAddr,
+    identity: crate::tls::PeerIdentity,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (rd, wr) = tokio::io::split(stream);
+    let mut wr = PollWriter::new(wr);
+    serve_on(rd, &mut wr, peer, Some(identity), shared, shutdown).await;
+}
+
+/// Serves one connection over a reader and a writer (see [`ReadSide`],
+/// [`WriteSide`]); `tls` is the client's TLS identity on a TLS listener.
+async fn serve_on<R: ReadSide, W: WriteSide>(
+    rd: R,
+    wr: W,
+    peer: SocketAddr,
+    tls: Option<crate::tls::PeerIdentity>,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
     let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
     let server_cfg = shared.amqp.clone();
+    // EXTERNAL is offered only to a client whose certificate verified.
+    let cert_user = tls
+        .filter(|t| t.verified)
+        .map(|t| t.common_name.unwrap_or_default());
+    let mut conn = Connection::new_at(server_cfg, Instant::now());
+    if cert_user.is_some() {
+        conn.offer_external();
+    }
     let alarms = shared.alarms.subscribe();
     let mut s = Session {
         shared: shared.clone(),
         engine: shared.engine.clone(),
-        conn: Connection::new_at(server_cfg, Instant::now()),
+        conn,
         client: None,
         user: String::new(),
+        cert_user,
         peer,
         channels: HashMap::new(),
         confirm_tx,
@@ -88,7 +130,7 @@ pub async fn serve(
         tx_bytes: 0,
     };
     tracing::debug!(%peer, "AMQP connection accepted");
-    let result = s.run(stream, confirm_rx, shutdown).await;
+    let result = s.run(rd, wr, confirm_rx, shutdown).await;
     s.release_all();
     match result {
         Ok(()) => tracing::debug!(%peer, "AMQP connection closed"),
@@ -110,6 +152,9 @@ struct Session {
     client: Option<Client>,
     /// Who logged in.
     user: String,
+    /// On TLS with a verified client certificate: its subject CN (empty if
+    /// it has none), the user of a SASL EXTERNAL login.
+    cert_user: Option<String>,
     peer: SocketAddr,
     channels: HashMap<u16, Channel>,
     confirm_tx: mpsc::UnboundedSender<StoreConfirm>,
@@ -171,9 +216,10 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 }
 
 impl Session {
-    async fn run(
+    async fn run<R: ReadSide, W: WriteSide>(
         &mut self,
-        stream: TcpStream,
+        mut rd: R,
+        mut wr: W,
         mut confirm_rx: mpsc::UnboundedReceiver<StoreConfirm>,
         mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<()> {
@@ -238,10 +284,15 @@ impl Session {
             if std::mem::take(&mut fired) {
                 self.on_timer(now, &mut stall, &mut lease_check);
             }
-            if !self.conn.out().is_empty() && write_some(&stream, self.conn.out())? > 0 {
+            if !self.conn.out().is_empty() && wr.write_some(self.conn.out())? > 0 {
                 self.conn.on_write(now);
             }
             if self.conn.is_finished() && self.conn.out().is_empty() {
+                if wr.has_unflushed() {
+                    // A TLS record (the close-ok) still buffered: one
+                    // bounded last flush.
+                    let _ = tokio::time::timeout(FINAL_FLUSH, wr.writable()).await;
+                }
                 return Ok(());
             }
             if eof {
@@ -303,13 +354,11 @@ impl Session {
                     armed = Some(at);
                 }
             }
-            let want_write = !self.conn.out().is_empty();
+            let want_write = !self.conn.out().is_empty() || wr.has_unflushed();
             let refusal_at = self.login_refusal.as_ref().map(|r| r.at);
             tokio::select! {
-                r = stream.readable(), if want_read => {
-                    r?;
-                    input.reserve(64 * 1024);
-                    match stream.try_read_buf(&mut input) {
+                r = rd.read_some(&mut input), if want_read => {
+                    match r {
                         Ok(0) => {
                             eof = true;
                             // The peer went away: nothing more can be written.
@@ -321,7 +370,7 @@ impl Session {
                         Err(e) => return Err(e),
                     }
                 }
-                r = stream.writable(), if want_write => { r?; }
+                r = wr.writable(), if want_write => { r?; }
                 _ = notified(self.client.as_ref()) => {}
                 () = self.replies.durable(), if self.replies.is_waiting() => {
                     self.send_ready_replies();
@@ -369,11 +418,23 @@ impl Session {
                 username,
                 password,
             } => {
-                if self
-                    .shared
-                    .authenticate(&username, &password, self.peer)
-                    .await
-                {
+                // EXTERNAL: the verified certificate's CN is the user (the
+                // adapter only lets it through when offered).
+                let (username, ok) = match (mechanism.as_str(), &self.cert_user) {
+                    ("EXTERNAL", Some(cn)) => {
+                        let ok = self.shared.login_certificate(cn, self.peer).is_ok();
+                        (cn.clone(), ok)
+                    }
+                    ("EXTERNAL", None) => (username, false),
+                    _ => {
+                        let ok = self
+                            .shared
+                            .authenticate(&username, &password, self.peer)
+                            .await;
+                        (username, ok)
+                    }
+                };
+                if ok {
                     self.user = username;
                     self.conn.accept_login();
                 } else {
@@ -658,19 +719,131 @@ impl Session {
     }
 }
 
-/// Writes as much of `out` as the socket takes now.
-fn write_some(stream: &TcpStream, out: &mut BytesMut) -> std::io::Result<usize> {
-    let mut total = 0;
-    while !out.is_empty() {
-        match stream.try_write(out) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                bytes::Buf::advance(out, n);
-                total += n;
+/// The reading side of a connection, as the session loop waits on it.
+trait ReadSide: Send {
+    /// Waits until the stream is readable and reads what is there into
+    /// `input` (0 = end of stream; `WouldBlock` = a spurious wake-up).
+    /// Cancel safe: nothing is lost when it is dropped while waiting.
+    fn read_some(
+        &mut self,
+        input: &mut BytesMut,
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send;
+}
+
+/// The writing side of a connection: non-blocking writes, and a wait for
+/// room.
+trait WriteSide: Send {
+    /// Writes as much of `out` as the stream takes now, without waiting.
+    fn write_some(&mut self, out: &mut BytesMut) -> std::io::Result<usize>;
+    /// Bytes taken by [`Self::write_some`] that still wait inside the
+    /// stream (a TLS record buffer) for the socket.
+    fn has_unflushed(&self) -> bool;
+    /// Resolves when a write may make progress (and, for a buffering
+    /// stream, once what it holds went out).
+    fn writable(&mut self) -> impl std::future::Future<Output = std::io::Result<()>> + Send;
+}
+
+impl ReadSide for &TcpStream {
+    async fn read_some(&mut self, input: &mut BytesMut) -> std::io::Result<usize> {
+        self.readable().await?;
+        input.reserve(64 * 1024);
+        self.try_read_buf(input)
+    }
+}
+
+impl WriteSide for &TcpStream {
+    fn write_some(&mut self, out: &mut BytesMut) -> std::io::Result<usize> {
+        let mut total = 0;
+        while !out.is_empty() {
+            match self.try_write(out) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    bytes::Buf::advance(out, n);
+                    total += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => return Err(e),
+        }
+        Ok(total)
+    }
+
+    fn has_unflushed(&self) -> bool {
+        false
+    }
+
+    fn writable(&mut self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        TcpStream::writable(self)
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Send> ReadSide for tokio::io::ReadHalf<T> {
+    async fn read_some(&mut self, input: &mut BytesMut) -> std::io::Result<usize> {
+        use tokio::io::AsyncReadExt;
+        input.reserve(64 * 1024);
+        // AsyncRead's read_buf is cancel safe.
+        self.read_buf(input).await
+    }
+}
+
+/// A poll-based writer (a TLS stream's write half) driven the way the
+/// session drives a socket: writes are attempted without waiting (polled
+/// with a no-op waker), and [`WriteSide::writable`] waits by flushing with
+/// the task's own waker, which registers it with the socket underneath.
+struct PollWriter<W> {
+    inner: W,
+    /// A write or flush returned Pending: bytes may sit in the stream's
+    /// buffer.
+    unflushed: bool,
+}
+
+impl<W> PollWriter<W> {
+    fn new(inner: W) -> Self {
+        PollWriter {
+            inner,
+            unflushed: false,
         }
     }
-    Ok(total)
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin + Send> WriteSide for &mut PollWriter<W> {
+    fn write_some(&mut self, out: &mut BytesMut) -> std::io::Result<usize> {
+        use std::pin::Pin;
+        use std::task::{Context, Poll};
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut total = 0;
+        while !out.is_empty() {
+            match Pin::new(&mut self.inner).poll_write(&mut cx, out) {
+                Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => {
+                    bytes::Buf::advance(out, n);
+                    total += n;
+                }
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => break,
+            }
+        }
+        // Push what the stream buffered towards the socket now; what it
+        // cannot take waits for `writable`.
+        self.unflushed = match Pin::new(&mut self.inner).poll_flush(&mut cx) {
+            Poll::Ready(r) => {
+                r?;
+                false
+            }
+            Poll::Pending => true,
+        };
+        Ok(total)
+    }
+
+    fn has_unflushed(&self) -> bool {
+        self.unflushed
+    }
+
+    async fn writable(&mut self) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        // Flush is cancel safe: what it did not write stays buffered.
+        self.inner.flush().await?;
+        self.unflushed = false;
+        Ok(())
+    }
 }

@@ -62,16 +62,51 @@ fn subscription_of(args: &Value) -> Option<Subscription> {
 impl Session {
     pub(super) async fn on_connect(&mut self, c: Connect) {
         // Tenant and user.
-        let Some(username) = c.username.clone() else {
-            self.refuse(ConnectRefusal::NotAuthorized, "a username is required");
-            return;
-        };
-        let (tenant, user) = match username.split_once(':') {
-            Some((t, u)) if !t.is_empty() => (t.to_string(), u.to_string()),
-            _ => (DEFAULT_TENANT.to_string(), username.clone()),
-        };
         let password = c.password.as_ref().map(|p| p.expose()).unwrap_or_default();
-        if !self.shared.authenticate(&user, password, self.peer).await {
+        // Certificate login (`mqtt.ssl_cert_login`, over TLS with a verified
+        // client certificate): without a password, the certificate's CN is
+        // the user; a username, if given, only picks the tenant
+        // (`tenant:` or `tenant:CN`). A password means a password login,
+        // as in RabbitMQ.
+        let cert_user = self
+            .cert_user
+            .clone()
+            .filter(|_| self.shared.mqtt.ssl_cert_login && password.is_empty());
+        let (tenant, user, ok) = if let Some(cn) = cert_user {
+            let tenant = match c.username.as_deref().map(|u| u.split_once(':')) {
+                Some(Some((t, u))) if !t.is_empty() && (u.is_empty() || u == cn) => {
+                    Some(t.to_string())
+                }
+                Some(Some((t, u))) if t.is_empty() && (u.is_empty() || u == cn) => {
+                    Some(DEFAULT_TENANT.to_string())
+                }
+                Some(None) if c.username.as_deref() == Some(cn.as_str()) => {
+                    Some(DEFAULT_TENANT.to_string())
+                }
+                Some(_) => None,
+                None => Some(DEFAULT_TENANT.to_string()),
+            };
+            match tenant {
+                Some(t) => {
+                    let ok = self.shared.login_certificate(&cn, self.peer).is_ok();
+                    (t, cn, ok)
+                }
+                // A username naming someone else than the certificate.
+                None => (String::new(), cn, false),
+            }
+        } else {
+            let Some(username) = c.username.clone() else {
+                self.refuse(ConnectRefusal::NotAuthorized, "a username is required");
+                return;
+            };
+            let (tenant, user) = match username.split_once(':') {
+                Some((t, u)) if !t.is_empty() => (t.to_string(), u.to_string()),
+                _ => (DEFAULT_TENANT.to_string(), username.clone()),
+            };
+            let ok = self.shared.authenticate(&user, password, self.peer).await;
+            (tenant, user, ok)
+        };
+        if !ok {
             let delay = self.shared.logins.failed(self.peer.ip());
             tracing::info!(peer = %self.peer, %user, delay_ms = delay.as_millis() as u64, "MQTT login refused");
             tokio::time::sleep(delay).await;

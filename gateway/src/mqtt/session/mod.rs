@@ -174,12 +174,62 @@ async fn read_some<R: ReadReady>(rd: &mut R, input: &mut BytesMut) -> std::io::R
     rd.read_buf(input).await
 }
 
+/// Writes some of `out`, or with nothing to write flushes (`None`). Cancel
+/// safe, as tokio's write and flush are.
+async fn write_or_flush<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    out: &[u8],
+) -> std::io::Result<Option<usize>> {
+    if out.is_empty() {
+        wr.flush().await.map(|()| None)
+    } else {
+        wr.write(out).await.map(Some)
+    }
+}
+
 /// Serves one MQTT connection over any byte stream (a TCP socket, or the
 /// pipe behind a WebSocket) until it closes.
 pub async fn serve_io<R, W>(
     rd: R,
     wr: W,
     peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) where
+    R: ReadReady,
+    W: AsyncWrite + Unpin,
+{
+    serve_inner(rd, wr, peer, None, false, shared, shutdown).await;
+}
+
+/// [`serve_io`] for a TLS connection (the halves of a
+/// `tokio::io::split` TLS stream): `cert_user` is the subject CN of the
+/// client's verified certificate, the user of a certificate login
+/// (`mqtt.ssl_cert_login`).
+pub async fn serve_tls<R, W>(
+    rd: R,
+    wr: W,
+    peer: SocketAddr,
+    cert_user: Option<String>,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) where
+    R: ReadReady,
+    W: AsyncWrite + Unpin,
+{
+    // A TLS writer may keep encrypted bytes it took when the socket was
+    // full: they are flushed once the output is written.
+    serve_inner(rd, wr, peer, cert_user, true, shared, shutdown).await;
+}
+
+/// [`serve_io`] and [`serve_tls`]: `flush_writes` when the writer may keep
+/// bytes it took (TLS).
+pub(crate) async fn serve_inner<R, W>(
+    rd: R,
+    wr: W,
+    peer: SocketAddr,
+    cert_user: Option<String>,
+    flush_writes: bool,
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) where
@@ -193,6 +243,7 @@ pub async fn serve_io<R, W>(
         shared,
         client: None,
         peer,
+        cert_user,
         tenant: String::new(),
         client_id: String::new(),
         conn_id: 0,
@@ -222,7 +273,7 @@ pub async fn serve_io<R, W>(
         publish_will: false,
     };
     tracing::debug!(%peer, "MQTT connection accepted");
-    let result = s.run(rd, wr, shutdown).await;
+    let result = s.run(rd, wr, flush_writes, shutdown).await;
     s.finish();
     match result {
         Ok(()) => tracing::debug!(%peer, "MQTT connection closed"),
@@ -236,6 +287,8 @@ pub(crate) struct Session {
     conn: Connection,
     client: Option<Client>,
     peer: SocketAddr,
+    /// Over TLS with a verified client certificate: its subject CN.
+    cert_user: Option<String>,
     /// The tenant logged into (the user is the engine client's principal).
     tenant: String,
     client_id: String,
@@ -339,12 +392,15 @@ impl Session {
         &mut self,
         mut rd: R,
         mut wr: W,
+        flush_writes: bool,
         mut shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<()>
     where
         R: ReadReady,
         W: AsyncWrite + Unpin,
     {
+        // Written since the last flush (only counted when `flush_writes`).
+        let mut unflushed = false;
         // Sized by use: an idle connection (most of an IoT fleet) holds a
         // small read buffer, a busy one a large one.
         let mut input = BytesMut::new();
@@ -399,7 +455,9 @@ impl Session {
             }
             let released = self.barriers_done >= self.hold_until;
             if (self.conn.is_finished() && self.conn.out.is_empty()) || eof {
-                let _ = wr.flush().await;
+                // Bounded: a TLS writer flushes only as fast as the
+                // client reads.
+                let _ = tokio::time::timeout(Duration::from_secs(1), wr.flush()).await;
                 return Ok(());
             }
             // 4. Wait.
@@ -414,6 +472,7 @@ impl Session {
                 }
             }
             let want_write = !self.conn.out.is_empty() && released;
+            let want_flush = unflushed && self.conn.out.is_empty();
             // Reads and writes are futures that lose nothing when another
             // branch wins (tokio's read_buf and write are cancel safe).
             if input.is_empty() && input.capacity() > READ_BUF_BUSY && last_read < READ_BUF_IDLE {
@@ -445,12 +504,16 @@ impl Session {
                         return Err(e);
                     }
                 },
-                r = wr.write(&self.conn.out), if want_write => match r {
-                    Ok(0) => {
+                r = write_or_flush(&mut wr, &self.conn.out), if want_write || want_flush => match r {
+                    Ok(Some(0)) => {
                         self.publish_will = true;
                         return Err(std::io::ErrorKind::WriteZero.into());
                     }
-                    Ok(n) => bytes::Buf::advance(&mut self.conn.out, n),
+                    Ok(Some(n)) => {
+                        bytes::Buf::advance(&mut self.conn.out, n);
+                        unflushed = flush_writes;
+                    }
+                    Ok(None) => unflushed = false,
                     Err(e) => {
                         self.publish_will = true;
                         return Err(e);

@@ -41,10 +41,23 @@ impl Connection {
                 version_major: 0,
                 version_minor: 9,
                 server_properties: props,
-                mechanisms: "PLAIN AMQPLAIN".into(),
+                mechanisms: if self.external {
+                    "PLAIN AMQPLAIN EXTERNAL".into()
+                } else {
+                    "PLAIN AMQPLAIN".into()
+                },
                 locales: "en_US".into(),
             })),
         );
+    }
+
+    /// Offers SASL EXTERNAL in connection.start (call before the client's
+    /// protocol header is read): the transport already authenticated the
+    /// client (a verified TLS client certificate). An EXTERNAL login then
+    /// comes as [`Event::Login`] with empty credentials; the session knows
+    /// who the certificate names.
+    pub fn offer_external(&mut self) {
+        self.external = true;
     }
 
     /// Credentials accepted: continue with connection.tune.
@@ -112,20 +125,29 @@ impl Connection {
                         if matches!(caps.inner().get("connection.blocked"), Some(AMQPValue::Boolean(true)))
                 );
                 let mechanism = start_ok.mechanism.as_str().to_string();
-                let sasl::Credentials { username, password } =
-                    match sasl::decode(&mechanism, start_ok.response.as_bytes()) {
-                        Ok(c) => c,
-                        Err(e) => {
-                            return self.fail(
-                                reply::ACCESS_REFUSED,
-                                format!(
+                let decoded = if mechanism == "EXTERNAL" && self.external {
+                    // The response is an optional authorization identity,
+                    // not a credential: the certificate is the credential.
+                    Ok(sasl::Credentials {
+                        username: String::new(),
+                        password: String::new().into(),
+                    })
+                } else {
+                    sasl::decode(&mechanism, start_ok.response.as_bytes())
+                };
+                let sasl::Credentials { username, password } = match decoded {
+                    Ok(c) => c,
+                    Err(e) => {
+                        return self.fail(
+                            reply::ACCESS_REFUSED,
+                            format!(
                                 "ACCESS_REFUSED - login with mechanism {mechanism} refused: {e}"
                             ),
-                                10,
-                                11,
-                            )
-                        }
-                    };
+                            10,
+                            11,
+                        )
+                    }
+                };
                 self.phase = Phase::Authenticating;
                 self.pending.push_back(Event::Login {
                     mechanism,

@@ -105,6 +105,8 @@ pub struct Connection {
     partial_limit: usize,
     /// The client advertised the `connection.blocked` capability in start-ok.
     accepts_blocked: bool,
+    /// SASL EXTERNAL is offered ([`Self::offer_external`]).
+    external: bool,
     /// Heartbeat, handshake and close deadlines.
     timers: Timers,
 }
@@ -141,6 +143,7 @@ impl Connection {
             out: BytesMut::with_capacity(16 * 1024),
             close_reason: None,
             accepts_blocked: false,
+            external: false,
             timers: Timers::new(now),
         }
     }
