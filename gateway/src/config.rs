@@ -1872,7 +1872,6 @@ mod tests {
         assert!(msg.contains("needs tls.ca_file"), "{msg}");
     }
 
-
     #[test]
     fn the_example_file_loads_without_warnings() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/weir.toml");
