@@ -8,6 +8,7 @@ use weir_backend::testing::MemStore;
 use weir_engine::client::{GetAck, SubscribeOptions};
 use weir_engine::exchange::{ExchangeDef, ExchangeKind, HeaderLookup};
 use weir_engine::message::Message;
+use weir_engine::permissions::{PermissionDef, UserDef};
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
 use weir_engine::{Client, Engine, EngineError};
@@ -17,7 +18,27 @@ fn engine_with(tenant: &str, limits: Limits) -> Arc<Engine> {
     let e = Engine::open(MemStore::new()).expect("engine");
     let (t, _) = e.add_tenant(tenant).expect("tenant");
     t.set_limits(limits);
+    for user in ["u", "other"] {
+        let _ = e.put_user(UserDef {
+            name: user.into(),
+            // Any valid hash: these tests never log in.
+            password_hash: weir_engine::auth::GUEST_PASSWORD_HASH.into(),
+            tags: vec![],
+            loopback_only: false,
+            from_config: false,
+        });
+        grant(&e, user, tenant);
+        grant(&e, user, weir_engine::DEFAULT_TENANT);
+    }
     e
+}
+
+/// Full permissions for `user` on `tenant` (permissions are not what
+/// these tests are about).
+fn grant(e: &Engine, user: &str, tenant: &str) {
+    let _ = e
+        .set_permissions(PermissionDef::full(user, tenant))
+        .expect("permissions");
 }
 
 fn declare(c: &Client, name: &str) -> Result<(), EngineError> {
@@ -201,6 +222,7 @@ fn queued_bytes_block_the_tenant_until_drained_and_not_another() {
         },
     );
     e.add_tenant("b").expect("tenant b");
+    grant(&e, "u", "b");
     let mut a = Client::open(&e, "a", "u").expect("client a");
     let mut b = Client::open(&e, "b", "u").expect("client b");
     declare(&a, "q").expect("declare");

@@ -17,6 +17,27 @@ use weir_tests::*;
 fn start(toml: &str) -> (Broker, tempfile::TempDir) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let file = tmp.path().join("weir.toml");
+    // guest may use every tenant of the file (permissions are not what
+    // these tests are about; a configured user's list replaces the default).
+    let mut vhosts = vec!["/".to_string()];
+    let mut lines = toml.lines();
+    while let Some(l) = lines.next() {
+        if l.trim() == "[[tenants]]" {
+            if let Some(n) = lines.next().and_then(|n| n.split('"').nth(1)) {
+                vhosts.push(n.to_string());
+            }
+        }
+    }
+    let perms: Vec<String> = vhosts
+        .iter()
+        .map(|v| {
+            format!("{{ vhost = \"{v}\", configure = \".*\", write = \".*\", read = \".*\" }}")
+        })
+        .collect();
+    let toml = format!(
+        "{toml}\n[[auth.users]]\nname = \"guest\"\npassword = \"guest\"\npermissions = [{}]\n",
+        perms.join(", ")
+    );
     std::fs::write(&file, toml).expect("config file");
     let b = Broker::start_mqtt_with(&["--config", file.to_str().expect("utf-8 path")]);
     (b, tmp)
