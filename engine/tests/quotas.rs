@@ -19,7 +19,7 @@ fn engine_with(tenant: &str, limits: Limits) -> Arc<Engine> {
     let (t, _) = e.add_tenant(tenant).expect("tenant");
     t.set_limits(limits);
     for user in ["u", "other"] {
-        let _ = e.put_user(UserDef {
+        let _user_written = e.put_user(UserDef {
             name: user.into(),
             // Any valid hash: these tests never log in.
             password_hash: weir_engine::auth::GUEST_PASSWORD_HASH.into(),
@@ -36,9 +36,11 @@ fn engine_with(tenant: &str, limits: Limits) -> Arc<Engine> {
 /// Full permissions for `user` on `tenant` (permissions are not what
 /// these tests are about).
 fn grant(e: &Engine, user: &str, tenant: &str) {
-    let _ = e
-        .set_permissions(PermissionDef::full(user, tenant))
-        .expect("permissions");
+    // MemStore's writes are done when appended: nothing to await.
+    drop(
+        e.set_permissions(PermissionDef::full(user, tenant))
+            .expect("permissions"),
+    );
 }
 
 fn declare(c: &Client, name: &str) -> Result<(), EngineError> {
