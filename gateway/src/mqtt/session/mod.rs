@@ -147,8 +147,9 @@ impl ReadReady for tokio::net::tcp::OwnedReadHalf {
 }
 
 impl<T: AsyncRead> ReadReady for tokio::io::ReadHalf<T> {
-    /// The pipe behind a WebSocket: nothing to wait on, so its buffer is
-    /// taken at once (the WebSocket's own buffers dwarf it anyway).
+    /// A split stream (the pipe behind a WebSocket, a TLS stream): nothing
+    /// to wait on without reading, so its buffer is taken at once (the
+    /// WebSocket's or TLS session's own buffers dwarf it anyway).
     fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
         std::future::ready(Ok(()))
     }
