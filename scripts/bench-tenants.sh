@@ -124,7 +124,7 @@ start_broker() {
   BROKER_DIR="$(mktemp -d /tmp/weir-bench-tenants.XXXXXX)"
   write_config "$BROKER_DIR/weir.toml" "$1"
   "$WEIR" --config "$BROKER_DIR/weir.toml" --data-dir "$BROKER_DIR/data" --fsync true \
-    --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 \
+    --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
     >"$OUT/broker-$1-$(date +%H%M%S).log" 2>&1 &
   BROKER_PID=$!
   for _ in $(seq 300); do

@@ -116,7 +116,7 @@ settings! {
         "TLS: seconds between checks of the files' modification times (0 = only on SIGHUP) \
          [default: 5]";
     "http.listen", "http-listen", "WEIR_HTTP_LISTEN", Str, None,
-        "HTTP listen address (reserved: not served yet)";
+        "HTTP listen address: management API, /metrics, dashboard [default: 0.0.0.0:15672]";
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
         "Native protocol listen address (reserved: not served yet)";
     "store.kind", "store", "WEIR_STORE", Str, None,
@@ -417,7 +417,27 @@ impl Default for TlsConfig {
     }
 }
 
-/// `[http]`, `[native]`: listeners reserved for the adapters to
+/// `[http]`: the management API, `/metrics` and the dashboard.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Listen address (RabbitMQ's management port by default).
+    pub listen: SocketAddr,
+}
+
+/// The HTTP listener's default address, as RabbitMQ's management plugin.
+pub const HTTP_DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 15672);
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: HTTP_DEFAULT_LISTEN,
+        }
+    }
+}
+
+/// `[native]`: a listener reserved for the adapter to
 /// come. Parsed and kept, **not served yet** (no socket is opened).
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -901,8 +921,8 @@ pub struct Config {
     pub amqp: AmqpConfig,
     /// `[mqtt]`.
     pub mqtt: MqttConfig,
-    /// `[http]` (not served yet).
-    pub http: ReservedListener,
+    /// `[http]`.
+    pub http: HttpConfig,
     /// `[native]` (not served yet).
     pub native: ReservedListener,
     /// `[store]`.
@@ -1084,7 +1104,7 @@ impl Config {
         };
         let amqp: AmqpConfig = typed("amqp", section("amqp"), &describe)?;
         let mqtt: MqttConfig = typed("mqtt", section("mqtt"), &describe)?;
-        let http: ReservedListener = typed("http", section("http"), &describe)?;
+        let http: HttpConfig = typed("http", section("http"), &describe)?;
         let native: ReservedListener = typed("native", section("native"), &describe)?;
         let store: StoreConfig = typed("store", section("store"), &describe)?;
         let quota: QuotaConfig = typed("quota", section("quota"), &describe)?;
@@ -1127,12 +1147,10 @@ impl Config {
         validate(&amqp, &store, &auth)?;
         let (mut amqp, mut mqtt) = (amqp, mqtt);
         validate_tls(tls.as_ref(), &mut amqp, &mut mqtt)?;
-        for (name, l) in [("http", &http), ("native", &native)] {
-            if let Some(addr) = l.listen {
-                warnings.push(format!(
-                    "{name}.listen = {addr} is reserved: the {name} adapter is not served yet, nothing listens there"
-                ));
-            }
+        if let Some(addr) = native.listen {
+            warnings.push(format!(
+                "native.listen = {addr} is reserved: the native adapter is not served yet, nothing listens there"
+            ));
         }
         for u in &auth.users {
             if u.password.is_some() {
@@ -1580,7 +1598,8 @@ mod tests {
                 ("WEIR_DATA_DIR", "/d"),
                 ("WEIR_DEFAULT_PASS", "pw"),
                 ("WEIR_MQTT_LISTEN", "127.0.0.1:1883"),
-                ("WEIR_HTTP_LISTEN", "127.0.0.1:15672"),
+                ("WEIR_HTTP_LISTEN", "127.0.0.1:15673"),
+                ("WEIR_NATIVE_LISTEN", "127.0.0.1:5555"),
                 ("WEIR_PARTIAL_CONTENT_TIMEOUT", "0"),
                 ("WEIR_DISK_FREE_LIMIT", "50MB"),
             ],
@@ -1593,6 +1612,7 @@ mod tests {
         assert_eq!(cfg.amqp.partial_content_timeout, 0);
         assert_eq!(cfg.quota.disk_free_limit, 50 << 20);
         assert_eq!(cfg.mqtt.listen, "127.0.0.1:1883".parse().expect("addr"));
+        assert_eq!(cfg.http.listen, "127.0.0.1:15673".parse().expect("addr"));
         assert!(cfg.warnings.iter().any(|w| w.contains("not served yet")));
         assert!(!cfg.auth.user_specs()[0].loopback_only);
     }

@@ -5,12 +5,14 @@
 //! * [`engine`]: tenants, exchanges, queues, consumers, leases.
 //! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
 //! * [`mqtt`]: MQTT topic and message conversion.
+//! * [`http`]: the management API, `/metrics` and the dashboard.
 //! * [`server`]: listeners, store opening, graceful shutdown.
 //! * [`tenant_gate`]: a session's view of its tenant's block and publish rate.
 //! * [`tls`]: TLS for the AMQPS and MQTTS listeners, certificate reload.
 
 pub mod amqp;
 pub mod config;
+pub mod http;
 pub mod mqtt;
 pub mod server;
 pub mod tenant_gate;

@@ -235,8 +235,11 @@ pub struct Broker {
     listener: TcpListener,
     mqtt_listener: TcpListener,
     mqtt_ws_listener: TcpListener,
+    http_listener: TcpListener,
     tls: Option<TlsListeners>,
     limits: Limits,
+    /// When the store began opening (uptime).
+    started: std::time::Instant,
 }
 
 /// The TLS listeners (with `[tls]`) and the certificates they share.
@@ -406,6 +409,13 @@ impl Broker {
                 addr: cfg.mqtt.ws_listen,
                 source,
             })?;
+        let http_listener =
+            TcpListener::bind(cfg.http.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: cfg.http.listen,
+                    source,
+                })?;
         let tls = match &cfg.tls {
             Some(files) => {
                 let tls = crate::tls::Tls::load(files)?;
@@ -476,7 +486,9 @@ impl Broker {
             listener,
             mqtt_listener,
             mqtt_ws_listener,
+            http_listener,
             tls,
+            started,
             limits: Limits {
                 memory: cfg.quota.memory_limit,
                 disk_free: cfg.quota.disk_free_limit,
@@ -488,6 +500,11 @@ impl Broker {
     /// The bound AMQP address.
     pub fn amqp_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The bound HTTP address (management API, `/metrics`, dashboard).
+    pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
+        self.http_listener.local_addr()
     }
 
     /// Serves until `stop` resolves, then closes every connection with
@@ -541,6 +558,17 @@ impl Broker {
         if let Ok(addr) = self.mqtt_ws_listener.local_addr() {
             tracing::info!(%addr, "MQTT WebSocket listener ready");
         }
+        if let Ok(addr) = self.http_listener.local_addr() {
+            tracing::info!(%addr, "HTTP listener ready");
+        }
+        let http = tokio::spawn(crate::http::serve(
+            self.http_listener,
+            Arc::new(crate::http::HttpState {
+                shared: self.shared.clone(),
+                started: self.started,
+            }),
+            shutdown_rx.clone(),
+        ));
         let tls_watch = self.tls.as_mut().map(|t| {
             for (l, what) in [
                 (&t.amqps, "AMQPS"),
@@ -644,6 +672,8 @@ impl Broker {
             tracing::warn!("some connections did not close in time");
             conns.abort_all();
         }
+        // Requests in flight had the same grace as the connections.
+        http.abort();
         compactor.abort();
         timers.abort();
         monitors_stop.store(true, Ordering::Relaxed);
