@@ -358,6 +358,11 @@ impl Queue {
         self.partitions.iter().map(|p| p.ready_len()).sum()
     }
 
+    /// Its live consumers (each is attached to every partition).
+    pub fn consumers(&self) -> Vec<Arc<Consumer>> {
+        self.partitions[0].consumers()
+    }
+
     /// Its monotonic counters over all partitions: atomics only, no lock
     /// (see [`crate::stats`]).
     pub fn counters(&self) -> crate::stats::QueueCounters {

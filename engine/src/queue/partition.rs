@@ -1122,6 +1122,17 @@ impl Partition {
         }
     }
 
+    /// Its live consumers (for the management API's consumer list).
+    pub fn consumers(&self) -> Vec<Arc<Consumer>> {
+        let st = self.lock();
+        st.consumers
+            .list()
+            .iter()
+            .filter(|c| !c.is_dead())
+            .cloned()
+            .collect()
+    }
+
     /// Adds this partition's figures into `into` (one short lock, no walk).
     pub fn add_stats(&self, into: &mut crate::stats::QueueStats) {
         let st = self.lock();
