@@ -160,11 +160,11 @@ async fn show(
 struct DeclareBody {
     #[serde(rename = "type")]
     kind: String,
-    #[serde(default = "yes")]
+    #[serde(default = "yes", deserialize_with = "super::lenient_bool")]
     durable: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lenient_bool")]
     auto_delete: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lenient_bool")]
     internal: bool,
     #[serde(default)]
     arguments: Option<serde_json::Map<String, Value>>,

@@ -1,5 +1,5 @@
 //! Listing as RabbitMQ's management API does: filtering by `name` (a
-//! substring, or a regular expression with `use_regex=true`), sorting
+//! case-insensitive substring, or a regular expression with `use_regex=true`), sorting
 //! (`sort`, a field or dotted path, `sort_reverse`), pagination (`page`,
 //! `page_size` ≤ 500; the answer is then an object with `items`, `page`,
 //! `page_count`, `page_size`, `item_count`, `filtered_count`,
@@ -74,7 +74,6 @@ pub fn list<T: Listable>(q: &ListQuery, mut items: Vec<T>) -> Result<Value, ApiE
     if let Some(filter) = q.name.as_deref().filter(|f| !f.is_empty()) {
         if truthy(&q.use_regex) {
             let re = regex::RegexBuilder::new(filter)
-                .case_insensitive(true)
                 .size_limit(1 << 20)
                 .build()
                 .map_err(|e| ApiError::bad_request(format!("invalid regex: {e}")))?;
