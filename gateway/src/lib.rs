@@ -6,6 +6,7 @@
 //! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
 //! * [`mqtt`]: MQTT topic and message conversion.
 //! * [`http`]: the management API, `/metrics` and the dashboard.
+//! * [`metrics`]: the Prometheus recorder, metric names, scrape-time figures.
 //! * [`server`]: listeners, store opening, graceful shutdown.
 //! * [`tenant_gate`]: a session's view of its tenant's block and publish rate.
 //! * [`tls`]: TLS for the AMQPS and MQTTS listeners, certificate reload.
@@ -13,6 +14,7 @@
 pub mod amqp;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod mqtt;
 pub mod server;
 pub mod tenant_gate;
