@@ -59,11 +59,11 @@ pub const AUTH_FAILURES: &str = "weir_auth_failures_total";
 pub const CONFIRM_SECONDS: &str = "weir_publish_to_confirm_seconds";
 /// Publish (enqueue) to delivery, seconds (histogram).
 pub const DELIVER_SECONDS: &str = "weir_publish_to_deliver_seconds";
-/// A tenant's queued limit blocked its publishers (counter; `vhost`).
+/// A connection was blocked by its tenant's queued limit (counter; `vhost`).
 pub const QUOTA_BLOCKS: &str = "weir_quota_blocks_total";
 /// A connection's reads paused for a publish rate (counter; `vhost`).
 pub const RATE_PAUSES: &str = "weir_quota_rate_pauses_total";
-/// Operations refused for a tenant or user limit (counter; `vhost`, `protocol`).
+/// Operations refused for a tenant or user limit (counter; `protocol`).
 pub const QUOTA_REFUSALS: &str = "weir_quota_refusals_total";
 /// A publishing connection blocked by a resource alarm (counter; `protocol`).
 pub const ALARM_BLOCKS: &str = "weir_alarm_blocks_total";
@@ -151,7 +151,7 @@ fn describe() {
         Unit::Seconds,
         "From enqueue to delivery (millisecond resolution)"
     );
-    describe_counter!(QUOTA_BLOCKS, "Times a tenant's queued limit blocked its publishers");
+    describe_counter!(QUOTA_BLOCKS, "Connections blocked by their tenant's queued limit");
     describe_counter!(RATE_PAUSES, "Times a connection's reads paused for a publish rate");
     describe_counter!(QUOTA_REFUSALS, "Operations refused for a tenant or user limit");
     describe_counter!(ALARM_BLOCKS, "Publishing connections blocked by a resource alarm");
@@ -319,12 +319,6 @@ impl ConnMetrics {
             .increment(1);
     }
 
-    /// An operation was refused for a tenant or user limit.
-    pub fn quota_refused(&self) {
-        metrics::counter!(QUOTA_REFUSALS, "vhost" => self.vhost.clone(), "protocol" => self.protocol.label())
-            .increment(1);
-    }
-
     /// Adds the batch's counts to the shared counters.
     pub fn flush(&mut self) {
         for (pending, counter) in [
@@ -350,7 +344,13 @@ impl Drop for ConnMetrics {
     }
 }
 
-/// A tenant's block turned on (see `tenant_gate`).
+/// An operation (connection, declare, consume, publish) of `protocol` was
+/// refused for a tenant or user limit.
+pub fn quota_refused(protocol: Protocol) {
+    metrics::counter!(QUOTA_REFUSALS, "protocol" => protocol.label()).increment(1);
+}
+
+/// A connection was blocked by its tenant's queued limit (see `tenant_gate`).
 pub fn quota_block(vhost: &str) {
     metrics::counter!(QUOTA_BLOCKS, "vhost" => vhost.to_string()).increment(1);
 }
