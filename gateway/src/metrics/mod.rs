@@ -294,6 +294,12 @@ impl ConnMetrics {
         self.confirm.record_many(waited.as_secs_f64(), n as usize);
     }
 
+    /// `n` publishes were confirmed; their latency is not known (MQTT
+    /// keeps no time per pending acknowledgement).
+    pub fn confirmed_count(&mut self, n: u64) {
+        self.confirmed.increment(n);
+    }
+
     /// A channel opened.
     pub fn channel_opened(&mut self) {
         self.open_channels += 1;
