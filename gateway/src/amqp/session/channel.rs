@@ -74,9 +74,8 @@ impl Session {
     /// the engine client closed.
     pub(super) fn release_all(&mut self) {
         self.replies.clear();
-        if let Some(m) = self.metrics.as_mut() {
-            m.channels_closed(self.channels.len() as u64);
-        }
+        // The connection counts as closed from here (before close-ok leaves).
+        self.metrics = None;
         self.channels.clear();
         self.tx_bytes = 0;
         debug_assert!(
