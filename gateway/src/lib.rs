@@ -14,6 +14,7 @@
 
 pub mod amqp;
 pub mod config;
+pub mod connections;
 pub mod http;
 pub mod metrics;
 pub mod mqtt;
