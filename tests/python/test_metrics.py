@@ -36,6 +36,13 @@ SERIES = [
     "rabbitmq_queue_messages_delivered",
     "rabbitmq_queue_messages_acked",
     "rabbitmq_queue_messages_redelivered",
+    "rabbitmq_queue_messages_dead_lettered",
+    "rabbitmq_queue_messages_expired",
+    "weir_queue_delivery_attempts_max",
+    "weir_queue_ready_by_attempts",
+    "weir_queue_max_length_messages",
+    "weir_queue_max_length_bytes",
+    "weir_queue_message_ttl_seconds",
     "rabbitmq_queues",
     # per tenant and protocol
     "rabbitmq_connections",
@@ -108,6 +115,9 @@ def test_metrics_parse_and_follow_known_traffic(weir):
     conn = open_connection(weir.url)
     ch = confirming_channel(conn)
     ch.queue_declare("metrics.q", durable=True)
+    # Retention limits are reported for the queues that have them.
+    ch.queue_declare("metrics.limited", durable=True, arguments={
+        "x-max-length": 1000, "x-max-length-bytes": 1 << 20, "x-message-ttl": 60000})
     for i in range(n):
         ch.basic_publish("", "metrics.q", b"x" * 100, PERSISTENT)
 
@@ -128,7 +138,14 @@ def test_metrics_parse_and_follow_known_traffic(weir):
     assert value(m, "rabbitmq_queue_messages_ready_bytes", "rabbitmq_queue_messages_ready_bytes", **q) == n * 100
     assert value(m, "rabbitmq_queue_messages_published", "rabbitmq_queue_messages_published_total", **q) == n
     assert value(m, "rabbitmq_queue_messages_unacked", "rabbitmq_queue_messages_unacked", **q) == 0
-    assert value(m, "rabbitmq_queues", "rabbitmq_queues", vhost="/") == 1
+    assert value(m, "rabbitmq_queues", "rabbitmq_queues", vhost="/") == 2
+    lim = {"vhost": "/", "queue": "metrics.limited"}
+    assert value(m, "weir_queue_max_length_messages", "weir_queue_max_length_messages", **lim) == 1000
+    assert value(m, "weir_queue_max_length_bytes", "weir_queue_max_length_bytes", **lim) == 1 << 20
+    assert value(m, "weir_queue_message_ttl_seconds", "weir_queue_message_ttl_seconds", **lim) == 60
+    assert not [x for x in m["weir_queue_max_length_messages"].samples if x.labels["queue"] == "metrics.q"]
+    assert value(m, "weir_queue_delivery_attempts_max", "weir_queue_delivery_attempts_max", **q) == 0
+    assert value(m, "weir_queue_ready_by_attempts", "weir_queue_ready_by_attempts", le="0", **q) == n
     assert value(m, "rabbitmq_connections", "rabbitmq_connections", **amqp) == 1
     assert value(m, "rabbitmq_channels", "rabbitmq_channels", **amqp) == 1  # the failed one is closed
     assert value(m, "rabbitmq_global_messages_received", "rabbitmq_global_messages_received_total", **amqp) == n
@@ -158,6 +175,16 @@ def test_metrics_parse_and_follow_known_traffic(weir):
     assert value(m, "rabbitmq_queue_messages_delivered", "rabbitmq_queue_messages_delivered_total", **q) == taken
     assert value(m, "rabbitmq_queue_messages_acked", "rabbitmq_queue_messages_acked_total", **q) == taken // 2
     assert value(m, "rabbitmq_queue_consumers", "rabbitmq_queue_consumers", **q) == 0
+
+    # A returned delivery counts an attempt: nack one back and look.
+    method, _props, _body = getter.basic_get("metrics.q", auto_ack=False)
+    getter.basic_nack(method.delivery_tag, requeue=True)
+    getter.queue_declare("metrics.q", passive=True)
+    m = scrape(weir)
+    assert value(m, "weir_queue_delivery_attempts_max", "weir_queue_delivery_attempts_max", **q) == 1
+    assert value(m, "weir_queue_ready_by_attempts", "weir_queue_ready_by_attempts", le="0", **q) == n - taken - 1
+    assert value(m, "weir_queue_ready_by_attempts", "weir_queue_ready_by_attempts", le="1", **q) == n - taken
+    assert value(m, "rabbitmq_queue_messages_redelivered", "rabbitmq_queue_messages_redelivered_total", **q) == 0
 
     # A consumer: its deliveries are timed from enqueue.
     k = 5
@@ -197,6 +224,7 @@ def test_metrics_aggregated_per_tenant(tmp_path):
         assert all("queue" not in s.labels for s in ready), ready
         assert value(m, "rabbitmq_queue_messages_ready", "rabbitmq_queue_messages_ready", vhost="/") == 7
         assert value(m, "rabbitmq_queues", "rabbitmq_queues", vhost="/") == 2
+        assert "weir_queue_max_length_messages" not in m or not m["weir_queue_max_length_messages"].samples
         conn.close()
     finally:
         w.kill()
