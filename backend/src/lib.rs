@@ -12,6 +12,7 @@
 
 pub mod lock;
 pub mod log;
+pub mod metrics;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod types;

@@ -117,6 +117,9 @@ settings! {
          [default: 5]";
     "http.listen", "http-listen", "WEIR_HTTP_LISTEN", Str, None,
         "HTTP listen address: management API, /metrics, dashboard [default: 0.0.0.0:15672]";
+    "http.metrics_per_queue", "http-metrics-per-queue", "WEIR_HTTP_METRICS_PER_QUEUE", Bool, None,
+        "/metrics: one series per queue (false: queue series summed per tenant, for very large \
+         installations) [default: true]";
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
         "Native protocol listen address (reserved: not served yet)";
     "store.kind", "store", "WEIR_STORE", Str, None,
@@ -423,6 +426,9 @@ impl Default for TlsConfig {
 pub struct HttpConfig {
     /// Listen address (RabbitMQ's management port by default).
     pub listen: SocketAddr,
+    /// `/metrics` writes one series per queue; false sums the queue series
+    /// per tenant (RabbitMQ's aggregated mode), for very large installations.
+    pub metrics_per_queue: bool,
 }
 
 /// The HTTP listener's default address, as RabbitMQ's management plugin.
@@ -433,6 +439,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: HTTP_DEFAULT_LISTEN,
+            metrics_per_queue: true,
         }
     }
 }

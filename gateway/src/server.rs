@@ -243,6 +243,8 @@ pub struct Broker {
     limits: Limits,
     /// When the store began opening (uptime).
     started: std::time::Instant,
+    /// `[http] metrics_per_queue`.
+    metrics_per_queue: bool,
 }
 
 /// The TLS listeners (with `[tls]`) and the certificates they share.
@@ -343,6 +345,8 @@ impl Broker {
     ) -> Result<Self, ServerError> {
         let log_cfg = &cfg.store.log;
         let started = std::time::Instant::now();
+        // Before any session or the store records a figure.
+        crate::metrics::install();
         let engine = Engine::open(store.clone())?;
         engine.set_codecs(crate::amqp::convert::shared_codecs());
         for t in &cfg.tenants {
@@ -493,6 +497,7 @@ impl Broker {
             http_listener,
             tls,
             started,
+            metrics_per_queue: cfg.http.metrics_per_queue,
             limits: Limits {
                 memory: cfg.quota.memory_limit,
                 disk_free: cfg.quota.disk_free_limit,
@@ -570,6 +575,7 @@ impl Broker {
             Arc::new(crate::http::HttpState {
                 shared: self.shared.clone(),
                 started: self.started,
+                metrics_per_queue: self.metrics_per_queue,
             }),
             shutdown_rx.clone(),
         ));
@@ -815,7 +821,7 @@ fn set_alarm(
 }
 
 /// Resident memory of this process (`/proc/self/statm`, second field, in pages).
-fn resident_bytes() -> Option<u64> {
+pub(crate) fn resident_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * page_size())

@@ -83,6 +83,11 @@ impl TenantGate {
         true
     }
 
+    /// The tenant's name.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
     /// The `connection.blocked` reason.
     pub fn reason(&self) -> String {
         self.quota.block_reason(&self.tenant)
@@ -109,6 +114,7 @@ impl TenantGate {
             }
         }
         if let Some(wait) = wait {
+            crate::metrics::rate_pause(&self.tenant);
             self.pause_until = Some(Instant::now() + wait.max(Duration::from_millis(1)));
         }
     }

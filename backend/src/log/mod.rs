@@ -1032,6 +1032,9 @@ impl Store for LogStore {
             }
         }
         let moved = self.compact_messages(live);
+        if let Ok(n) = &moved {
+            crate::metrics::compacted(*n);
+        }
         // Then the receipts of segments emptied of messages (some maybe by
         // the moves just made). A failure there only delays reclamation.
         let now = now_ms();

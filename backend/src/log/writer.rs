@@ -218,7 +218,10 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             );
         }
         match written {
-            Ok(()) => {}
+            Ok(()) => crate::metrics::commit_round(
+                round.waiters.len(),
+                round.chunks.iter().map(|c| c.buf.len()).sum(),
+            ),
             Err(RoundError::Fatal(err)) => {
                 fail(shared, round.waiters, err);
                 return;
@@ -486,9 +489,11 @@ fn write_round(
             // An fsync failure is fatal, ENOSPC included: the kernel may have
             // dropped the dirty pages it could not write, so a later
             // successful fsync would not mean the data is on disk.
+            let t = std::time::Instant::now();
             c.file
                 .sync_data()
                 .map_err(|e| fatal(StoreError::io(format!("fsync segment {}", c.id), e)))?;
+            crate::metrics::fsync(t.elapsed());
             shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
             c.dirty = false;
         } else if !sync {

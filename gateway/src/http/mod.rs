@@ -28,6 +28,8 @@ pub struct HttpState {
     pub shared: Arc<Shared>,
     /// When the broker started (uptime in `/api/overview`).
     pub started: Instant,
+    /// `[http] metrics_per_queue`: `/metrics` writes one series per queue.
+    pub metrics_per_queue: bool,
 }
 
 /// The handlers' shared state, as axum passes it.

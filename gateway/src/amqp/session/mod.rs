@@ -34,6 +34,7 @@ use self::failure::{hard, Failure};
 use self::replies::Replies;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
+use crate::metrics::{ConnMetrics, Protocol};
 use crate::server::{Alarms, Shared};
 use crate::tenant_gate::{self, TenantGate};
 use bytes::BytesMut;
@@ -43,6 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument as _;
 use weir_protocols::amqp::methods::{confirm, connection, AMQPClass};
 use weir_protocols::amqp::{reply, Connection, Event, Timeout};
 
@@ -129,11 +131,24 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         blocked_sent: false,
         blocked: false,
         tx_bytes: 0,
+        metrics: None,
         registration: None,
         tls: tls_session,
     };
-    tracing::debug!(%peer, "AMQP connection accepted");
-    let result = s.run(rd, wr, confirm_rx, shutdown).await;
+    // One span per connection: every event of the session logs inside it;
+    // `user` and `vhost` are filled in at login and connection.open.
+    let span = tracing::info_span!(
+        "amqp",
+        %peer,
+        user = tracing::field::Empty,
+        vhost = tracing::field::Empty
+    );
+    tracing::debug!(parent: &span, "AMQP connection accepted");
+    let result = s
+        .run(rd, wr, confirm_rx, shutdown)
+        .instrument(span.clone())
+        .await;
+    let _in = span.enter();
     s.release_all();
     match result {
         Ok(()) => tracing::debug!(%peer, "AMQP connection closed"),
@@ -188,6 +203,8 @@ struct Session {
     /// Bytes held by the uncommitted transactions of every channel
     /// (bounded by [`tx::MAX_TX_BYTES`]).
     tx_bytes: usize,
+    /// Its tenant's and protocol's counters (from connection.open on).
+    metrics: Option<ConnMetrics>,
     /// In the registry of live connections (management API), from
     /// connection.open on.
     registration: Option<crate::connections::Registration>,
@@ -292,8 +309,17 @@ impl Session {
             if std::mem::take(&mut fired) {
                 self.on_timer(now, &mut stall, &mut lease_check);
             }
-            if !self.conn.out().is_empty() && wr.write_some(self.conn.out())? > 0 {
-                self.conn.on_write(now);
+            if !self.conn.out().is_empty() {
+                let n = wr.write_some(self.conn.out())?;
+                if n > 0 {
+                    self.conn.on_write(now);
+                    if let Some(m) = self.metrics.as_mut() {
+                        m.bytes_out(n);
+                    }
+                }
+            }
+            if let Some(m) = self.metrics.as_mut() {
+                m.flush();
             }
             if self.conn.is_finished() && self.conn.out().is_empty() {
                 if wr.has_unflushed() {
@@ -373,7 +399,12 @@ impl Session {
                             self.conn.out().clear();
                             self.conn.abandon();
                         }
-                        Ok(_) => got_input = true,
+                        Ok(n) => {
+                            got_input = true;
+                            if let Some(m) = self.metrics.as_mut() {
+                                m.bytes_in(n);
+                            }
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
@@ -456,12 +487,14 @@ impl Session {
                     }
                 };
                 if ok {
+                    tracing::Span::current().record("user", username.as_str());
                     self.user = username;
                     self.conn.accept_login();
                 } else {
                     // Slow down guessing from this address: the refusal is
                     // sent after the delay, and this connection's input is
                     // not interpreted meanwhile (its task keeps running).
+                    crate::metrics::auth_failure(Protocol::Amqp);
                     let delay = self.shared.logins.failed(self.peer.ip());
                     tracing::info!(peer = %self.peer, user = %username, %mechanism, delay_ms = delay.as_millis() as u64, "login refused");
                     self.login_refusal = Some(LoginRefusal {
@@ -474,6 +507,8 @@ impl Session {
             }
             Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {
                 Ok(client) => {
+                    tracing::Span::current().record("vhost", vhost.as_str());
+                    self.metrics = Some(ConnMetrics::open(Protocol::Amqp, &vhost));
                     self.gate = TenantGate::for_client(&client);
                     // max-channels-per-connection, refused by the adapter
                     // before channel.open-ok.
@@ -494,7 +529,10 @@ impl Session {
                     self.conn.accept_open();
                 }
                 // The tenant's max-connections: 530 with RabbitMQ's text.
-                Err(crate::engine::EngineError::Quota(q)) => self.conn.refuse_open(&q.to_string()),
+                Err(crate::engine::EngineError::Quota(q)) => {
+                    crate::metrics::quota_refused(Protocol::Amqp);
+                    self.conn.refuse_open(&q.to_string())
+                }
                 // No such vhost, or no permissions there: 530 NOT_ALLOWED
                 // with RabbitMQ's texts.
                 Err(e) => {
@@ -545,6 +583,9 @@ impl Session {
                     g.published(message.body.len());
                 }
                 self.blocked |= self.alarmed();
+                if let Some(m) = self.metrics.as_mut() {
+                    m.received();
+                }
                 if let Err(f) = self.on_publish(channel, message) {
                     self.fail(channel, f, 60, 40);
                 }
@@ -572,6 +613,9 @@ impl Session {
                 }
                 let (class_id, method_id) =
                     (method.get_amqp_class_id(), method.get_amqp_method_id());
+                // Methods other than publish and ack: cheap enough for a
+                // span each (debug level, so nothing unless asked for).
+                let _op = tracing::debug_span!("amqp.method", channel, class_id, method_id).entered();
                 if let Err(f) = self.on_method(channel, method) {
                     self.fail(channel, f, class_id, method_id);
                 }
@@ -685,6 +729,12 @@ impl Session {
         let set = self.blocked;
         if set == self.blocked_sent || !self.conn.is_open() || !self.conn.accepts_blocked() {
             return;
+        }
+        if set {
+            match self.gate.as_ref() {
+                Some(g) if g.blocked() => crate::metrics::quota_block(g.tenant()),
+                _ => crate::metrics::alarm_block(Protocol::Amqp),
+            }
         }
         let method = if set {
             connection::AMQPMethod::Blocked(connection::Blocked {

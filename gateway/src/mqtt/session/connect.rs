@@ -4,6 +4,7 @@
 //! clean session's queue goes, the will is published (after its delay).
 
 use super::{state_prefix, InFlight, Session, Subscription, SCOPE};
+use crate::metrics::{ConnMetrics, Protocol};
 use crate::engine::client::SubscribeOptions;
 use crate::engine::exchange::Destination;
 use crate::engine::tenant::QueueDeclare;
@@ -107,6 +108,7 @@ impl Session {
             (tenant, user, ok)
         };
         if !ok {
+            crate::metrics::auth_failure(Protocol::Mqtt);
             let delay = self.shared.logins.failed(self.peer.ip());
             tracing::info!(peer = %self.peer, %user, delay_ms = delay.as_millis() as u64, "MQTT login refused");
             tokio::time::sleep(delay).await;
@@ -125,6 +127,7 @@ impl Session {
             Ok(c) => c,
             // The tenant's max-connections: 0x97 (MQTT 3.1.1: 0x03).
             Err(EngineError::Quota(q)) => {
+                crate::metrics::quota_refused(Protocol::Mqtt);
                 self.refuse(ConnectRefusal::QuotaExceeded, &q.to_string());
                 return;
             }
@@ -149,6 +152,14 @@ impl Session {
         let client_id = assigned.clone().unwrap_or_else(|| c.client_id.clone());
         // `{client_id}` in topic permissions.
         client.set_client_id(&client_id);
+        let span = tracing::Span::current();
+        span.record("client_id", client_id.as_str());
+        span.record("user", user.as_str());
+        span.record("vhost", tenant.as_str());
+        let mut m = Box::new(ConnMetrics::open(Protocol::Mqtt, &tenant));
+        // An MQTT session is one channel.
+        m.channel_opened();
+        self.metrics = Some(m);
         self.tenant = tenant;
         self.client_id = client_id.clone();
         self.conn_id = client.id();
@@ -212,6 +223,7 @@ impl Session {
         };
         if let Err(EngineError::Quota(q)) = &opened {
             // The tenant's max-queues or max-consumers: 0x97.
+            crate::metrics::quota_refused(Protocol::Mqtt);
             self.refuse(ConnectRefusal::QuotaExceeded, &q.to_string());
             return;
         }
