@@ -10,7 +10,7 @@ const AUTH_KEY = 'weir.auth';
 const COLORS = ['#2f6fdb', '#16a34a', '#e08a00', '#b42318'];
 
 const $ = (sel) => document.querySelector(sel);
-const state = { admin: false, timer: null, selected: null, overview: [], queues: new Map() };
+const state = { admin: false, timer: null, selected: null, overview: [], queues: new Map(), rows: new Map() };
 
 // ---------- API ----------
 
@@ -74,6 +74,8 @@ function drawChart(canvas, series) {
   const w = canvas.width, h = canvas.height, padL = 44, padB = 14, padT = 8;
   ctx.clearRect(0, 0, w, h);
   const max = Math.max(1, ...series.flatMap((s) => s.values));
+  // The x axis spans the points so far (at least 20), up to HISTORY.
+  const span = Math.max(20, ...series.map((s) => s.values.length)) - 1;
   ctx.strokeStyle = '#e3e6ea'; ctx.fillStyle = '#667'; ctx.font = '11px system-ui';
   for (let i = 0; i <= 2; i++) {
     const y = padT + (h - padT - padB) * (i / 2);
@@ -84,7 +86,7 @@ function drawChart(canvas, series) {
     ctx.strokeStyle = s.color || COLORS[i % COLORS.length]; ctx.lineWidth = 1.5;
     ctx.beginPath();
     s.values.forEach((v, j) => {
-      const x = padL + ((w - padL) * j) / (HISTORY - 1);
+      const x = padL + ((w - padL) * j) / span;
       const y = h - padB - ((h - padT - padB) * v) / max;
       j ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
     });
@@ -142,56 +144,74 @@ function actionButton(label, action, q) {
   return b;
 }
 
+// Rows are kept per queue and updated in place (not rebuilt each poll), so a
+// click that lands while the page refreshes still reaches its button.
+const QUEUE_COLS = ['vhost', 'name', 'depth', 'ready', 'unacked', 'delayed', 'consumers', 'in', 'out',
+                    'oldest', 'attempts', 'trend', 'admin'];
+
+function queueRow(q, key) {
+  const tr = document.createElement('tr');
+  tr.dataset.queue = key;
+  const cells = {};
+  for (const c of QUEUE_COLS) cells[c] = cell(tr, '', c);
+  cells.spark = document.createElement('canvas');
+  cells.spark.width = 90; cells.spark.height = 22;
+  cells.trend.append(cells.spark);
+  cells.admin.append(actionButton('Purge', 'purge', q), actionButton('Requeue DLQ', 'requeue', q),
+                     actionButton('Delete', 'delete', q));
+  tr.addEventListener('click', () => {
+    state.selected = key;
+    state.selectedLabel = `Queue ${q.name} (vhost ${q.vhost})`;
+    renderDetail();
+  });
+  return { tr, cells };
+}
+
 function renderQueues(list) {
   const seen = new Set();
   const body = $('#queues tbody');
-  const rows = [];
   for (const q of list) {
     const key = `${q.vhost}/${q.name}`;
     seen.add(key);
+    let row = state.rows.get(key);
+    if (!row) state.rows.set(key, (row = queueRow(q, key)));
     let h = state.queues.get(key);
     if (!h) state.queues.set(key, (h = []));
     const ms = q.message_stats || {};
     push(h, { ready: num(q.messages_ready), unacked: num(q.messages_unacknowledged), delayed: delayed(q),
               pub: rate(ms, 'publish'), del: rate(ms, 'deliver_get'), ack: rate(ms, 'ack'),
               latency: latencyMs(q), age: num(oldestAgeMs(q)) / 1000 });
-    const tr = document.createElement('tr');
-    tr.dataset.queue = key;
-    if (state.selected === key) tr.className = 'selected';
-    cell(tr, q.vhost);
-    cell(tr, q.name, 'name');
-    const depth = cell(tr, fmtInt(q.messages), 'depth');
-    depth.dataset.depth = String(num(q.messages));
-    cell(tr, fmtInt(q.messages_ready), 'ready');
-    cell(tr, fmtInt(q.messages_unacknowledged), 'unacked');
-    cell(tr, fmtInt(delayed(q)), 'delayed');
-    cell(tr, fmtInt(q.consumers), 'consumers');
-    cell(tr, fmtRate(rate(ms, 'publish')));
-    cell(tr, fmtRate(rate(ms, 'deliver_get')));
-    cell(tr, fmtAge(oldestAgeMs(q)), 'oldest');
-    cell(tr, fmtInt(maxAttempts(q)), 'attempts');
-    const spark = document.createElement('canvas');
-    spark.width = 90; spark.height = 22;
-    cell(tr, '').append(spark);
-    sparkline(spark, h.map((p) => p.ready + p.unacked + p.delayed));
-    const acts = cell(tr, '', 'admin');
-    acts.append(actionButton('Purge', 'purge', q), actionButton('Requeue DLQ', 'requeue', q),
-                actionButton('Delete', 'delete', q));
-    tr.addEventListener('click', () => { state.selected = key; renderDetail(); });
-    rows.push(tr);
+    const c = row.cells;
+    c.vhost.textContent = q.vhost;
+    c.name.textContent = q.name;
+    c.depth.textContent = fmtInt(q.messages);
+    c.depth.dataset.depth = String(num(q.messages));
+    c.ready.textContent = fmtInt(q.messages_ready);
+    c.unacked.textContent = fmtInt(q.messages_unacknowledged);
+    c.delayed.textContent = fmtInt(delayed(q));
+    c.consumers.textContent = fmtInt(q.consumers);
+    c.in.textContent = fmtRate(rate(ms, 'publish'));
+    c.out.textContent = fmtRate(rate(ms, 'deliver_get'));
+    c.oldest.textContent = fmtAge(oldestAgeMs(q));
+    c.attempts.textContent = fmtInt(maxAttempts(q));
+    sparkline(c.spark, h.map((p) => p.ready + p.unacked + p.delayed));
+    row.tr.classList.toggle('selected', state.selected === key);
+    body.append(row.tr); // moves it into list order
   }
-  body.replaceChildren(...rows);
-  for (const k of state.queues.keys()) if (!seen.has(k)) state.queues.delete(k);
+  for (const [k, row] of state.rows) {
+    if (!seen.has(k)) { row.tr.remove(); state.rows.delete(k); state.queues.delete(k); }
+  }
   state.lastQueues = list;
   renderDetail();
 }
 
 function sparkline(canvas, values) {
   const ctx = canvas.getContext('2d'), max = Math.max(1, ...values);
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
   ctx.strokeStyle = COLORS[0];
   ctx.beginPath();
   values.forEach((v, i) => {
-    const x = (canvas.width * i) / (HISTORY - 1), y = canvas.height - 1 - ((canvas.height - 2) * v) / max;
+    const x = (canvas.width * i) / (Math.max(20, values.length) - 1), y = canvas.height - 1 - ((canvas.height - 2) * v) / max;
     i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
   });
   ctx.stroke();
@@ -201,7 +221,7 @@ function renderDetail() {
   const key = state.selected, h = key && state.queues.get(key);
   $('#queue-detail').hidden = !h;
   if (!h) return;
-  $('#detail-title').textContent = `Queue ${key}`;
+  $('#detail-title').textContent = state.selectedLabel;
   drawChart($('#detail-rates'), [
     { label: 'publish', values: h.map((p) => p.pub) },
     { label: 'deliver', values: h.map((p) => p.del) },
