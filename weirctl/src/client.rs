@@ -97,12 +97,10 @@ impl Client {
     pub fn get_allowing_failure(&self, path: &str) -> Result<Value, Error> {
         match self.get(path) {
             Err(Error::Api {
-                status,
+                status: 503,
                 error,
                 reason,
-            }) if status == 503 => {
-                Ok(serde_json::json!({"status": "failed", "error": error, "reason": reason}))
-            }
+            }) => Ok(serde_json::json!({"status": "failed", "error": error, "reason": reason})),
             r => r,
         }
     }
