@@ -13,6 +13,8 @@
 //! * [`meta`]: how definitions are stored in the store's metadata map.
 //! * [`retained`]: MQTT retained messages, per tenant and topic, durable.
 //! * [`session_state`]: durable protocol session state (MQTT QoS 2 ids).
+//! * [`stats`]: per-queue figures (depth, bytes, oldest message,
+//!   attempts, counters) for the management API and metrics.
 //! * [`permissions`], [`definitions`]: users' permissions per tenant and
 //!   topic, durable users and permissions.
 
@@ -35,6 +37,7 @@ pub mod properties;
 pub mod queue;
 pub mod retained;
 pub mod session_state;
+pub mod stats;
 pub mod tenant;
 pub mod timers;
 

@@ -12,6 +12,7 @@
 
 pub mod amqp;
 pub mod config;
+pub mod connections;
 pub mod http;
 pub mod mqtt;
 pub mod server;

@@ -43,6 +43,9 @@ pub struct Shared {
     /// Set after large frees (purge, delete): the memory monitor trims the
     /// heap on its next tick.
     trim_wanted: AtomicBool,
+    /// Live client connections, for the management API (see
+    /// [`crate::connections`]).
+    pub connections: Arc<crate::connections::Connections>,
 }
 
 impl Shared {
@@ -481,6 +484,7 @@ impl Broker {
                     .then(|| Duration::from_secs(cfg.amqp.partial_content_timeout)),
                 logins: LoginThrottle::default(),
                 trim_wanted: AtomicBool::new(false),
+                connections: Default::default(),
             }),
             store,
             listener,

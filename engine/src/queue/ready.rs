@@ -50,6 +50,10 @@ pub(crate) struct ReadyList {
     levels: Vec<Level>,
     len: usize,
     bytes: u64,
+    /// Live entries by delivery attempts so far, one count per bucket of
+    /// [`crate::stats::ATTEMPT_BUCKETS`] (kept with `len`, so reading it
+    /// costs no walk).
+    attempts: [u64; crate::stats::ATTEMPT_BUCKETS.len()],
     /// The tenant's counters of queued messages and bytes, kept in step
     /// with `len` and `bytes` (one atomic add per change).
     quota: Option<Arc<TenantQuota>>,
@@ -77,11 +81,13 @@ impl ReadyList {
             levels: (0..=max_priority).map(|_| Level::default()).collect(),
             len: 0,
             bytes: 0,
+            attempts: Default::default(),
             quota,
         }
     }
 
-    fn added(&mut self, size: u32) {
+    fn added(&mut self, size: u32, attempts: u16) {
+        self.attempts[crate::stats::attempt_bucket(attempts)] += 1;
         self.len += 1;
         self.bytes += u64::from(size);
         if let Some(q) = &self.quota {
@@ -89,7 +95,8 @@ impl ReadyList {
         }
     }
 
-    fn removed(&mut self, size: u32) {
+    fn removed(&mut self, size: u32, attempts: u16) {
+        self.attempts[crate::stats::attempt_bucket(attempts)] -= 1;
         self.len -= 1;
         self.bytes -= u64::from(size);
         if let Some(q) = &self.quota {
@@ -124,6 +131,11 @@ impl ReadyList {
         self.bytes
     }
 
+    /// Live entries by delivery attempts (see [`crate::stats::ATTEMPT_BUCKETS`]).
+    pub(crate) fn attempts(&self) -> [u64; crate::stats::ATTEMPT_BUCKETS.len()] {
+        self.attempts
+    }
+
     /// Appends a new entry at the tail of its level. Its `seq` must be
     /// larger than any in the list.
     pub(crate) fn push_back(&mut self, mut e: Entry) {
@@ -131,9 +143,9 @@ impl ReadyList {
         e.priority = self.level_of(e.priority);
         let level = &mut self.levels[e.priority as usize];
         debug_assert!(level.q.back().is_none_or(|x| x.seq < e.seq));
-        let size = e.size;
+        let (size, attempts) = (e.size, e.attempts);
         level.q.push_back(e);
-        self.added(size);
+        self.added(size, attempts);
     }
 
     /// Puts an entry back at its place (by `seq`) in its level.
@@ -147,9 +159,9 @@ impl ReadyList {
             level.q.get(pos).is_none_or(|x| x.seq != e.seq),
             "entry requeued twice"
         );
-        let size = e.size;
+        let (size, attempts) = (e.size, e.attempts);
         level.q.insert(pos, e);
-        self.added(size);
+        self.added(size, attempts);
     }
 
     /// The next entry to deliver: the oldest of the highest non-empty level.
@@ -163,7 +175,7 @@ impl ReadyList {
         let e = level.q.pop_front()?;
         debug_assert!(!e.is_tombstone(), "a tombstone at the front of a level");
         level.trim_front();
-        self.removed(e.size);
+        self.removed(e.size, e.attempts);
         Some(e)
     }
 
@@ -207,7 +219,7 @@ impl ReadyList {
             level.q.retain(|e| !e.is_tombstone());
             level.dead = 0;
         }
-        self.removed(e.size);
+        self.removed(e.size, e.attempts);
         Some(e)
     }
 
@@ -223,6 +235,7 @@ impl ReadyList {
         }
         self.len = 0;
         self.bytes = 0;
+        self.attempts = Default::default();
         out
     }
 

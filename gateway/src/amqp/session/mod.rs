@@ -98,6 +98,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
     let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
     let server_cfg = shared.amqp.clone();
     // EXTERNAL is offered only to a client whose certificate verified.
+    let tls_session = tls.is_some();
     let cert_user = tls
         .filter(|t| t.verified)
         .map(|t| t.common_name.unwrap_or_default());
@@ -128,6 +129,8 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         blocked_sent: false,
         blocked: false,
         tx_bytes: 0,
+        registration: None,
+        tls: tls_session,
     };
     tracing::debug!(%peer, "AMQP connection accepted");
     let result = s.run(rd, wr, confirm_rx, shutdown).await;
@@ -185,6 +188,11 @@ struct Session {
     /// Bytes held by the uncommitted transactions of every channel
     /// (bounded by [`tx::MAX_TX_BYTES`]).
     tx_bytes: usize,
+    /// In the registry of live connections (management API), from
+    /// connection.open on.
+    registration: Option<crate::connections::Registration>,
+    /// Over TLS.
+    tls: bool,
 }
 
 /// The engine scope of an AMQP channel.
@@ -399,6 +407,12 @@ impl Session {
                     armed = None;
                     fired = true;
                 }
+                reason = crate::connections::close_requested(self.registration.as_mut()) => {
+                    // Closed through the management API (320, its reason).
+                    self.registration = None;
+                    self.release_all();
+                    self.conn.shutdown(&reason);
+                }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         self.release_all();
@@ -406,6 +420,13 @@ impl Session {
                     }
                 }
             }
+        }
+    }
+
+    /// Tells the connection registry how many channels are open.
+    fn count_channels(&self) {
+        if let Some(r) = &self.registration {
+            r.set_channels(self.channels.len());
         }
     }
 
@@ -458,6 +479,18 @@ impl Session {
                     // before channel.open-ok.
                     self.conn.limit_open_channels(client.max_channels());
                     self.client = Some(client);
+                    self.registration = Some(self.shared.connections.register(
+                        crate::connections::NewConnection {
+                            protocol: "AMQP 0-9-1",
+                            peer: self.peer,
+                            local: None,
+                            user: &self.user,
+                            vhost: &vhost,
+                            tls: self.tls,
+                            client_id: "",
+                            engine_id: self.client.as_ref().map_or(0, |c| c.id()),
+                        },
+                    ));
                     self.conn.accept_open();
                 }
                 // The tenant's max-connections: 530 with RabbitMQ's text.
@@ -473,8 +506,14 @@ impl Session {
                     self.conn.refuse_open(&text);
                 }
             },
-            Event::ChannelOpened(ch) => self.on_channel_opened(ch),
-            Event::ChannelClosed(ch) => self.release_channel(ch),
+            Event::ChannelOpened(ch) => {
+                self.on_channel_opened(ch);
+                self.count_channels();
+            }
+            Event::ChannelClosed(ch) => {
+                self.release_channel(ch);
+                self.count_channels();
+            }
             Event::Closed => self.release_all(),
             Event::Flow { channel, active } => {
                 if self.channels.contains_key(&channel) {

@@ -162,6 +162,23 @@ impl Session {
             .take(&self.tenant, &client_id, self.conn_id)
             .await;
         self.registration = Some(registration);
+        self.listed = Some(
+            self.shared
+                .connections
+                .register(crate::connections::NewConnection {
+                    protocol: "MQTT",
+                    peer: self.peer,
+                    local: None,
+                    user: &user,
+                    vhost: &self.tenant,
+                    tls: self.cert_user.is_some(),
+                    client_id: &client_id,
+                    engine_id: self.conn_id,
+                }),
+        );
+        if let Some(l) = &self.listed {
+            l.set_channels(1);
+        }
 
         self.session_expiry_secs = c.session_expiry_secs;
         let max_expiry = self.shared.mqtt.max_session_expiry_secs;

@@ -251,6 +251,7 @@ pub(crate) async fn serve_inner<R, W>(
         queue_open: false,
         receive_maximum: 0,
         registration: None,
+        listed: None,
         will: None,
         session_expiry_secs: 0,
         subscriptions: Vec::new(),
@@ -301,6 +302,9 @@ pub(crate) struct Session {
     receive_maximum: u32,
     /// Held while connected: takeover notice and our finish signal.
     registration: Option<Registration>,
+    /// In the registry of live connections (management API), from CONNECT
+    /// accepted on.
+    listed: Option<crate::connections::Registration>,
     /// Published if the connection ends without a clean DISCONNECT (boxed:
     /// large, and most connections have none).
     will: Option<Box<Will>>,
@@ -555,6 +559,12 @@ impl Session {
                 // The tenant's block changed, or its rate pause is over.
                 () = tenant_gate::wake(self.gate.as_deref_mut(), self.blocked) => {
                     self.refresh_alarm();
+                }
+                reason = crate::connections::close_requested(self.listed.as_mut()) => {
+                    // Closed through the management API.
+                    self.listed = None;
+                    self.end_reason = Some(reason);
+                    self.conn.disconnect(0x98, "closed by an administrator");
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
