@@ -63,7 +63,8 @@ function maxAttempts(q) {
   return num(q.max_delivery_attempts);
 }
 const delayed = (q) => num(q.messages_delayed);
-const latencyMs = (q) => num(q.latency_ms !== undefined ? q.latency_ms : q.publish_to_deliver_ms);
+// A per-queue latency figure, if the API gives one (null otherwise).
+const latencyMs = (q) => (typeof q.latency_ms === 'number' ? q.latency_ms : null);
 
 function push(arr, v) { arr.push(v); if (arr.length > HISTORY) arr.shift(); }
 
@@ -232,19 +233,18 @@ function renderDetail() {
     { label: 'unacked', values: h.map((p) => p.unacked) },
     { label: 'delayed', values: h.map((p) => p.delayed) },
   ]);
-  drawChart($('#detail-latency'), [
-    { label: 'latency', values: h.map((p) => p.latency) },
-    { label: 'oldest', values: h.map((p) => p.age) },
-  ]);
-  // The attempts histogram, when the API gives one ({attempts: count}).
+  const lat = [{ label: 'oldest age s', values: h.map((p) => p.age) }];
+  if (h.some((p) => p.latency !== null)) lat.push({ label: 'latency ms', values: h.map((p) => num(p.latency)) });
+  drawChart($('#detail-latency'), lat);
+  // The ready messages by delivery attempts: buckets [{le, count}].
   const q = (state.lastQueues || []).find((x) => `${x.vhost}/${x.name}` === key);
   const hist = q && q.delivery_attempts && q.delivery_attempts.histogram;
   const t = $('#attempts');
   t.replaceChildren();
-  if (hist && typeof hist === 'object') {
+  if (Array.isArray(hist)) {
     const head = t.insertRow(), row = t.insertRow();
-    cell(head, 'Attempts'); cell(row, 'Messages');
-    for (const [k, v] of Object.entries(hist)) { cell(head, k); cell(row, fmtInt(v)); }
+    cell(head, 'Attempts ≤'); cell(row, 'Ready messages');
+    for (const b of hist) { cell(head, String(b.le)); cell(row, fmtInt(b.count)); }
   }
 }
 
@@ -263,7 +263,7 @@ function renderConnections(list) {
 
 const ACTIONS = {
   purge: { ask: 'Purge all messages from', method: 'DELETE', path: (q) => queuePath(q) + '/contents' },
-  requeue: { ask: 'Move the dead letters back into', method: 'POST', path: (q) => queuePath(q) + '/actions/requeue-dead-letters' },
+  requeue: { ask: 'Move the dead letters back into', method: 'POST', path: (q) => queuePath(q) + '/requeue-dead-letters' },
   delete: { ask: 'Delete', method: 'DELETE', path: (q) => queuePath(q) },
 };
 
@@ -271,8 +271,9 @@ async function runAction(action, q) {
   const a = ACTIONS[action];
   if (!window.confirm(`${a.ask} queue "${q.name}" (vhost ${q.vhost})?`)) return;
   try {
-    await api(a.method, a.path(q));
-    $('#status').textContent = '';
+    const r = await api(a.method, a.path(q));
+    // requeue-dead-letters answers how many moved back and how many stayed.
+    $('#status').textContent = r && typeof r.moved === 'number' ? `${q.name}: ${r.moved} moved back, ${r.kept} kept` : '';
   } catch (e) {
     $('#status').textContent = `${action} ${q.name}: ${e.message}`;
   }
