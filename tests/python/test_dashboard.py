@@ -81,16 +81,19 @@ def api_get(weir, path: str):
         return json.load(r)
 
 
-def row_depth(driver, key: str):
-    """The depth the queue's row shows, or None while the row is absent.
-    Rows are rebuilt on every poll, so a found cell may go stale."""
-    cells = driver.find_elements(By.CSS_SELECTOR, f'tr[data-queue="{key}"] td.depth')
+def row(name: str) -> str:
+    """The CSS selector of queue `name`'s row (vhost /)."""
+    return f'#queues tr[data-vhost="/"][data-name="{name}"]'
+
+
+def row_depth(driver, name: str):
+    """The depth the queue's row shows, or None while the row is absent."""
+    cells = driver.find_elements(By.CSS_SELECTOR, f"{row(name)} td.depth")
     return cells[0].get_attribute("data-depth") if cells else None
 
 
 def test_dashboard_shows_depth_and_purges(weir, browser):
     name = f"dash.{uuid.uuid4().hex[:8]}"
-    key = f"/{name}"
     conn = pika.BlockingConnection(pika.URLParameters(weir.url))
     try:
         ch = conn.channel()
@@ -111,18 +114,18 @@ def test_dashboard_shows_depth_and_purges(weir, browser):
             form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
 
             wait.until(EC.visibility_of_element_located((By.ID, "app")))
-            wait.until(lambda d: row_depth(d, key) == str(N))
+            wait.until(lambda d: row_depth(d, name) == str(N))
             # The overview counts the queue's messages too.
             wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '[data-total="messages"] b').text == str(N))
             screenshot(browser, "dashboard-before-purge.png")
 
             # Purge (administrators see the button), confirming the dialog.
-            browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{key}"] button[data-action="purge"]').click()
+            browser.find_element(By.CSS_SELECTOR, f'{row(name)} button[data-action="purge"]').click()
             wait.until(EC.alert_is_present())
             alert = browser.switch_to.alert
             assert name in alert.text
             alert.accept()
-            wait.until(lambda d: row_depth(d, key) == "0")
+            wait.until(lambda d: row_depth(d, name) == "0")
             shot = screenshot(browser, "dashboard-after-purge.png")
             assert shot.stat().st_size > 0
         except Exception:

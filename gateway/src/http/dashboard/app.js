@@ -23,7 +23,12 @@ class ApiError extends Error {
 
 async function api(method, path) {
   const auth = sessionStorage.getItem(AUTH_KEY);
-  const res = await fetch(path, { method, headers: auth ? { Authorization: 'Basic ' + auth } : {} });
+  // credentials: 'omit' keeps the browser's own Basic-auth prompt away on a
+  // 401 (the fetch spec prompts only when credentials are included); the
+  // Authorization header set here is sent all the same.
+  const res = await fetch(path, {
+    method, credentials: 'omit', headers: auth ? { Authorization: 'Basic ' + auth } : {},
+  });
   if (res.status === 204) return null;
   const body = await res.json().catch(() => null);
   if (!res.ok) throw new ApiError(res.status, body);
@@ -152,7 +157,8 @@ const QUEUE_COLS = ['vhost', 'name', 'depth', 'ready', 'unacked', 'delayed', 'co
 
 function queueRow(q, key) {
   const tr = document.createElement('tr');
-  tr.dataset.queue = key;
+  tr.dataset.vhost = q.vhost;
+  tr.dataset.name = q.name;
   const cells = {};
   for (const c of QUEUE_COLS) cells[c] = cell(tr, '', c);
   cells.spark = document.createElement('canvas');
