@@ -198,8 +198,9 @@ enum Users {
     /// Create or update a user.
     Declare {
         name: String,
+        /// The user's password (`--password` is the caller's own).
         #[arg(long)]
-        password: String,
+        new_password: String,
         /// Comma-separated tags: administrator, monitoring, management, policymaker.
         #[arg(long, default_value = "")]
         tags: String,
@@ -214,7 +215,9 @@ enum Permissions {
     List,
     /// Set a user's permissions on a virtual host (regular expressions).
     Declare {
-        #[arg(long)]
+        /// The user (`--user` is the caller). Its own id: a global
+        /// argument's id is shared with subcommands.
+        #[arg(id = "grantee", value_name = "USER")]
         user: String,
         #[command(flatten)]
         vhost: Vhost,
@@ -227,7 +230,9 @@ enum Permissions {
     },
     /// Remove a user's permissions on a virtual host.
     Delete {
-        #[arg(long)]
+        /// The user (`--user` is the caller). Its own id: a global
+        /// argument's id is shared with subcommands.
+        #[arg(id = "grantee", value_name = "USER")]
         user: String,
         #[command(flatten)]
         vhost: Vhost,
@@ -449,12 +454,12 @@ fn run(cli: &Cli, c: &Client) -> Result<(), Error> {
             ),
             Users::Declare {
                 name,
-                password,
+                new_password,
                 tags,
             } => {
                 c.put(
                     &format!("/api/users/{}", seg(name)),
-                    &json!({"password": password, "tags": tags}),
+                    &json!({"password": new_password, "tags": tags}),
                 )?;
                 out.done(&format!("user {name} declared"));
             }
@@ -602,5 +607,16 @@ impl Output {
         if !self.json {
             println!("{what}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own consistency checks (duplicate flags, ids, defaults).
+    #[test]
+    fn cli_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -178,7 +178,7 @@ fn vhosts_users_permissions_policies_definitions() {
             "users",
             "declare",
             "alice",
-            "--password",
+            "--new-password",
             "s3cret",
             "--tags",
             "monitoring",
@@ -190,7 +190,6 @@ fn vhosts_users_permissions_policies_definitions() {
         &[
             "permissions",
             "declare",
-            "--user",
             "alice",
             "--vhost",
             "tenant-a",
@@ -247,14 +246,7 @@ fn vhosts_users_permissions_policies_definitions() {
     ok(&b, &["policies", "delete", "cap", "--vhost", "tenant-a"]);
     ok(
         &b,
-        &[
-            "permissions",
-            "delete",
-            "--user",
-            "alice",
-            "--vhost",
-            "tenant-a",
-        ],
+        &["permissions", "delete", "alice", "--vhost", "tenant-a"],
     );
     ok(&b, &["users", "delete", "alice"]);
     assert!(named(&json_list(&b, &["users", "list"]), "alice").is_none());
@@ -288,7 +280,7 @@ fn status_and_errors() {
     );
     assert!(err.contains("400"), "{err}");
     let err = fails(&b, &["queues", "purge", "missing"]);
-    assert!(err.contains("404") && err.contains("not_found"), "{err}");
+    assert!(err.contains("404") && err.contains("Not Found"), "{err}");
     // Nothing listening: a transport error, not a panic.
     let out = Command::new(env!("CARGO_BIN_EXE_weirctl"))
         .args([
