@@ -74,11 +74,23 @@ def screenshot(driver, name: str) -> Path:
     return path
 
 
-def api_get(weir, path: str):
-    req = urllib.request.Request(f"http://127.0.0.1:{weir.http_port}{path}")
+def api(weir, method: str, path: str, body=None):
+    """One management API call as guest; the JSON answer (None if empty)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{weir.http_port}{path}", data=data, method=method)
     req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
+        text = r.read()
+        return json.loads(text) if text else None
+
+
+def login(browser, weir, user: str, password: str):
+    browser.get(f"http://127.0.0.1:{weir.http_port}/")
+    form = WebDriverWait(browser, WAIT).until(EC.visibility_of_element_located((By.ID, "login")))
+    form.find_element(By.NAME, "user").send_keys(user)
+    form.find_element(By.NAME, "password").send_keys(password)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
 
 
 def row(name: str) -> str:
@@ -134,7 +146,7 @@ def test_dashboard_shows_depth_and_purges(weir, browser):
 
         # The broker agrees: the queue is empty, seen over AMQP and over the API.
         assert ch.queue_declare(name, durable=True, passive=True).method.message_count == 0
-        assert api_get(weir, f"/api/queues/%2F/{name}")["messages"] == 0
+        assert api(weir, "GET", f"/api/queues/%2F/{name}")["messages"] == 0
         ch.queue_delete(name)
     finally:
         if conn.is_open:
@@ -152,3 +164,22 @@ def test_dashboard_rejects_wrong_password(weir, browser):
     assert not browser.find_element(By.ID, "app").is_displayed()
     # Nothing is kept for a failed login.
     assert browser.execute_script("return sessionStorage.getItem('weir.auth')") is None
+
+
+def test_dashboard_hides_actions_from_non_administrators(weir, browser):
+    """A monitoring user sees the queue and its depth, but no purge,
+    requeue or delete buttons."""
+    name = f"dash.{uuid.uuid4().hex[:8]}"
+    api(weir, "PUT", f"/api/queues/%2F/{name}", {"durable": True})
+    api(weir, "PUT", "/api/users/watcher", {"password": "watch-pw", "tags": "monitoring"})
+    api(weir, "PUT", "/api/permissions/%2F/watcher", {"configure": "", "write": "", "read": ".*"})
+    login(browser, weir, "watcher", "watch-pw")
+    wait = WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,))
+    wait.until(lambda d: row_depth(d, name) == "0")
+    assert "monitoring" in browser.find_element(By.ID, "who").text
+    buttons = browser.find_elements(By.CSS_SELECTOR, f'{row(name)} button[data-action]')
+    assert buttons and not any(b.is_displayed() for b in buttons)
+    # A guest's view of the same row has them.
+    browser.execute_script("sessionStorage.clear()")
+    login(browser, weir, "guest", "guest")
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, f'{row(name)} button[data-action="purge"]').is_displayed())
