@@ -123,6 +123,13 @@ enum Queues {
         #[command(flatten)]
         vhost: Vhost,
     },
+    /// Weir: move a dead-letter queue's messages back to the queues they
+    /// were dead-lettered from.
+    RequeueDeadLetters {
+        name: String,
+        #[command(flatten)]
+        vhost: Vhost,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -359,6 +366,15 @@ fn run(cli: &Cli, c: &Client) -> Result<(), Error> {
             Queues::Purge { name, vhost } => {
                 c.delete(&format!("{}/contents", obj("queues", &vhost.vhost, name)))?;
                 out.done(&format!("queue {name} purged"));
+            }
+            Queues::RequeueDeadLetters { name, vhost } => {
+                let path = format!("{}/requeue-dead-letters", obj("queues", &vhost.vhost, name));
+                let r = c.post(&path, &json!({}))?;
+                if out.json {
+                    out.value(&r);
+                } else {
+                    println!("{} moved back, {} kept", r["moved"], r["kept"]);
+                }
             }
         },
         Command::Exchanges(x) => match x {

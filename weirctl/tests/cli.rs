@@ -102,6 +102,62 @@ fn queues_declare_list_purge_delete() {
 }
 
 #[test]
+fn requeue_dead_letters_moves_them_back() {
+    let b = Broker::start();
+    ok(&b, &["queues", "declare", "work.dlq"]);
+    ok(
+        &b,
+        &[
+            "queues",
+            "declare",
+            "work",
+            "--arguments",
+            r#"{"x-dead-letter-exchange":"","x-dead-letter-routing-key":"work.dlq"}"#,
+        ],
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let conn = rt.block_on(connect(&b.url()));
+    let ch = rt.block_on(confirm_channel(&conn));
+    for i in 0..3 {
+        rt.block_on(publish_confirmed(
+            &ch,
+            "",
+            "work",
+            format!("m{i}").as_bytes(),
+            persistent(),
+        ));
+    }
+    // Rejected without requeue: dead-lettered into work.dlq.
+    for _ in 0..3 {
+        let got = rt
+            .block_on(ch.basic_get("work".into(), lapin::options::BasicGetOptions::default()))
+            .expect("basic.get")
+            .expect("a message");
+        rt.block_on(
+            got.delivery
+                .reject(lapin::options::BasicRejectOptions { requeue: false }),
+        )
+        .expect("reject");
+    }
+    // Rejects have no reply and dead-lettering runs on the broker's timer
+    // task: wait (bounded) for the dead-letter queue to hold all three.
+    rt.block_on(weir_tests::hardening::wait_until(
+        "3 dead letters",
+        OP_TIMEOUT,
+        || async { queue_len(&ch, "work.dlq").await == 3 },
+    ));
+
+    let out: Value = serde_json::from_str(&ok(
+        &b,
+        &["queues", "requeue-dead-letters", "work.dlq", "--json"],
+    ))
+    .expect("JSON answer");
+    assert_eq!(out["moved"], 3, "{out}");
+    assert_eq!(rt.block_on(queue_len(&ch, "work")), 3);
+    assert_eq!(rt.block_on(queue_len(&ch, "work.dlq")), 0);
+}
+
+#[test]
 fn exchanges_and_bindings() {
     let b = Broker::start();
     ok(&b, &["exchanges", "declare", "events", "--type", "topic"]);
