@@ -499,6 +499,8 @@ pub struct QuotaConfig {
     pub disk_free_limit: Option<SizeSetting>,
     /// `[[quota.users]]`: per-user limits, on top of the tenant's.
     pub users: Vec<UserQuotaConfig>,
+    /// `[[quota.connections]]`: per-connection overrides.
+    pub connections: Vec<ConnectionQuotaConfig>,
 }
 
 /// One `[[quota.users]]` entry: limits of one user's connections, checked
@@ -538,6 +540,60 @@ impl UserQuotaConfig {
             ..TenantConfig::named(&self.name)
         };
         as_tenant.limits()
+    }
+}
+
+/// One `[[quota.connections]]` entry: overrides for the connections whose
+/// login name matches `user` and whose own name (AMQP `connection_name`
+/// client property, MQTT client id) matches `name`; both are regular
+/// expressions matched against the whole name, both optional. The first
+/// matching entry applies (see `weir_quota::connections`).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConnectionQuotaConfig {
+    /// Login names covered (regex, whole name).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Connection names / MQTT client ids covered (regex, whole name).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Messages per second of each matching connection, on top of its
+    /// tenant's and user's rates.
+    #[serde(default)]
+    pub publish_rate: Option<u32>,
+    /// Bytes per second of each matching connection. Bytes or a size with
+    /// a unit.
+    #[serde(default)]
+    pub publish_bytes_rate: Option<ByteSize>,
+    /// Channels open at once on a matching AMQP connection: replaces the
+    /// tenant's and user's limit.
+    #[serde(default)]
+    pub max_channels_per_connection: Option<u32>,
+}
+
+impl ConnectionQuotaConfig {
+    /// The rule, patterns compiled and sizes resolved.
+    pub fn rule(&self) -> Result<weir_quota::ConnectionRule, ConfigError> {
+        let what = || {
+            format!(
+                "quota.connections (user {:?}, name {:?})",
+                self.user.as_deref().unwrap_or("*"),
+                self.name.as_deref().unwrap_or("*")
+            )
+        };
+        let as_tenant = TenantConfig {
+            publish_bytes_rate: self.publish_bytes_rate.clone(),
+            ..TenantConfig::named(&what())
+        };
+        let bytes_rate = as_tenant.limits()?.publish_bytes_rate;
+        weir_quota::ConnectionRule::new(
+            self.user.as_deref(),
+            self.name.as_deref(),
+            self.publish_rate,
+            bytes_rate,
+            self.max_channels_per_connection,
+        )
+        .map_err(|e| ConfigError::Invalid(format!("{}: {e}", what())))
     }
 }
 
@@ -682,6 +738,11 @@ pub struct TenantConfig {
     /// Largest message body accepted. Bytes or a size with a unit.
     #[serde(default)]
     pub max_message_size: Option<ByteSize>,
+    /// Bytes of ready messages the tenant's queues hold in memory (not
+    /// paged out): at it, its publishers block, before the global memory
+    /// watermark. Bytes or a size with a unit.
+    #[serde(default)]
+    pub max_memory: Option<ByteSize>,
     /// Messages per second, all the tenant's publishers together.
     #[serde(default)]
     pub publish_rate: Option<u32>,
@@ -727,6 +788,7 @@ impl TenantConfig {
             max_queued_messages: None,
             max_queued_bytes: None,
             max_message_size: None,
+            max_memory: None,
             publish_rate: None,
             publish_bytes_rate: None,
         }
@@ -756,6 +818,7 @@ impl TenantConfig {
             max_queued_messages: self.max_queued_messages,
             max_queued_bytes: bytes(&self.max_queued_bytes, "max-queued-bytes")?,
             max_message_size: bytes(&self.max_message_size, "max-message-size")?,
+            max_memory: bytes(&self.max_memory, "max-memory")?,
             publish_rate: self.publish_rate,
             publish_bytes_rate: rate,
         })
@@ -917,6 +980,8 @@ pub struct Config {
     pub tenants: Vec<TenantConfig>,
     /// `[[quota.users]]`.
     pub quota_users: Vec<UserQuotaConfig>,
+    /// `[[quota.connections]]`.
+    pub quota_connections: Vec<ConnectionQuotaConfig>,
     /// `[tls]`, if configured (then `amqp.tls_listen` and `mqtt.tls_listen`
     /// are set, to their defaults if not given).
     pub tls: Option<TlsConfig>,
@@ -1118,6 +1183,9 @@ impl Config {
         for u in &quota.users {
             u.limits()?;
         }
+        for c in &quota.connections {
+            c.rule()?;
+        }
         for p in &policies {
             weir_engine::policy::Policy::new(p.to_def())
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -1144,6 +1212,7 @@ impl Config {
             }
         }
         let quota_users = quota.users.clone();
+        let quota_connections = quota.connections.clone();
         let quota = resolve_quota(&quota, store.log.segment_bytes())?;
         Ok(Config {
             log,
@@ -1157,6 +1226,7 @@ impl Config {
             policies,
             tenants,
             quota_users,
+            quota_connections,
             tls,
             repair: cli.repair,
             warnings,

@@ -459,7 +459,8 @@ impl TenantQuota {
             .is_some_and(|max| self.memory() >= resume_at(max))
         {
             format!("tenant '{tenant}' memory quota")
-        } else if l.max_queued_bytes
+        } else if l
+            .max_queued_bytes
             .is_some_and(|max| self.queued_bytes() >= resume_at(max))
         {
             format!("tenant '{tenant}' queued bytes quota")

@@ -1678,7 +1678,9 @@ fn publish_for(store: &LogStore, owner: Owner, body: &[u8]) -> Admission {
         partitions: &[P1],
         data: data(body),
     }];
-    store.append_for(owner, &ops, &mut Vec::new(), None).unwrap()
+    store
+        .append_for(owner, &ops, &mut Vec::new(), None)
+        .unwrap()
 }
 
 /// Bytes appended and not yet taken by the writer.
@@ -1724,7 +1726,10 @@ fn a_flooding_owner_is_held_to_its_share_so_a_quiet_owners_record_is_not_behind_
     // behind at most a budget of the flood, and is durable with the next
     // round.
     let ahead = pending_bytes(&store);
-    assert!(ahead <= fair::ROUND_BUDGET as usize + 2 * body.len(), "{ahead}");
+    assert!(
+        ahead <= fair::ROUND_BUDGET as usize + 2 * body.len(),
+        "{ahead}"
+    );
     let (tx, rx) = mpsc::channel();
     let id = store.allocate_ids(1);
     store
