@@ -1772,11 +1772,16 @@ mod tests {
         let path = file(
             "tenant-limits",
             "[[tenants]]\nname = \"a\"\nmax-queues = 3\nmax-queued-bytes = \"64MB\"\n\
-             max-message-size = 1024\npublish-rate = 500\n\n\
-             [[quota.users]]\nname = \"u\"\nmax-connections = 2\npublish-bytes-rate = \"1MB\"\n",
+             max-message-size = 1024\npublish-rate = 500\nmax-memory = \"1MB\"\n\n\
+             [[quota.users]]\nname = \"u\"\nmax-connections = 2\npublish-bytes-rate = \"1MB\"\n\n\
+             [[quota.connections]]\nname = \"s-.*\"\npublish-bytes-rate = \"2kB\"\n",
         );
         let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
         let l = cfg.tenants[0].limits().expect("limits");
+        assert_eq!(l.max_memory, Some(1 << 20));
+        let rule = cfg.quota_connections[0].rule().expect("rule");
+        assert_eq!(rule.publish_bytes_rate, Some(2048));
+        assert!(rule.matches("anyone", Some("s-1")));
         assert_eq!(l.max_queues, Some(3));
         assert_eq!(l.max_queued_bytes, Some(64 << 20));
         assert_eq!(l.max_message_size, Some(1024));
@@ -1803,6 +1808,16 @@ mod tests {
                 "user-queued",
                 "[[quota.users]]\nname = \"u\"\nmax-queued-bytes = 5\n",
                 "max-queued-bytes",
+            ),
+            (
+                "connection-pattern",
+                "[[quota.connections]]\nname = \"(sensor\"\npublish-rate = 1\n",
+                "invalid pattern '(sensor'",
+            ),
+            (
+                "connection-memory",
+                "[[quota.connections]]\nname = \"x\"\nmax-memory = 5\n",
+                "max-memory",
             ),
         ] {
             let path = file(name, text);
