@@ -37,7 +37,10 @@ fn engine(dir: &std::path::Path) -> Arc<Engine> {
     });
     for t in ["hot", "quiet"] {
         e.add_tenant(t).expect("tenant");
-        drop(e.set_permissions(PermissionDef::full("u", t)).expect("permissions"));
+        drop(
+            e.set_permissions(PermissionDef::full("u", t))
+                .expect("permissions"),
+        );
     }
     e
 }
