@@ -464,8 +464,9 @@ async fn connection_overrides_pace_and_limit_channels_of_the_connections_they_ma
     let sensor = connect_named(&broker, "a", "sensor-7").await;
     let ch = confirm_channel(&sensor).await;
     declare_queue(&ch, "paced").await;
+    let mut confirms = Vec::new();
     for _ in 0..20 {
-        let _ = publish(&ch, "paced", b"x").await;
+        confirms.push(publish(&ch, "paced", b"x").await);
     }
     let last = tokio::spawn(publish(&ch, "paced", b"last").await);
     // Another connection of the same user and tenant is not paced.
