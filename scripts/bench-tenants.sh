@@ -9,9 +9,10 @@
 #              its quota (issue 9: within +-10%).
 #   flood    : the store's fair share: tenant "noisy" has no quota and floods at full speed with
 #              FLOOD_SIZE-byte messages (2 publishers with confirms, window 256, 2 consumers: up to
-#              8 MiB unconfirmed at the default 16 kB) while "steady" publishes at STEADY msg/s; steady alone first. Reported: steady's
-#              confirm p95 loaded / unloaded (the fair share of the log writer is what keeps it
-#              low) and noisy's throughput. Run it with WEIR_BIN=<older weir> to compare.
+#              8 MiB unconfirmed at the default 16 kB) while "steady" publishes at STEADY msg/s;
+#              steady alone first. Then the same flood inside steady's own tenant: one owner of
+#              the store's writer, so no fair share applies (the control). Reported: steady's rate
+#              and confirm p95 in each.
 #   overhead : the #2 saturated workload (weir-bench defaults: 2 publishers, window 256, 2 consumers,
 #              256 B, durable, persistent) on a tenant with every quota configured far above what the
 #              run reaches, against the same on a broker without quotas, alternated ROUNDS times
@@ -21,7 +22,8 @@
 #                                 [--flood X (10)] [--steady N (1000)] [--rounds N (2)]
 #                                 [--flood-size BYTES (16384)]
 #                                 [--workloads noisy,flood,overhead] [--out DIR]
-#        WEIR_BIN=/path/to/weir runs that broker instead of this checkout's release build.
+#        WEIR_BIN=/path/to/weir runs that broker instead of this checkout's release build;
+#        WEIR_BENCH_BIN=/path/to/weir-bench that load generator (e.g. a debug build, to try the script).
 # Results: JSON per run and results.md in --out (default target/bench-tenants/<time>). ~5 min.
 set -euo pipefail
 
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
     --workloads) WORKLOADS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --flood-size) FLOOD_SIZE="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,8 +62,10 @@ log() { printf '\n== %s\n' "$*" >&2; }
 command -v jq >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q jq >/dev/null
 
 log "building weir-bench and weir (release)"
-cargo build --release -p weir-bench --bin weir-bench
-BENCH="$ROOT/target/release/weir-bench"
+if [ -z "${WEIR_BENCH_BIN:-}" ]; then
+  cargo build --release -p weir-bench --bin weir-bench
+fi
+BENCH="${WEIR_BENCH_BIN:-$ROOT/target/release/weir-bench}"
 if [ -z "${WEIR_BIN:-}" ]; then
   cargo build --release -p weir-gateway
 fi
@@ -178,6 +182,14 @@ if [[ ",$WORKLOADS," == *",flood,"* ]]; then
   steady_run "$OUT/flood-loaded-steady.json"
   wait "$NOISY"
   stop_broker
+  log "flood: the same flood in steady's own tenant (one owner: no fair share)"
+  start_broker none
+  "$BENCH" --url "$(url steady)" --queue noisy --size "$FLOOD_SIZE" --duration $((DURATION + 2)) \
+    --warmup "$WARMUP" --json --label noisy >"$OUT/flood-sametenant-noisy.json" &
+  NOISY=$!
+  steady_run "$OUT/flood-sametenant-steady.json"
+  wait "$NOISY"
+  stop_broker
 fi
 
 if [[ ",$WORKLOADS," == *",overhead,"* ]]; then
@@ -218,7 +230,8 @@ fi
     echo
     echo "| run | tenant | target msg/s | published msg/s | confirm p50 / p95 / p99 ms |"
     echo "|---|---|---:|---:|---|"
-    for f in flood-unloaded-steady flood-loaded-steady flood-loaded-noisy; do
+    for f in flood-unloaded-steady flood-loaded-steady flood-loaded-noisy flood-sametenant-steady \
+      flood-sametenant-noisy; do
       jq -r --arg f "$f" '"| \($f | split("-")[1]) | \(.label) | \(.rate // "max") | \(.publish_rate|floor) | \(.confirm_latency.p50_ms) / \(.confirm_latency.p95_ms) / \(.confirm_latency.p99_ms) |"' "$OUT/$f.json"
     done
     u="$(jq '.confirm_latency.p95_ms' "$OUT/flood-unloaded-steady.json")"
