@@ -20,6 +20,28 @@
 
 use crate::{Admission, Owner};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Owners are small numbers the caller picks: a multiplicative hash is
+/// enough, and cheaper than SipHash on every append.
+#[derive(Default)]
+struct OwnerHasher(u64);
+
+impl Hasher for OwnerHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// Bytes waiting for the writer above which owners are held to their
 /// shares. A round this size is written in well under a millisecond; the
@@ -49,7 +71,7 @@ struct Waiting {
 pub(crate) struct Owners {
     /// Owners that appended within [`PRESENT_ROUNDS`]: its length is the
     /// number of owners sharing the writer.
-    waiting: HashMap<Owner, Waiting>,
+    waiting: HashMap<Owner, Waiting, BuildHasherDefault<OwnerHasher>>,
     /// Bytes waiting, all owners.
     total: u64,
     /// Rounds taken so far.
