@@ -38,7 +38,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_backend::{
-    Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, Store, StoreError, Waiter,
+    Location, MessageAttrs, MessageData, MessageId, Op, Owner, PartitionId, Store, StoreError,
+    Waiter,
 };
 
 /// The result of a publish.
@@ -214,6 +215,11 @@ pub struct Client {
     codecs: Arc<crate::properties::HeaderCodecs>,
     /// The principal's permissions in the tenant, with cached decisions.
     authz: Authz,
+    /// The tenant, to the store's fairness.
+    owner: Owner,
+    /// The store said the tenant is over its share of the writer since
+    /// [`Self::take_store_pressure`] was last asked.
+    over_share: bool,
 }
 
 impl Client {
@@ -240,6 +246,8 @@ impl Client {
         }
         Ok(Client {
             authz,
+            owner: Owner(t.quota().tag()),
+            over_share: false,
             store: engine.store().clone(),
             tenant: t,
             principal,
@@ -502,11 +510,14 @@ impl Client {
                 data,
             };
             let res = if with_publish.is_empty() {
-                self.store.append(&[publish], &mut self.locs, None)
+                self.store
+                    .append_for(self.owner, &[publish], &mut self.locs, None)
             } else {
                 with_publish.insert(0, publish);
-                self.store.append(&with_publish, &mut self.locs, None)
+                self.store
+                    .append_for(self.owner, &with_publish, &mut self.locs, None)
             };
+            let res = res.map(|a| self.over_share |= a.over_share);
             if let Err(e) = res {
                 // Nothing enqueued: no receipt either.
                 if let Some(d) = dedup.as_mut() {
@@ -530,7 +541,8 @@ impl Client {
             self.locs.clear();
             // Never waited on: a restart drops it anyway. If the store cannot
             // take it (disk full), the message simply stays in memory.
-            let res = self.store.append(
+            let res = self.store.append_for(
+                self.owner,
                 &[Op::Page {
                     id,
                     partitions: &durable_parts[n_durable..],
@@ -540,7 +552,10 @@ impl Client {
                 None,
             );
             match res {
-                Ok(()) => page_location = self.locs.first().copied(),
+                Ok(a) => {
+                    self.over_share |= a.over_share;
+                    page_location = self.locs.first().copied();
+                }
                 Err(e) => tracing::debug!(error = %e, "not paging a transient message"),
             }
         }
@@ -1372,8 +1387,12 @@ impl Client {
     pub fn commit(&mut self) {
         if !self.settles.is_empty() {
             self.locs.clear();
-            if let Err(e) = self.store.append(&self.settles, &mut self.locs, None) {
-                tracing::error!(error = %e, "store refused settles");
+            match self
+                .store
+                .append_for(self.owner, &self.settles, &mut self.locs, None)
+            {
+                Ok(a) => self.over_share |= a.over_share,
+                Err(e) => tracing::error!(error = %e, "store refused settles"),
             }
             self.settles.clear();
         }
@@ -1381,6 +1400,16 @@ impl Client {
         for p in self.to_dispatch.drain(..) {
             p.dispatch();
         }
+    }
+
+    /// Whether the store said, since the last call, that this client's
+    /// tenant is over its share of the store's writer (other tenants wait
+    /// behind its backlog). A session then reads no more from its socket
+    /// until a [`Self::durability_barrier`] completes: each of the tenant's
+    /// connections has at most one batch ahead of the other tenants' next
+    /// records. Never set while one tenant alone writes.
+    pub fn take_store_pressure(&mut self) -> bool {
+        std::mem::take(&mut self.over_share)
     }
 
     /// Calls `waiter` once everything appended so far is durable (a

@@ -85,6 +85,9 @@ pub struct Engine {
     permissions: Arc<permissions::Permissions>,
     /// Per-user limits (`[[quota.users]]`), on top of each tenant's.
     pub user_quotas: weir_quota::UserQuotas,
+    /// Per-connection overrides (`[[quota.connections]]`), applied by the
+    /// sessions, which know a connection's name.
+    pub connection_quotas: weir_quota::ConnectionQuotas,
 }
 
 impl Engine {
@@ -111,6 +114,7 @@ impl Engine {
             users: RwLock::new(Default::default()),
             permissions: Default::default(),
             user_quotas: Default::default(),
+            connection_quotas: Default::default(),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
         let mut any_user = false;

@@ -366,6 +366,13 @@ impl Broker {
             let limits = u.limits().map_err(|e| ServerError::Policy(e.to_string()))?;
             engine.user_quotas.set(&u.name, limits);
         }
+        let rules = cfg
+            .quota_connections
+            .iter()
+            .map(|c| c.rule())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ServerError::Policy(e.to_string()))?;
+        engine.connection_quotas.set(rules);
         apply_users(&engine, cfg, users).await?;
         for p in &cfg.policies {
             let tenant = engine.tenant(&p.vhost).ok_or_else(|| {

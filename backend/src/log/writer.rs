@@ -247,6 +247,7 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             // so), so readers no longer need the in-memory copy.
             let mut st = shared.state.lock();
             st.inflight = None;
+            st.owners.round_done();
             if let Ok(chunks) = Arc::try_unwrap(round.chunks) {
                 for mut c in chunks {
                     if st.spare.len() < 4 && c.buf.capacity() <= 4 << 20 {
@@ -315,6 +316,7 @@ fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
     }
     st.reclaim_hint = false;
     let chunks = Arc::new(std::mem::take(&mut st.pending));
+    st.owners.take_round();
     if !chunks.is_empty() {
         debug_assert!(st.inflight.is_none());
         st.inflight = Some(chunks.clone());
@@ -565,6 +567,7 @@ fn requeue(
     {
         let mut st = shared.state.lock();
         st.inflight = None;
+        st.owners.round_done();
         st.no_space = true;
         let chunks: Vec<Chunk> = match Arc::try_unwrap(chunks) {
             Ok(c) => c,
@@ -604,6 +607,7 @@ fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
         let mut st = shared.state.lock();
         st.failed = true;
         st.inflight = None;
+        st.owners = Default::default();
         st.pending.clear();
         waiters.append(&mut st.waiters);
     }

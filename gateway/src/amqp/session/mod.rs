@@ -293,7 +293,7 @@ impl Session {
             }
             self.end_batch();
             if let Some(g) = self.gate.as_mut() {
-                g.end_batch();
+                g.end_batch(self.client.as_mut());
             }
             self.signal_alarm();
             // 2. Deliveries and notices from the engine.
@@ -509,10 +509,19 @@ impl Session {
                 Ok(client) => {
                     tracing::Span::current().record("vhost", vhost.as_str());
                     self.metrics = Some(ConnMetrics::open(Protocol::Amqp, &vhost));
-                    self.gate = TenantGate::for_client(&client);
-                    // max-channels-per-connection, refused by the adapter
-                    // before channel.open-ok.
-                    self.conn.limit_open_channels(client.max_channels());
+                    // `[[quota.connections]]`: by login and connection name.
+                    let rule = self
+                        .engine
+                        .connection_quotas
+                        .find(&self.user, self.conn.client_connection_name());
+                    self.gate = TenantGate::for_client(&client, rule.as_deref());
+                    // max-channels-per-connection (a connection rule's
+                    // replaces the tenant's and user's), refused by the
+                    // adapter before channel.open-ok.
+                    let channels = rule
+                        .and_then(|r| r.max_channels_per_connection)
+                        .or(client.max_channels());
+                    self.conn.limit_open_channels(channels);
                     self.client = Some(client);
                     self.registration = Some(self.shared.connections.register(
                         crate::connections::NewConnection {

@@ -163,7 +163,8 @@ impl Session {
         self.tenant = tenant;
         self.client_id = client_id.clone();
         self.conn_id = client.id();
-        self.gate = TenantGate::for_client(&client).map(Box::new);
+        let rule = self.engine.connection_quotas.find(&user, Some(&client_id));
+        self.gate = TenantGate::for_client(&client, rule.as_deref()).map(Box::new);
         self.client = Some(client);
 
         let (registration, _took_over) = self

@@ -463,7 +463,7 @@ impl Session {
             }
             self.end_batch();
             if let Some(g) = self.gate.as_mut() {
-                g.end_batch();
+                g.end_batch(self.client.as_mut());
             }
             // 2. Deliveries.
             if self.conn.out.len() < DELIVERY_HIGH_WATER && !self.conn.is_finished() {

@@ -124,6 +124,15 @@ impl Connection {
                     Some(AMQPValue::FieldTable(caps))
                         if matches!(caps.inner().get("connection.blocked"), Some(AMQPValue::Boolean(true)))
                 );
+                // Bounded by the frame: at most frame-max bytes of text.
+                self.connection_name =
+                    match start_ok.client_properties.inner().get("connection_name") {
+                        Some(AMQPValue::LongString(n)) => {
+                            Some(String::from_utf8_lossy(n.as_bytes()).into_owned())
+                        }
+                        Some(AMQPValue::ShortString(n)) => Some(n.as_str().to_string()),
+                        _ => None,
+                    };
                 let mechanism = start_ok.mechanism.as_str().to_string();
                 let decoded = if mechanism == "EXTERNAL" && self.external {
                     // The response is an optional authorization identity,
