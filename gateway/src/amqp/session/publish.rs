@@ -33,6 +33,7 @@ impl Session {
         }
         // The tenant's max-message-size: 406, as RabbitMQ's max_message_size.
         self.client()?.check_message_size(p.body.len() as u64)?;
+        let p = self.direct_reply_to(ch, p)?;
         let (exchange, routing_key) = names(&p)?;
         // RabbitMQ's validated user-id. RabbitMQ looks the exchange up
         // first, so a refused user-id to a missing exchange is a 404
@@ -45,7 +46,6 @@ impl Session {
             }
         }
         let ttl = self.publish_ttl(&p, exchange, routing_key)?;
-        let p = self.direct_reply_to(ch, p)?;
         if self.is_transacted(ch) {
             // Routed at commit; its exchange is checked now, as RabbitMQ
             // does (which routes now and delivers at commit).
@@ -108,7 +108,16 @@ impl Session {
     fn direct_reply_to(&mut self, ch: u16, mut p: Publish) -> Result<Publish, Failure> {
         let asks = matches!(amqp_reply_to(&p.properties), Ok(Some(r)) if r == REPLY_TO.as_bytes());
         if asks {
-            let address = self.client()?.reply_to_address(scope(ch))?;
+            let address = match self.client()?.reply_to_address(scope(ch)) {
+                Ok(a) => a,
+                Err(e) => {
+                    // RabbitMQ looks the exchange up first: a missing one
+                    // is a 404 even then.
+                    let (exchange, routing_key) = names(&p)?;
+                    self.check_route(&p, exchange, routing_key)?;
+                    return Err(e.into());
+                }
+            };
             if let Some(props) = with_reply_to(&p.properties, address.as_bytes()) {
                 p.properties = props;
             }
