@@ -522,12 +522,12 @@ async fn headers_all_with_x_and_any_with_x_match_x_headers() {
 async fn update_secret_is_answered_and_the_connection_works_on() {
     let broker = Broker::start();
     let conn: Connection = connect(&broker.url()).await;
-    within("update-secret", conn.update_secret("guest", "rotation"))
+    within("update-secret", conn.update_secret("guest".into(), "rotation".into()))
         .await
         .expect("update-secret-ok");
     // RabbitMQ's internal users keep their login whatever the new secret
     // (it is meant for expiring tokens); so does Weir.
-    within("update-secret", conn.update_secret("a-rotated-token", "rotation"))
+    within("update-secret", conn.update_secret("a-rotated-token".into(), "rotation".into()))
         .await
         .expect("update-secret-ok");
     assert!(conn.status().connected());
