@@ -497,4 +497,58 @@ mod tests {
         let d: Vec<u64> = (1..=6).map(|a| r.delay_ms(a)).collect();
         assert_eq!(d, vec![100, 200, 400, 800, 1_000, 1_000]);
     }
+
+    #[test]
+    fn rabbitmq_placement_and_paging_arguments_are_checked_like_rabbitmq() {
+        let reason = |v: Value| QueueArgs::parse(&v).expect_err("refused").reason;
+        assert!(QueueArgs::parse(
+            &json!({"x-queue-mode": "lazy", "x-queue-master-locator": "min-masters"})
+        )
+        .is_ok());
+        assert_eq!(
+            reason(json!({"x-queue-mode": "bogus"})),
+            "\"unsupported queue mode 'bogus'\""
+        );
+        assert_eq!(
+            reason(json!({"x-queue-mode": 5})),
+            "{unacceptable_type,long}"
+        );
+        assert_eq!(
+            reason(json!({"x-queue-leader-locator": "x"})),
+            "invalid_queue_locator_arg"
+        );
+        assert_eq!(
+            reason(json!({"x-quorum-initial-group-size": 0})),
+            "{value_zero,0}"
+        );
+        assert_eq!(
+            reason(json!({"x-quorum-initial-group-size": -1})),
+            "{value_negative,-1}"
+        );
+        assert_eq!(
+            reason(json!({"x-max-in-memory-length": "x"})),
+            "\"expected integer, got longstr\""
+        );
+        assert_eq!(
+            reason(json!({"x-dead-letter-strategy": "x"})),
+            "invalid_dlx_strategy"
+        );
+        let a = QueueArgs::parse(
+            &json!({"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once"}),
+        )
+        .expect("valid");
+        assert!(a.dead_letter_at_least_once);
+        // Each queue type refuses the other's arguments.
+        let classic = json!({"x-quorum-initial-group-size": 3});
+        assert_eq!(
+            QueueArgs::wrong_type(&classic, QueueType::Classic),
+            Some(("x-quorum-initial-group-size", "rabbit_classic_queue"))
+        );
+        assert_eq!(QueueArgs::wrong_type(&classic, QueueType::Quorum), None);
+        let quorum = json!({"x-queue-mode": "lazy"});
+        assert_eq!(
+            QueueArgs::wrong_type(&quorum, QueueType::Quorum),
+            Some(("x-queue-mode", "rabbit_quorum_queue"))
+        );
+    }
 }

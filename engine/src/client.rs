@@ -987,27 +987,37 @@ impl Client {
 
     /// Whether `scope` has a subscription tagged `tag`.
     pub fn has_subscription(&self, scope: Scope, tag: &[u8]) -> bool {
-        self.scopes
-            .get(&scope)
-            .is_some_and(|st| {
-                st.subs.contains_key(tag) || st.reply.as_ref().is_some_and(|r| r.tag == tag)
-            })
+        self.scopes.get(&scope).is_some_and(|st| {
+            st.subs.contains_key(tag) || st.reply.as_ref().is_some_and(|r| r.tag == tag)
+        })
     }
 
     /// Direct reply-to: makes `tag` the reply consumer of `scope` (a
     /// consume of [`REPLY_TO`]). RabbitMQ's refusals: an acknowledging
     /// consumer, or a second one in the scope, is a 406.
-    pub fn consume_reply_to(&mut self, scope: Scope, tag: Bytes, no_ack: bool) -> Result<(), ClientError> {
+    pub fn consume_reply_to(
+        &mut self,
+        scope: Scope,
+        tag: Bytes,
+        no_ack: bool,
+    ) -> Result<(), ClientError> {
         let handle = self.handle.clone();
         let st = self.scope_mut(scope);
         if st.subs.contains_key(&tag) || st.reply.as_ref().is_some_and(|r| r.tag == tag) {
-            return Err(ClientError::TagInUse(String::from_utf8_lossy(&tag).into_owned()));
+            return Err(ClientError::TagInUse(
+                String::from_utf8_lossy(&tag).into_owned(),
+            ));
         }
         if !no_ack {
-            return Err(EngineError::PreconditionFailed("reply consumer cannot acknowledge".into()).into());
+            return Err(EngineError::PreconditionFailed(
+                "reply consumer cannot acknowledge".into(),
+            )
+            .into());
         }
         if st.reply.is_some() {
-            return Err(EngineError::PreconditionFailed("reply consumer already set".into()).into());
+            return Err(
+                EngineError::PreconditionFailed("reply consumer already set".into()).into(),
+            );
         }
         let b = self.tenant.replies.open(handle, scope, tag);
         self.scope_mut(scope).reply = Some(b);
@@ -1023,7 +1033,9 @@ impl Client {
             .get(&scope)
             .and_then(|st| st.reply.as_ref())
             .map(|b| b.address())
-            .ok_or_else(|| EngineError::PreconditionFailed("fast reply consumer does not exist".into()))
+            .ok_or_else(|| {
+                EngineError::PreconditionFailed("fast reply consumer does not exist".into())
+            })
     }
 
     /// The next reply waiting for one of this client's reply consumers.

@@ -128,7 +128,11 @@ impl Policy {
         }
         // The values must be valid queue arguments on their own.
         let mut probe = as_arguments(&def.definition);
-        probe.retain(|k, _| !EXCHANGE_KEYS.iter().any(|e| k.strip_prefix("x-") == Some(*e)));
+        probe.retain(|k, _| {
+            !EXCHANGE_KEYS
+                .iter()
+                .any(|e| k.strip_prefix("x-") == Some(*e))
+        });
         if probe.contains_key("x-dead-letter-routing-key")
             && !probe.contains_key("x-dead-letter-exchange")
         {

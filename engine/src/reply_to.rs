@@ -187,7 +187,10 @@ mod tests {
         assert!(routes.deliver(&addr, message("a")));
         assert!(!routes.deliver("amq.rabbitmq.reply-to.nope", message("b")));
         assert!(!routes.deliver("other", message("c")));
-        assert_eq!(b.pop().map(|m| m.body.clone()), Some(Bytes::from_static(b"a")));
+        assert_eq!(
+            b.pop().map(|m| m.body.clone()),
+            Some(Bytes::from_static(b"a"))
+        );
         for _ in 0..MAX_PENDING_REPLIES + 5 {
             assert!(routes.deliver(&addr, message("x")));
         }

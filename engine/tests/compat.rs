@@ -101,7 +101,11 @@ fn direct_reply_to_reaches_the_consuming_scope_only_while_it_consumes() {
     assert_eq!(r.message.body, "reply".as_bytes());
     assert!(requester.next_reply().is_none());
     // No queue took it, and nothing was stored.
-    assert!(e.tenant(DEFAULT_TENANT).expect("tenant").queues().is_empty());
+    assert!(e
+        .tenant(DEFAULT_TENANT)
+        .expect("tenant")
+        .queues()
+        .is_empty());
 
     // Unknown addresses are unroutable.
     let bogus = format!("{REPLY_TO_PREFIX}nope");
@@ -172,10 +176,7 @@ fn recheck_access_sees_revoked_permissions() {
     );
     let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     c.recheck_access().expect("still allowed");
-    if let Some(w) = e
-        .clear_permissions("guest", DEFAULT_TENANT)
-        .expect("clear")
-    {
+    if let Some(w) = e.clear_permissions("guest", DEFAULT_TENANT).expect("clear") {
         durable(w);
     }
     assert!(matches!(

@@ -108,7 +108,10 @@ fn hash_password(password: &str) -> String {
         .expect("writing the password");
     let out = child.wait_with_output().expect("weir hash-password");
     assert!(out.status.success(), "weir hash-password failed");
-    String::from_utf8(out.stdout).expect("utf-8").trim().to_string()
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string()
 }
 
 /// A broker started with `config` (TOML) as its configuration file.
@@ -138,9 +141,15 @@ async fn unbind_and_delete_of_missing_objects_succeed() {
                 .await
         }
     };
-    unbind("no-such-queue", "x", "k").await.expect("missing queue: unbind-ok");
-    unbind("q", "no-such-exchange", "k").await.expect("missing exchange: unbind-ok");
-    unbind("q", "x", "never-bound").await.expect("missing binding: unbind-ok");
+    unbind("no-such-queue", "x", "k")
+        .await
+        .expect("missing queue: unbind-ok");
+    unbind("q", "no-such-exchange", "k")
+        .await
+        .expect("missing exchange: unbind-ok");
+    unbind("q", "x", "never-bound")
+        .await
+        .expect("missing binding: unbind-ok");
     ch.exchange_unbind(
         "no-such-destination".into(),
         "x".into(),
@@ -189,14 +198,25 @@ async fn direct_reply_to_routes_replies_to_the_consuming_channel() {
     // Refusals, each closing its channel with 406 as RabbitMQ does.
     let ch = client.create_channel().await.expect("channel");
     assert_code(
-        ch.basic_consume(REPLY_TO.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
-            .await,
+        ch.basic_consume(
+            REPLY_TO.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await,
         406,
     );
     let ch = confirm_channel(&client).await;
     let asks = BasicProperties::default().with_reply_to(REPLY_TO.into());
     let r = ch
-        .basic_publish("".into(), "nowhere".into(), BasicPublishOptions::default(), b"x", asks.clone())
+        .basic_publish(
+            "".into(),
+            "nowhere".into(),
+            BasicPublishOptions::default(),
+            b"x",
+            asks.clone(),
+        )
         .await;
     match r {
         Ok(confirm) => assert_code(confirm.await, 406),
@@ -228,7 +248,14 @@ async fn direct_reply_to_routes_replies_to_the_consuming_channel() {
     // A request through a real queue: its reply-to is the channel's address.
     let sch = confirm_channel(&server).await;
     declare_queue(&sch, "requests").await;
-    publish_confirmed(&ch, "", "requests", b"req", asks.with_correlation_id("c1".into())).await;
+    publish_confirmed(
+        &ch,
+        "",
+        "requests",
+        b"req",
+        asks.with_correlation_id("c1".into()),
+    )
+    .await;
     let req = sch
         .basic_get("requests".into(), BasicGetOptions { no_ack: true })
         .await
@@ -262,7 +289,10 @@ async fn direct_reply_to_routes_replies_to_the_consuming_channel() {
 
     // Replies from another connection and from the same channel.
     let props = BasicProperties::default().with_correlation_id("c1".into());
-    assert_eq!(publish(&sch, "", &address, "reply-1", props, false).await, "ack");
+    assert_eq!(
+        publish(&sch, "", &address, "reply-1", props, false).await,
+        "ack"
+    );
     publish_confirmed(&ch, "", &address, b"reply-2", BasicProperties::default()).await;
     for want in ["reply-1", "reply-2"] {
         let d = next_delivery(&mut replies).await;
@@ -271,34 +301,68 @@ async fn direct_reply_to_routes_replies_to_the_consuming_channel() {
         assert_eq!(d.exchange.as_str(), "");
         assert!(!d.redelivered);
         if want == "reply-1" {
-            assert_eq!(d.properties.correlation_id().as_ref().map(ShortString::as_str), Some("c1"));
+            assert_eq!(
+                d.properties
+                    .correlation_id()
+                    .as_ref()
+                    .map(ShortString::as_str),
+                Some("c1")
+            );
         }
     }
 
     // Unknown address, cancelled consumer, closed channel: unroutable.
     let unknown = "amq.rabbitmq.reply-to.not-a-real-address";
     let none = BasicProperties::default;
-    assert_eq!(publish(&sch, "", unknown, "x", none(), true).await, "returned");
+    assert_eq!(
+        publish(&sch, "", unknown, "x", none(), true).await,
+        "returned"
+    );
     assert_eq!(publish(&sch, "", unknown, "x", none(), false).await, "ack");
     ch.basic_cancel("rpc".into(), BasicCancelOptions::default())
         .await
         .expect("cancel");
-    assert_eq!(publish(&sch, "", &address, "late", none(), true).await, "returned");
+    assert_eq!(
+        publish(&sch, "", &address, "late", none(), true).await,
+        "returned"
+    );
     let ch2 = confirm_channel(&client).await;
     let _r2 = ch2
-        .basic_consume(REPLY_TO.into(), "rpc2".into(), no_ack, FieldTable::default())
+        .basic_consume(
+            REPLY_TO.into(),
+            "rpc2".into(),
+            no_ack,
+            FieldTable::default(),
+        )
         .await
         .expect("a new reply consumer");
-    publish_confirmed(&ch2, "", "requests", b"req2", BasicProperties::default().with_reply_to(REPLY_TO.into())).await;
+    publish_confirmed(
+        &ch2,
+        "",
+        "requests",
+        b"req2",
+        BasicProperties::default().with_reply_to(REPLY_TO.into()),
+    )
+    .await;
     let req2 = sch
         .basic_get("requests".into(), BasicGetOptions { no_ack: true })
         .await
         .expect("basic.get")
         .expect("the second request");
-    let address2 = req2.delivery.properties.reply_to().as_ref().expect("reply-to").as_str().to_string();
+    let address2 = req2
+        .delivery
+        .properties
+        .reply_to()
+        .as_ref()
+        .expect("reply-to")
+        .as_str()
+        .to_string();
     assert_ne!(address2, address, "each reply consumer has its own address");
     ch2.close(200, "bye".into()).await.expect("close");
-    assert_eq!(publish(&sch, "", &address2, "gone", none(), true).await, "returned");
+    assert_eq!(
+        publish(&sch, "", &address2, "gone", none(), true).await,
+        "returned"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -315,8 +379,20 @@ async fn alternate_exchange_takes_what_cannot_be_routed() {
     let fanout = lapin::ExchangeKind::Fanout;
     let direct = lapin::ExchangeKind::Direct;
     declare_exchange(&ch, "ae2", fanout.clone(), FieldTable::default()).await;
-    declare_exchange(&ch, "ae", direct.clone(), table(&[("alternate-exchange", s("ae2"))])).await;
-    declare_exchange(&ch, "x", direct.clone(), table(&[("alternate-exchange", s("ae"))])).await;
+    declare_exchange(
+        &ch,
+        "ae",
+        direct.clone(),
+        table(&[("alternate-exchange", s("ae2"))]),
+    )
+    .await;
+    declare_exchange(
+        &ch,
+        "x",
+        direct.clone(),
+        table(&[("alternate-exchange", s("ae"))]),
+    )
+    .await;
     for q in ["main", "lost", "lost2", "by-policy"] {
         declare_queue(&ch, q).await;
     }
@@ -332,9 +408,15 @@ async fn alternate_exchange_takes_what_cannot_be_routed() {
     )]));
     assert_eq!(publish(&ch, "x", "nothing", "m3", cc, true).await, "ack");
     // Neither x nor its alternates route it: returned.
-    assert_eq!(publish(&ch, "x", "nowhere", "m4", none(), true).await, "returned");
+    assert_eq!(
+        publish(&ch, "x", "nowhere", "m4", none(), true).await,
+        "returned"
+    );
     bind(&ch, "lost2", "ae2", "", FieldTable::default()).await;
-    assert_eq!(publish(&ch, "x", "nowhere", "m5", none(), true).await, "ack");
+    assert_eq!(
+        publish(&ch, "x", "nowhere", "m5", none(), true).await,
+        "ack"
+    );
     assert_eq!(drain(&ch, "main").await, ["m1", "m3"]);
     assert_eq!(drain(&ch, "lost").await, ["m2"]);
     assert_eq!(drain(&ch, "lost2").await, ["m5"]);
@@ -343,9 +425,21 @@ async fn alternate_exchange_takes_what_cannot_be_routed() {
     declare_exchange(&ch, "ae-by-policy", fanout.clone(), FieldTable::default()).await;
     bind(&ch, "by-policy", "ae-by-policy", "", FieldTable::default()).await;
     declare_exchange(&ch, "pol-ae.x", direct.clone(), FieldTable::default()).await;
-    declare_exchange(&ch, "pol-ae.own", direct, table(&[("alternate-exchange", s("ae"))])).await;
-    assert_eq!(publish(&ch, "pol-ae.x", "k", "p1", none(), true).await, "ack");
-    assert_eq!(publish(&ch, "pol-ae.own", "lost", "p2", none(), true).await, "ack");
+    declare_exchange(
+        &ch,
+        "pol-ae.own",
+        direct,
+        table(&[("alternate-exchange", s("ae"))]),
+    )
+    .await;
+    assert_eq!(
+        publish(&ch, "pol-ae.x", "k", "p1", none(), true).await,
+        "ack"
+    );
+    assert_eq!(
+        publish(&ch, "pol-ae.own", "lost", "p2", none(), true).await,
+        "ack"
+    );
     assert_eq!(drain(&ch, "by-policy").await, ["p1"]);
     assert_eq!(drain(&ch, "lost").await, ["p2"]);
 }
@@ -363,7 +457,11 @@ async fn cc_and_bcc_add_routing_keys_and_bcc_is_removed() {
         declare_queue(&ch, q).await;
         bind(&ch, q, "t", key, FieldTable::default()).await;
     }
-    let arr = |keys: &[&str]| AMQPValue::FieldArray(FieldArray::from(keys.iter().map(|k| s(k)).collect::<Vec<_>>()));
+    let arr = |keys: &[&str]| {
+        AMQPValue::FieldArray(FieldArray::from(
+            keys.iter().map(|k| s(k)).collect::<Vec<_>>(),
+        ))
+    };
     let props = BasicProperties::default().with_headers(table(&[
         ("CC", arr(&["a.cc", "a.main"])),
         ("BCC", arr(&["a.bcc"])),
@@ -378,7 +476,10 @@ async fn cc_and_bcc_add_routing_keys_and_bcc_is_removed() {
             .unwrap_or_else(|| panic!("{q} got the message"));
         let headers = m.delivery.properties.headers().clone().expect("headers");
         let keys: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
-        assert!(keys.contains(&"CC") && keys.contains(&"keep"), "{q}: {keys:?}");
+        assert!(
+            keys.contains(&"CC") && keys.contains(&"keep"),
+            "{q}: {keys:?}"
+        );
         assert!(!keys.contains(&"BCC"), "BCC reached a consumer of {q}");
         // One copy per queue, however many keys reached it.
         assert!(drain(&ch, q).await.is_empty(), "{q} got a second copy");
@@ -401,14 +502,24 @@ async fn user_id_must_name_the_user_unless_impersonator() {
     let as_user = |u: &str| BasicProperties::default().with_user_id(u.into());
     publish_confirmed(&ch, "", "q", b"own", as_user("plain")).await;
     let forged = ch
-        .basic_publish("".into(), "q".into(), BasicPublishOptions::default(), b"forged", as_user("imp"))
+        .basic_publish(
+            "".into(),
+            "q".into(),
+            BasicPublishOptions::default(),
+            b"forged",
+            as_user("imp"),
+        )
         .await;
     match forged {
         Ok(confirm) => assert_code(confirm.await, 406),
         Err(e) => assert_eq!(reply_code(&e), Some(406), "{e:?}"),
     }
     let ch = confirm_channel(&conn).await;
-    assert_eq!(drain(&ch, "q").await, ["own"], "the forged message was not queued");
+    assert_eq!(
+        drain(&ch, "q").await,
+        ["own"],
+        "the forged message was not queued"
+    );
 
     let imp = connect(&broker.url_with("imp", "imp-pass", "%2f")).await;
     let ich = confirm_channel(&imp).await;
@@ -418,7 +529,14 @@ async fn user_id_must_name_the_user_unless_impersonator() {
         .await
         .expect("basic.get")
         .expect("the impersonated message");
-    assert_eq!(m.delivery.properties.user_id().as_ref().map(ShortString::as_str), Some("plain"));
+    assert_eq!(
+        m.delivery
+            .properties
+            .user_id()
+            .as_ref()
+            .map(ShortString::as_str),
+        Some("plain")
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -437,12 +555,36 @@ async fn rabbitmq_queue_arguments_are_checked_like_rabbitmq() {
     let cases: Vec<(&str, Vec<(&str, AMQPValue)>, Option<u16>)> = vec![
         ("lazy", vec![("x-queue-mode", s("lazy"))], None),
         ("bad-mode", vec![("x-queue-mode", s("bogus"))], Some(406)),
-        ("master", vec![("x-queue-master-locator", s("min-masters"))], None),
-        ("leader-on-classic", vec![("x-queue-leader-locator", s("balanced"))], Some(406)),
-        ("q-leader", vec![quorum(), ("x-queue-leader-locator", s("balanced"))], None),
-        ("q-bad-leader", vec![quorum(), ("x-queue-leader-locator", s("x"))], Some(406)),
-        ("q-group", vec![quorum(), ("x-quorum-initial-group-size", int(3))], None),
-        ("q-group-0", vec![quorum(), ("x-quorum-initial-group-size", int(0))], Some(406)),
+        (
+            "master",
+            vec![("x-queue-master-locator", s("min-masters"))],
+            None,
+        ),
+        (
+            "leader-on-classic",
+            vec![("x-queue-leader-locator", s("balanced"))],
+            Some(406),
+        ),
+        (
+            "q-leader",
+            vec![quorum(), ("x-queue-leader-locator", s("balanced"))],
+            None,
+        ),
+        (
+            "q-bad-leader",
+            vec![quorum(), ("x-queue-leader-locator", s("x"))],
+            Some(406),
+        ),
+        (
+            "q-group",
+            vec![quorum(), ("x-quorum-initial-group-size", int(3))],
+            None,
+        ),
+        (
+            "q-group-0",
+            vec![quorum(), ("x-quorum-initial-group-size", int(0))],
+            Some(406),
+        ),
         (
             "q-alo",
             vec![
@@ -453,10 +595,26 @@ async fn rabbitmq_queue_arguments_are_checked_like_rabbitmq() {
             ],
             None,
         ),
-        ("q-bad-strategy", vec![quorum(), ("x-dead-letter-strategy", s("x"))], Some(406)),
-        ("q-in-memory", vec![quorum(), ("x-max-in-memory-length", int(5))], None),
-        ("q-in-memory-neg", vec![quorum(), ("x-max-in-memory-length", int(-1))], Some(406)),
-        ("q-lazy", vec![quorum(), ("x-queue-mode", s("lazy"))], Some(406)),
+        (
+            "q-bad-strategy",
+            vec![quorum(), ("x-dead-letter-strategy", s("x"))],
+            Some(406),
+        ),
+        (
+            "q-in-memory",
+            vec![quorum(), ("x-max-in-memory-length", int(5))],
+            None,
+        ),
+        (
+            "q-in-memory-neg",
+            vec![quorum(), ("x-max-in-memory-length", int(-1))],
+            Some(406),
+        ),
+        (
+            "q-lazy",
+            vec![quorum(), ("x-queue-mode", s("lazy"))],
+            Some(406),
+        ),
     ];
     for (name, args, want) in cases {
         let ch = conn.create_channel().await.expect("channel");
@@ -470,14 +628,26 @@ async fn rabbitmq_queue_arguments_are_checked_like_rabbitmq() {
     }
     // Redeclares compare them.
     let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare("lazy".into(), durable, table(&[("x-queue-mode", s("lazy"))]))
-        .await
-        .expect("same arguments");
-    assert_code(ch.queue_declare("lazy".into(), durable, FieldTable::default()).await, 406);
+    ch.queue_declare(
+        "lazy".into(),
+        durable,
+        table(&[("x-queue-mode", s("lazy"))]),
+    )
+    .await
+    .expect("same arguments");
+    assert_code(
+        ch.queue_declare("lazy".into(), durable, FieldTable::default())
+            .await,
+        406,
+    );
     let ch = conn.create_channel().await.expect("channel");
     assert_code(
-        ch.queue_declare("q-group".into(), durable, table(&[quorum(), ("x-quorum-initial-group-size", int(2))]))
-            .await,
+        ch.queue_declare(
+            "q-group".into(),
+            durable,
+            table(&[quorum(), ("x-quorum-initial-group-size", int(2))]),
+        )
+        .await,
         406,
     );
 }
@@ -490,11 +660,29 @@ async fn headers_all_with_x_and_any_with_x_match_x_headers() {
     let broker = Broker::start();
     let conn = connect(&broker.url()).await;
     let ch = confirm_channel(&conn).await;
-    declare_exchange(&ch, "h", lapin::ExchangeKind::Headers, FieldTable::default()).await;
+    declare_exchange(
+        &ch,
+        "h",
+        lapin::ExchangeKind::Headers,
+        FieldTable::default(),
+    )
+    .await;
     let bindings = [
-        ("all", "all", vec![("x-tenant", s("a")), ("kind", s("order"))]),
-        ("all-with-x", "all-with-x", vec![("x-tenant", s("a")), ("kind", s("order"))]),
-        ("any-with-x", "any-with-x", vec![("x-tenant", s("a")), ("kind", s("nobody"))]),
+        (
+            "all",
+            "all",
+            vec![("x-tenant", s("a")), ("kind", s("order"))],
+        ),
+        (
+            "all-with-x",
+            "all-with-x",
+            vec![("x-tenant", s("a")), ("kind", s("order"))],
+        ),
+        (
+            "any-with-x",
+            "any-with-x",
+            vec![("x-tenant", s("a")), ("kind", s("nobody"))],
+        ),
     ];
     for (q, mode, mut args) in bindings {
         declare_queue(&ch, q).await;
@@ -522,14 +710,20 @@ async fn headers_all_with_x_and_any_with_x_match_x_headers() {
 async fn update_secret_is_answered_and_the_connection_works_on() {
     let broker = Broker::start();
     let conn: Connection = connect(&broker.url()).await;
-    within("update-secret", conn.update_secret("guest".into(), "rotation".into()))
-        .await
-        .expect("update-secret-ok");
+    within(
+        "update-secret",
+        conn.update_secret("guest".into(), "rotation".into()),
+    )
+    .await
+    .expect("update-secret-ok");
     // RabbitMQ's internal users keep their login whatever the new secret
     // (it is meant for expiring tokens); so does Weir.
-    within("update-secret", conn.update_secret("a-rotated-token".into(), "rotation".into()))
-        .await
-        .expect("update-secret-ok");
+    within(
+        "update-secret",
+        conn.update_secret("a-rotated-token".into(), "rotation".into()),
+    )
+    .await
+    .expect("update-secret-ok");
     assert!(conn.status().connected());
     let ch = confirm_channel(&conn).await;
     declare_queue(&ch, "after").await;

@@ -431,7 +431,11 @@ impl Session {
                     }
                     ("EXTERNAL", None) => (username, None),
                     _ => {
-                        let p = self.shared.login(&username, &password, self.peer).await.ok();
+                        let p = self
+                            .shared
+                            .login(&username, &password, self.peer)
+                            .await
+                            .ok();
                         (username, p)
                     }
                 };
@@ -488,7 +492,11 @@ impl Session {
                     .shared
                     .login_certificate(&self.user, self.peer)
                     .ok()
-                    .filter(|_| self.client.as_mut().is_some_and(|c| c.recheck_access().is_ok()));
+                    .filter(|_| {
+                        self.client
+                            .as_mut()
+                            .is_some_and(|c| c.recheck_access().is_ok())
+                    });
                 match still {
                     Some(p) => {
                         tracing::debug!(peer = %self.peer, user = %self.user, %reason, "secret updated");

@@ -4,16 +4,16 @@
 //! ([`super::tx`]) and go through [`Session::store_publish`] at commit.
 
 use super::failure::{hard, soft, Failure};
-use super::Session;
 use super::scope;
+use super::Session;
 use crate::amqp::convert::{
     amqp_expiration, amqp_reply_to, amqp_user_id, check_expiration, with_reply_to, LazyHeaders,
 };
-use crate::engine::reply_to::REPLY_TO;
 use crate::engine::client::Published;
 use crate::engine::exchange::HeaderLookup;
 use crate::engine::message::Message;
 use crate::engine::properties::HeaderFormat;
+use crate::engine::reply_to::REPLY_TO;
 use crate::engine::tenant::RouteInput;
 use weir_protocols::amqp::{codec, reply, Publish};
 
