@@ -542,6 +542,9 @@ async fn user_id_must_name_the_user_unless_impersonator() {
 // ---------------------------------------------------------------------------
 // 6. queue arguments RabbitMQ accepts
 
+/// A declare: queue name, arguments, the reply code expected (None: ok).
+type Case = (&'static str, Vec<(&'static str, AMQPValue)>, Option<u16>);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_queue_arguments_are_checked_like_rabbitmq() {
     let broker = Broker::start();
@@ -552,7 +555,7 @@ async fn rabbitmq_queue_arguments_are_checked_like_rabbitmq() {
     };
     let quorum = || ("x-queue-type", s("quorum"));
     let int = |n: i64| AMQPValue::LongLongInt(n);
-    let cases: Vec<(&str, Vec<(&str, AMQPValue)>, Option<u16>)> = vec![
+    let cases: Vec<Case> = vec![
         ("lazy", vec![("x-queue-mode", s("lazy"))], None),
         ("bad-mode", vec![("x-queue-mode", s("bogus"))], Some(406)),
         (
