@@ -35,6 +35,7 @@ pub mod permissions;
 pub mod policy;
 pub mod properties;
 pub mod queue;
+pub mod reply_to;
 pub mod retained;
 pub mod session_state;
 pub mod stats;

@@ -103,6 +103,35 @@ impl Session {
         while let Some(d) = self.held.pop() {
             client.defer(d);
         }
+        // Direct reply-to replies: no lease (their consumers never ack).
+        // While any method reply waits, they wait in their boxes too, so a
+        // reply never overtakes its consumer's consume-ok.
+        while self.replies.is_empty() && self.conn.out().len() < DELIVERY_HIGH_WATER {
+            let Some(r) = client.next_reply() else {
+                break;
+            };
+            let ch = channel_of(r.scope);
+            let Some(c) = self
+                .channels
+                .get_mut(&ch)
+                .filter(|c| !c.failed && self.conn.channel_is_usable(ch))
+            else {
+                continue;
+            };
+            c.delivery_tag += 1;
+            let out = self.conn.out();
+            codec::write_deliver(
+                out,
+                ch,
+                &r.consumer_tag,
+                c.delivery_tag,
+                false,
+                b"",
+                &r.routing_key,
+            );
+            let properties = crate::amqp::convert::amqp_properties(&r.message);
+            codec::write_content(out, ch, &properties, &r.message.body, frame_max);
+        }
         client.finish_deliveries();
         if client.has_uncommitted() {
             self.end_batch();

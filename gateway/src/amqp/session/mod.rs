@@ -115,6 +115,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         conn,
         client: None,
         user: String::new(),
+        user_tags: Vec::new(),
         cert_user,
         peer,
         channels: HashMap::new(),
@@ -170,6 +171,9 @@ struct Session {
     client: Option<Client>,
     /// Who logged in.
     user: String,
+    /// Their tags at login (`impersonator` lets publishes carry another
+    /// `user_id`).
+    user_tags: Vec<String>,
     /// On TLS with a verified client certificate: its subject CN (empty if
     /// it has none), the user of a SASL EXTERNAL login.
     cert_user: Option<String>,
@@ -472,23 +476,25 @@ impl Session {
             } => {
                 // EXTERNAL: the verified certificate's CN is the user (the
                 // adapter only lets it through when offered).
-                let (username, ok) = match (mechanism.as_str(), &self.cert_user) {
+                let (username, principal) = match (mechanism.as_str(), &self.cert_user) {
                     ("EXTERNAL", Some(cn)) => {
-                        let ok = self.shared.login_certificate(cn, self.peer).is_ok();
-                        (cn.clone(), ok)
+                        let p = self.shared.login_certificate(cn, self.peer).ok();
+                        (cn.clone(), p)
                     }
-                    ("EXTERNAL", None) => (username, false),
+                    ("EXTERNAL", None) => (username, None),
                     _ => {
-                        let ok = self
+                        let p = self
                             .shared
-                            .authenticate(&username, &password, self.peer)
-                            .await;
-                        (username, ok)
+                            .login(&username, &password, self.peer)
+                            .await
+                            .ok();
+                        (username, p)
                     }
                 };
-                if ok {
+                if let Some(p) = principal {
                     tracing::Span::current().record("user", username.as_str());
                     self.user = username;
+                    self.user_tags = p.tags;
                     self.conn.accept_login();
                 } else {
                     // Slow down guessing from this address: the refusal is
@@ -506,7 +512,8 @@ impl Session {
                 }
             }
             Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {
-                Ok(client) => {
+                Ok(mut client) => {
+                    client.set_tags(&self.user_tags);
                     tracing::Span::current().record("vhost", vhost.as_str());
                     self.metrics = Some(ConnMetrics::open(Protocol::Amqp, &vhost));
                     // `[[quota.connections]]`: by login and connection name.
@@ -553,6 +560,39 @@ impl Session {
                     self.conn.refuse_open(&text);
                 }
             },
+            Event::UpdateSecret { secret: _, reason } => {
+                // RabbitMQ hands the new secret to its auth backends; its
+                // internal (password) backend accepts any and keeps the
+                // user as it is, and so does Weir: the secret is for
+                // credentials that expire (tokens), which Weir's users do
+                // not have. What is checked again is the user: it must
+                // still exist (and pass the loopback rule) and still have
+                // access to the vhost; otherwise 530 with RabbitMQ's text.
+                let still = self
+                    .shared
+                    .login_certificate(&self.user, self.peer)
+                    .ok()
+                    .filter(|_| {
+                        self.client
+                            .as_mut()
+                            .is_some_and(|c| c.recheck_access().is_ok())
+                    });
+                match still {
+                    Some(p) => {
+                        tracing::debug!(peer = %self.peer, user = %self.user, %reason, "secret updated");
+                        self.user_tags = p.tags;
+                        if let Some(c) = self.client.as_mut() {
+                            c.set_tags(&self.user_tags);
+                        }
+                        self.conn.accept_update_secret();
+                    }
+                    None => {
+                        tracing::info!(peer = %self.peer, user = %self.user, "secret update refused");
+                        self.conn
+                            .refuse_update_secret("New secret was refused by one of the backends");
+                    }
+                }
+            }
             Event::ChannelOpened(ch) => {
                 self.on_channel_opened(ch);
                 self.count_channels();
