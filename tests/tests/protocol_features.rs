@@ -215,6 +215,34 @@ async fn heartbeats_keep_a_client_alive_and_a_silent_one_is_dropped() {
     );
 }
 
+/// A client may have written frames behind its connection.close before it
+/// reads the close-ok (amqplib flushes its channels' frames after it). The
+/// server answers close-ok and reads (and drops) the rest until the client
+/// closes, as RabbitMQ does: closing a socket with unread input resets the
+/// connection, and the client's writes (or its read of the close-ok) fail
+/// with ECONNRESET. 32 MB after the close is more than loopback's socket
+/// buffers hold, so without the drain the write cannot complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_behind_connection_close_do_not_reset_the_close_ok() {
+    let broker = Broker::start();
+    let mut c = RawClient::open(broker.addr()).await;
+    c.open_channel(1).await;
+    let mut close_args = 200u16.to_be_bytes().to_vec();
+    close_args.extend(shortstr("bye"));
+    close_args.extend_from_slice(&[0, 0, 0, 0]);
+    let mut out = method(0, 10, 50, &close_args);
+    let mut publish = raw::basic_publish(1, "", "nowhere");
+    publish.extend(raw::content_header(1, 1000));
+    publish.extend(raw::body(1, &[b'x'; 1000]));
+    while out.len() < 32 << 20 {
+        out.extend_from_slice(&publish);
+    }
+    c.try_send(&out)
+        .await
+        .expect("the server reset the connection while the client still wrote behind its close");
+    c.expect_method(10, 51).await;
+}
+
 // ---------------------------------------------------------------------------
 // 2. channel_max / frame_max negotiation
 

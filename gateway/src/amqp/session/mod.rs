@@ -55,6 +55,10 @@ const DELIVERY_HIGH_WATER: usize = 1 << 20;
 /// How long a finished connection may take to flush what a TLS stream
 /// still buffers.
 const FINAL_FLUSH: Duration = Duration::from_secs(1);
+/// How long a connection whose close handshake is done keeps reading (and
+/// dropping) what the client still sends, waiting for it to close the
+/// socket (see [`linger`]).
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
 /// How often expired leases are looked for while the client holds any (the
 /// engine keeps no expiry deadline; the consumer timeout counts in seconds).
 const LEASE_CHECK: Duration = Duration::from_secs(1);
@@ -330,6 +334,11 @@ impl Session {
                     // A TLS record (the close-ok) still buffered: one
                     // bounded last flush.
                     let _ = tokio::time::timeout(FINAL_FLUSH, wr.writable()).await;
+                }
+                if !eof {
+                    // Queues and leases go now, not after the linger.
+                    self.release_all();
+                    linger(&mut rd, &mut input).await;
                 }
                 return Ok(());
             }
@@ -866,6 +875,28 @@ trait ReadSide: Send {
         &mut self,
         input: &mut BytesMut,
     ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send;
+}
+
+/// After the close handshake, reads and drops what the client still sends
+/// until it closes the socket, for at most [`CLOSE_LINGER`]. Closing a
+/// socket that holds unread input makes the kernel reset the connection,
+/// and the reset can overtake the close-ok: a client that wrote frames
+/// behind its connection.close (amqplib flushes its channels' frames after
+/// it) then sees ECONNRESET instead of the close-ok. RabbitMQ likewise
+/// reads until the client closes.
+async fn linger<R: ReadSide>(rd: &mut R, input: &mut BytesMut) {
+    let drain = async {
+        loop {
+            input.clear();
+            match rd.read_some(input).await {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_LINGER, drain).await;
 }
 
 /// The writing side of a connection: non-blocking writes, and a wait for
