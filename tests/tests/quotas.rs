@@ -1,8 +1,11 @@
 //! Tenant quotas (issue 9) against the real binary: a tenant at its
-//! queued-bytes quota is blocked (`connection.blocked`) while another
-//! tenant keeps publishing, and unblocked when drained; the count limits
-//! refuse with RabbitMQ's codes; an MQTT client over a limit gets 0x97; a
-//! publisher over its tenant's rate is paused (its precision is a time:
+//! queued-bytes or memory quota is blocked (`connection.blocked`) while
+//! another tenant keeps publishing, and unblocked when drained (paged-out
+//! messages do not count towards memory); the count limits refuse with
+//! RabbitMQ's codes; an MQTT client over a limit gets 0x97;
+//! `[[quota.connections]]` rules pace and limit the channels of the AMQP
+//! connections and MQTT clients they name; a publisher over its tenant's
+//! rate is paused (its precision is a time:
 //! the limiter is unit-tested in `quota/src/rate.rs` on a fake clock, and
 //! the rate held is measured by the noisy-neighbour benchmark).
 
