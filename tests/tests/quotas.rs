@@ -1,8 +1,11 @@
 //! Tenant quotas (issue 9) against the real binary: a tenant at its
-//! queued-bytes quota is blocked (`connection.blocked`) while another
-//! tenant keeps publishing, and unblocked when drained; the count limits
-//! refuse with RabbitMQ's codes; an MQTT client over a limit gets 0x97; a
-//! publisher over its tenant's rate is paused (its precision is a time:
+//! queued-bytes or memory quota is blocked (`connection.blocked`) while
+//! another tenant keeps publishing, and unblocked when drained (paged-out
+//! messages do not count towards memory); the count limits refuse with
+//! RabbitMQ's codes; an MQTT client over a limit gets 0x97;
+//! `[[quota.connections]]` rules pace and limit the channels of the AMQP
+//! connections and MQTT clients they name; a publisher over its tenant's
+//! rate is paused (its precision is a time:
 //! the limiter is unit-tested in `quota/src/rate.rs` on a fake clock, and
 //! the rate held is measured by the noisy-neighbour benchmark).
 
@@ -498,4 +501,81 @@ async fn connection_overrides_pace_and_limit_channels_of_the_connections_they_ma
     let _one = quiet.create_channel().await.expect("first channel");
     let _ = quiet.create_channel().await;
     assert_eq!(next_error_code(&mut quiet_events).await, 530);
+}
+
+/// An MQTT client id matched by a `[[quota.connections]]` rule is paced by
+/// its own limiter: at 1 msg/s, twenty QoS 1 publishes sent at once owe it
+/// about 19 s, so a 21st is not read while a client with another id of the
+/// same user and tenant publishes its fifty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt_client_id_matched_by_a_connection_rule_is_paced_alone() {
+    use lapin::options::QueueBindOptions;
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let (broker, _tmp) = start(
+        "[[tenants]]\nname = \"a\"\n\n\
+         [[quota.connections]]\nname = \"meter-.*\"\npublish-rate = 1\n",
+    );
+    let amqp = connect(&broker.url_with("guest", "guest", "a")).await;
+    let ch = amqp.create_channel().await.expect("channel");
+    for (q, key) in [("paced", "m.#"), ("free", "f.#")] {
+        declare_queue(&ch, q).await;
+        ch.queue_bind(
+            q.into(),
+            "amq.topic".into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("queue.bind");
+    }
+    // A client and a counter of its PUBACKs.
+    let mqtt = |id: &str| {
+        let mut o = MqttOptions::new(id, "127.0.0.1", broker.mqtt_port());
+        o.set_credentials("a:guest", "guest");
+        let (client, mut el) = AsyncClient::new(o, 100);
+        let (acks_tx, acks) = tokio::sync::watch::channel(0usize);
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Ok(ev) = el.poll().await {
+                if let Event::Incoming(Packet::PubAck(_)) = ev {
+                    n += 1;
+                    acks_tx.send_replace(n);
+                }
+            }
+        });
+        (client, acks)
+    };
+    let (meter, mut meter_acks) = mqtt("meter-1");
+    for i in 0..20 {
+        meter
+            .publish("m/x", QoS::AtLeastOnce, false, format!("m{i}"))
+            .await
+            .expect("publish");
+    }
+    // Read (at least a first batch): its debt is owed from now on.
+    within("a PUBACK", meter_acks.wait_for(|n| *n >= 1))
+        .await
+        .expect("ack counter");
+    meter
+        .publish("m/x", QoS::AtLeastOnce, false, "last")
+        .await
+        .expect("publish");
+    let (other, mut other_acks) = mqtt("gateway-1");
+    for i in 0..50 {
+        other
+            .publish("f/x", QoS::AtLeastOnce, false, format!("f{i}"))
+            .await
+            .expect("publish");
+    }
+    within("50 PUBACKs", other_acks.wait_for(|n| *n >= 50))
+        .await
+        .expect("ack counter");
+    assert_eq!(queue_len(&ch, "free").await, 50);
+    let taken = queue_len(&ch, "paced").await;
+    assert!(taken < 21, "the paced client was read through: {taken}");
+    assert!(
+        *meter_acks.borrow() < 21,
+        "all the paced client's publishes were acknowledged"
+    );
 }
