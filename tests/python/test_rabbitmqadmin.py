@@ -67,10 +67,10 @@ def test_queues(weir):
     assert got[0]["payload"] == "hello"
     admin(weir, "purge", "queue", "name=adm-q")
     assert {q["name"]: q for q in listed(weir, "queues", "name", "messages")}["adm-q"]["messages"] == 0
+    # The tool's table output works too.
+    assert "adm-q" in admin(weir, "list", "queues").stdout
     admin(weir, "delete", "queue", "name=adm-q")
     assert "adm-q" not in [q["name"] for q in listed(weir, "queues", "name")]
-    # The tool's table output works too.
-    assert "name" in admin(weir, "list", "queues").stdout
 
 
 def test_exchanges_and_bindings(weir):
@@ -81,7 +81,7 @@ def test_exchanges_and_bindings(weir):
     assert xs["adm-x"]["type"] == "topic"
     bs = [b for b in listed(weir, "bindings") if b["source"] == "adm-x"]
     assert [(b["destination"], b["routing_key"]) for b in bs] == [("adm-bq", "a.*")]
-    admin(weir, "delete", "binding", "source=adm-x", "destination=adm-bq",
+    admin(weir, "delete", "binding", "source=adm-x", "destination=adm-bq", "destination_type=queue",
           f"properties_key={bs[0]['properties_key']}")
     assert not [b for b in listed(weir, "bindings") if b["source"] == "adm-x"]
     admin(weir, "delete", "exchange", "name=adm-x")

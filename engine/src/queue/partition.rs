@@ -1053,6 +1053,10 @@ impl Partition {
         }
         e.attempts = e.attempts.saturating_add(1);
         self.counters.delivered.fetch_add(1, Ordering::Relaxed);
+        if e.redelivered {
+            // As for consumers: RabbitMQ counts a redelivered get too.
+            self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
+        }
         self.counters.leased.fetch_add(1, Ordering::Relaxed);
         self.counters
             .leased_bytes

@@ -65,8 +65,8 @@ impl Listable for Item {
     fn name(&self) -> &str {
         &self.x.def.name
     }
-    fn default_key(&self) -> (String, String) {
-        (self.vhost.clone(), self.x.def.name.clone())
+    fn default_key(&self) -> (&str, &str) {
+        (&self.vhost, &self.x.def.name)
     }
     fn cheap_key(&self, field: &str) -> Option<Key> {
         Some(match field {
@@ -160,11 +160,11 @@ async fn show(
 struct DeclareBody {
     #[serde(rename = "type")]
     kind: String,
-    #[serde(default = "yes")]
+    #[serde(default = "yes", deserialize_with = "super::lenient_bool")]
     durable: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lenient_bool")]
     auto_delete: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lenient_bool")]
     internal: bool,
     #[serde(default)]
     arguments: Option<serde_json::Map<String, Value>>,

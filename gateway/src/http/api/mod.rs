@@ -148,3 +148,41 @@ pub(crate) fn vhosts_of(
         None => Ok(visible_vhosts(state, caller)),
     }
 }
+
+/// A boolean as RabbitMQ takes it: `true`, or the strings `"true"` /
+/// `"false"` (what `rabbitmqadmin` sends).
+pub(crate) fn lenient_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Bool(b) => Ok(b),
+        Value::String(s) if s == "true" => Ok(true),
+        Value::String(s) if s == "false" => Ok(false),
+        other => Err(serde::de::Error::custom(format!(
+            "expected a boolean, got {other}"
+        ))),
+    }
+}
+
+/// An optional boolean, leniently (see [`lenient_bool`]).
+pub(crate) fn lenient_opt_bool<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<bool>, D::Error> {
+    lenient_bool(d).map(Some)
+}
+
+/// A number as RabbitMQ takes it: a JSON number or a string of digits.
+pub(crate) fn lenient_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Number(n) => n
+            .as_i64()
+            .ok_or_else(|| serde::de::Error::custom(format!("expected an integer, got {n}"))),
+        Value::String(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| serde::de::Error::custom(format!("expected an integer, got \"{s}\""))),
+        other => Err(serde::de::Error::custom(format!(
+            "expected an integer, got {other}"
+        ))),
+    }
+}
+
+use serde::Deserialize as _;

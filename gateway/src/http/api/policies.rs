@@ -99,8 +99,8 @@ async fn show(
 struct PolicyBody {
     pattern: String,
     definition: Map<String, Value>,
-    #[serde(default)]
-    priority: i32,
+    #[serde(default, deserialize_with = "super::lenient_i64")]
+    priority: i64,
     #[serde(rename = "apply-to", default)]
     apply_to: Option<String>,
 }
@@ -146,7 +146,8 @@ async fn put(
         name,
         pattern: b.pattern,
         apply_to,
-        priority: b.priority,
+        priority: i32::try_from(b.priority)
+            .map_err(|_| ApiError::bad_request("priority out of range"))?,
         definition: b.definition,
     })?;
     durable(Some(w)).await?;

@@ -95,8 +95,8 @@ impl Listable for Item {
     fn name(&self) -> &str {
         self.q.name()
     }
-    fn default_key(&self) -> (String, String) {
-        (self.q.tenant.to_string(), self.q.name().to_string())
+    fn default_key(&self) -> (&str, &str) {
+        (&self.q.tenant, self.q.name())
     }
     fn cheap_key(&self, field: &str) -> Option<Key> {
         let leased = || {
@@ -276,11 +276,10 @@ async fn show(
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct DeclareBody {
-    #[serde(default = "yes")]
+    #[serde(default = "yes", deserialize_with = "super::lenient_bool")]
     durable: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lenient_bool")]
     auto_delete: bool,
     #[serde(default)]
     arguments: Option<serde_json::Map<String, Value>>,
@@ -289,7 +288,7 @@ struct DeclareBody {
     #[allow(dead_code)]
     node: Option<Value>,
     /// Exclusive queues need a connection: refused.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::lenient_opt_bool")]
     exclusive: Option<bool>,
 }
 
@@ -398,12 +397,13 @@ async fn purge(
 
 #[derive(Deserialize)]
 struct GetBody {
-    count: u32,
+    #[serde(deserialize_with = "super::lenient_i64")]
+    count: i64,
     ackmode: String,
     #[serde(default = "auto")]
     encoding: String,
     #[serde(default)]
-    truncate: Option<usize>,
+    truncate: Option<Value>,
     /// Accepted for compatibility (older clients send it), ignored.
     #[serde(default)]
     #[allow(dead_code)]
@@ -440,15 +440,24 @@ async fn get_messages(
             b.encoding
         )));
     }
-    if b.count > MAX_GET {
+    if !(0..=i64::from(MAX_GET)).contains(&b.count) {
         return Err(ApiError::bad_request(format!("count is at most {MAX_GET}")));
     }
+    let truncate = match &b.truncate {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                .ok_or_else(|| ApiError::bad_request("truncate is a number of bytes"))?
+                as usize,
+        ),
+    };
     find(&state, &caller, &vhost, &name)?;
     let mut c = client(&state, &caller, &vhost)?;
     let codecs = engine(&state).codecs();
     let now = std::time::Instant::now();
     let mut out = Vec::new();
-    for tag in 1..=u64::from(b.count) {
+    for tag in 1..=b.count as u64 {
         let got = c
             .get(&name, GetAck::Lease { scope: 1, tag, now })
             .map_err(|e| match e {
@@ -462,7 +471,7 @@ async fn get_messages(
             .map(|p| properties_json(&p))
             .unwrap_or_else(|_| json!({}));
         let mut body = &m.body[..];
-        if let Some(t) = b.truncate {
+        if let Some(t) = truncate {
             body = &body[..body.len().min(t)];
         }
         let (payload, enc) = match (b.encoding.as_str(), std::str::from_utf8(body)) {
