@@ -44,7 +44,7 @@ time_get() {
     printf '%-60s best %6.3f s  worst %6.3f s\n' "GET /api$path" "$best" "$worst"
 }
 time_get '/queues?page=1&page_size=100'
-time_get '/queues?page=500&page_size=100'
+time_get "/queues?page=$(( (N + 99) / 100 ))&page_size=100"
 time_get '/queues/%2F?page=1&page_size=100&sort=messages&sort_reverse=true'
 time_get '/queues?page=1&page_size=100&name=bench-09&use_regex=false'
 time_get '/overview'

@@ -131,11 +131,8 @@ impl Listable for Item {
     fn name(&self) -> &str {
         &self.b.source
     }
-    fn default_key(&self) -> (String, String) {
-        (
-            self.vhost.clone(),
-            format!("{}\0{}", self.b.source, self.b.destination),
-        )
+    fn default_key(&self) -> (&str, &str) {
+        (&self.vhost, &self.b.source)
     }
     fn render(&self) -> Value {
         render(&self.vhost, &self.b)

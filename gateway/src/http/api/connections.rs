@@ -52,21 +52,24 @@ fn render(c: &Arc<ConnInfo>) -> Value {
     })
 }
 
-struct Item(Arc<ConnInfo>);
+struct Item(Arc<ConnInfo>, String);
 
 impl Listable for Item {
     fn name(&self) -> &str {
         &self.0.name
     }
-    fn default_key(&self) -> (String, String) {
-        (
-            format!("{:020}", self.0.connected_at_ms),
-            self.0.name.clone(),
-        )
+    fn default_key(&self) -> (&str, &str) {
+        (&self.1, &self.0.name)
     }
     fn render(&self) -> Value {
         render(&self.0)
     }
+}
+
+/// Listed oldest first.
+fn item(c: Arc<ConnInfo>) -> Item {
+    let key = format!("{:020}", c.connected_at_ms);
+    Item(c, key)
 }
 
 fn visible(state: &crate::http::State, caller: &Caller) -> Vec<Arc<ConnInfo>> {
@@ -84,7 +87,7 @@ async fn list_connections(
     caller: Caller,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let items = visible(&state, &caller).into_iter().map(Item).collect();
+    let items = visible(&state, &caller).into_iter().map(item).collect();
     Ok(Json(list(&q, items)?))
 }
 
@@ -98,7 +101,7 @@ async fn vhost_connections(
     let items = visible(&state, &caller)
         .into_iter()
         .filter(|c| c.vhost == vhost)
-        .map(Item)
+        .map(item)
         .collect();
     Ok(Json(list(&q, items)?))
 }

@@ -24,6 +24,10 @@ use super::auth::Caller;
 use super::{durable, engine, parse_body};
 use crate::http::error::ApiError;
 
+/// The largest definitions document imported (other bodies keep axum's
+/// 2 MB default): 100,000 queues take about 10 MB.
+pub const MAX_DEFINITIONS_BYTES: usize = 64 << 20;
+
 /// The routes.
 pub fn router() -> Router<crate::http::State> {
     Router::new()
@@ -32,6 +36,7 @@ pub fn router() -> Router<crate::http::State> {
             "/api/definitions/{vhost}",
             get(export_vhost).post(import_vhost),
         )
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_DEFINITIONS_BYTES))
 }
 
 fn export(state: &crate::http::State, only: Option<&str>) -> Value {

@@ -65,8 +65,8 @@ impl Listable for Item {
     fn name(&self) -> &str {
         &self.x.def.name
     }
-    fn default_key(&self) -> (String, String) {
-        (self.vhost.clone(), self.x.def.name.clone())
+    fn default_key(&self) -> (&str, &str) {
+        (&self.vhost, &self.x.def.name)
     }
     fn cheap_key(&self, field: &str) -> Option<Key> {
         Some(match field {

@@ -95,8 +95,8 @@ impl Listable for Item {
     fn name(&self) -> &str {
         self.q.name()
     }
-    fn default_key(&self) -> (String, String) {
-        (self.q.tenant.to_string(), self.q.name().to_string())
+    fn default_key(&self) -> (&str, &str) {
+        (&self.q.tenant, self.q.name())
     }
     fn cheap_key(&self, field: &str) -> Option<Key> {
         let leased = || {

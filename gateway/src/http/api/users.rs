@@ -75,8 +75,8 @@ impl Listable for Item {
     fn name(&self) -> &str {
         &self.0
     }
-    fn default_key(&self) -> (String, String) {
-        (self.0.clone(), String::new())
+    fn default_key(&self) -> (&str, &str) {
+        (&self.0, "")
     }
     fn render(&self) -> Value {
         self.1.clone()

@@ -32,8 +32,8 @@ impl Listable for Item {
     fn name(&self) -> &str {
         &self.name
     }
-    fn default_key(&self) -> (String, String) {
-        (self.name.clone(), String::new())
+    fn default_key(&self) -> (&str, &str) {
+        (&self.name, "")
     }
     fn render(&self) -> Value {
         self.v.clone()
