@@ -114,7 +114,8 @@ impl Engine {
             let _ = t.delete_exchange(&x.def.name, false)?;
         }
         for p in t.policies() {
-            let _ = t.delete_policy(&p.name)?;
+            // Durable in order with the tenant's deletion below.
+            drop(t.delete_policy(&p.name)?);
         }
         for p in self.permissions.list() {
             if p.vhost == name {
