@@ -132,6 +132,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         blocked_sent: false,
         blocked: false,
         tx_bytes: 0,
+        peer_closed: false,
     };
     tracing::debug!(%peer, "AMQP connection accepted");
     let result = s.run(rd, wr, confirm_rx, shutdown).await;
@@ -189,6 +190,9 @@ struct Session {
     /// Bytes held by the uncommitted transactions of every channel
     /// (bounded by [`tx::MAX_TX_BYTES`]).
     tx_bytes: usize,
+    /// The client sent connection.close (and got close-ok): what it still
+    /// sends is read and dropped until it hangs up (see [`linger`]).
+    peer_closed: bool,
 }
 
 /// The engine scope of an AMQP channel.
@@ -297,9 +301,7 @@ impl Session {
                     // bounded last flush.
                     let _ = tokio::time::timeout(FINAL_FLUSH, wr.writable()).await;
                 }
-                if !eof {
-                    // Queues and leases go now, not after the linger.
-                    self.release_all();
+                if self.peer_closed && !eof {
                     linger(&mut rd, &mut input).await;
                 }
                 return Ok(());
@@ -484,7 +486,10 @@ impl Session {
             },
             Event::ChannelOpened(ch) => self.on_channel_opened(ch),
             Event::ChannelClosed(ch) => self.release_channel(ch),
-            Event::Closed => self.release_all(),
+            Event::Closed => {
+                self.peer_closed = true;
+                self.release_all();
+            }
             Event::Flow { channel, active } => {
                 if self.channels.contains_key(&channel) {
                     if let Some(c) = self.client.as_mut() {
@@ -739,8 +744,8 @@ trait ReadSide: Send {
     ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send;
 }
 
-/// After the close handshake, reads and drops what the client still sends
-/// until it closes the socket, for at most [`CLOSE_LINGER`]. Closing a
+/// After the client's connection.close and our close-ok, reads and drops
+/// what the client still sends until it closes the socket, for at most [`CLOSE_LINGER`]. Closing a
 /// socket that holds unread input makes the kernel reset the connection,
 /// and the reset can overtake the close-ok: a client that wrote frames
 /// behind its connection.close (amqplib flushes its channels' frames after
