@@ -59,7 +59,7 @@ stop_weir() {
 trap stop_weir EXIT
 
 log "starting $WEIR_BIN on 127.0.0.1:$PORT (data dir $DATA_DIR, log $WEIR_LOG)"
-"$WEIR_BIN" --config "$POLICIES" --data-dir "$DATA_DIR" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 >"$WEIR_LOG" 2>&1 &
+"$WEIR_BIN" --config "$POLICIES" --data-dir "$DATA_DIR" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$WEIR_LOG" 2>&1 &
 WEIR_PID=$!
 
 deadline=$((SECONDS + ${WEIR_START_TIMEOUT:-60}))

@@ -78,7 +78,7 @@ start_broker() {
   # Only this run's lines count: restarts append to the same log.
   from=$(( $(cat "$log" 2>/dev/null | wc -c) + 1 ))
   PORT=$(free_port)
-  "$WEIR_BIN" --data-dir "$dir" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 "${FLAGS[@]}" "$@" >>"$log" 2>&1 &
+  "$WEIR_BIN" --data-dir "$dir" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 "${FLAGS[@]}" "$@" >>"$log" 2>&1 &
   PID=$!
   PIDS+=("$PID")
   local i

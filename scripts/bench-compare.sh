@@ -274,7 +274,7 @@ if [ "$WEIR_STATUS" = built ]; then
   # A free port: bind to 0 and read back what the kernel picked.
   PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 35672)"
   log "starting weir on 127.0.0.1:$PORT (data dir $WEIR_DIR)"
-  "${WEIR_BIN:-$ROOT/target/release/weir}" --data-dir "$WEIR_DIR" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 \
+  "${WEIR_BIN:-$ROOT/target/release/weir}" --data-dir "$WEIR_DIR" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
     >"$OUT/weir.log" 2>&1 &
   WEIR_PID=$!
   WEIR_STATUS="did not start listening within 30 s (see $OUT/weir.log)"

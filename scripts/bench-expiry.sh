@@ -84,7 +84,7 @@ wait_quiet() { # three quiet seconds in a row, or QUIET_WAIT seconds
 WEIR_DIR="$(mktemp -d /tmp/weir-expiry-data.XXXXXX)"
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 35673)"
 log "starting weir on 127.0.0.1:$PORT (data dir $WEIR_DIR)"
-"${WEIR_BIN:-$ROOT/target/release/weir}" --data-dir "$WEIR_DIR" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 \
+"${WEIR_BIN:-$ROOT/target/release/weir}" --data-dir "$WEIR_DIR" --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
   >"$OUT/weir.log" 2>&1 &
 WEIR_PID=$!
 for _ in $(seq 300); do

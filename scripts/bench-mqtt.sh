@@ -199,7 +199,7 @@ EOF
     weir)
       [ "$WEIR_STATUS" = built ] || return 1
       "${WEIR_BIN:-$ROOT/target/release/weir}" --data-dir "$BROKER_DIR" --fsync true \
-        --amqp-listen "127.0.0.1:$(free_port)" --mqtt-listen "127.0.0.1:$PORT" --mqtt-ws-listen 127.0.0.1:0 >"$blog" 2>&1 &
+        --amqp-listen "127.0.0.1:$(free_port)" --mqtt-listen "127.0.0.1:$PORT" --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$blog" 2>&1 &
       BROKER_PID=$!
       ;;
   esac

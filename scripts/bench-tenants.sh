@@ -7,6 +7,12 @@
 #              (loaded), each on a fresh broker. Reported: steady's confirm p50/p95/p99 unloaded and
 #              loaded (issue 9: loaded p95 <= 2x unloaded) and noisy's achieved publish rate against
 #              its quota (issue 9: within +-10%).
+#   flood    : the store's fair share: tenant "noisy" has no quota and floods at full speed with
+#              FLOOD_SIZE-byte messages (2 publishers with confirms, window 256, 2 consumers: up to
+#              8 MiB unconfirmed at the default 16 kB) while "steady" publishes at STEADY msg/s;
+#              steady alone first. Then the same flood inside steady's own tenant: one owner of
+#              the store's writer, so no fair share applies (the control). Reported: steady's rate
+#              and confirm p95 in each.
 #   overhead : the #2 saturated workload (weir-bench defaults: 2 publishers, window 256, 2 consumers,
 #              256 B, durable, persistent) on a tenant with every quota configured far above what the
 #              run reaches, against the same on a broker without quotas, alternated ROUNDS times
@@ -14,9 +20,11 @@
 #
 # Usage: scripts/bench-tenants.sh [--duration S (20)] [--warmup S (3)] [--quota N (2000)]
 #                                 [--flood X (10)] [--steady N (1000)] [--rounds N (2)]
-#                                 [--workloads noisy,overhead] [--out DIR]
-#        WEIR_BIN=/path/to/weir runs that broker instead of this checkout's release build.
-# Results: JSON per run and results.md in --out (default target/bench-tenants/<time>). ~4 min.
+#                                 [--flood-size BYTES (16384)]
+#                                 [--workloads noisy,flood,overhead] [--out DIR]
+#        WEIR_BIN=/path/to/weir runs that broker instead of this checkout's release build;
+#        WEIR_BENCH_BIN=/path/to/weir-bench that load generator (e.g. a debug build, to try the script).
+# Results: JSON per run and results.md in --out (default target/bench-tenants/<time>). ~5 min.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +36,8 @@ QUOTA=2000
 FLOOD=10
 STEADY=1000
 ROUNDS=2
-WORKLOADS="noisy,overhead"
+FLOOD_SIZE=16384
+WORKLOADS="noisy,flood,overhead"
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,7 +49,8 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS="$2"; shift 2 ;;
     --workloads) WORKLOADS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --flood-size) FLOOD_SIZE="$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,8 +62,10 @@ log() { printf '\n== %s\n' "$*" >&2; }
 command -v jq >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q jq >/dev/null
 
 log "building weir-bench and weir (release)"
-cargo build --release -p weir-bench --bin weir-bench
-BENCH="$ROOT/target/release/weir-bench"
+if [ -z "${WEIR_BENCH_BIN:-}" ]; then
+  cargo build --release -p weir-bench --bin weir-bench
+fi
+BENCH="${WEIR_BENCH_BIN:-$ROOT/target/release/weir-bench}"
 if [ -z "${WEIR_BIN:-}" ]; then
   cargo build --release -p weir-gateway
 fi
@@ -124,7 +136,7 @@ start_broker() {
   BROKER_DIR="$(mktemp -d /tmp/weir-bench-tenants.XXXXXX)"
   write_config "$BROKER_DIR/weir.toml" "$1"
   "$WEIR" --config "$BROKER_DIR/weir.toml" --data-dir "$BROKER_DIR/data" --fsync true \
-    --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 \
+    --amqp-listen "127.0.0.1:$PORT" --mqtt-listen 127.0.0.1:0 --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
     >"$OUT/broker-$1-$(date +%H%M%S).log" 2>&1 &
   BROKER_PID=$!
   for _ in $(seq 300); do
@@ -153,6 +165,29 @@ if [[ ",$WORKLOADS," == *",noisy,"* ]]; then
     --duration $((DURATION + 2)) --warmup "$WARMUP" --json --label noisy >"$OUT/noisy-loaded-noisy.json" &
   NOISY=$!
   steady_run "$OUT/noisy-loaded-steady.json"
+  wait "$NOISY"
+  stop_broker
+fi
+
+if [[ ",$WORKLOADS," == *",flood,"* ]]; then
+  log "flood: steady alone (unloaded)"
+  start_broker none
+  steady_run "$OUT/flood-unloaded-steady.json"
+  stop_broker
+  log "flood: noisy floods without a quota while steady publishes"
+  start_broker none
+  "$BENCH" --url "$(url noisy)" --queue noisy --size "$FLOOD_SIZE" --duration $((DURATION + 2)) \
+    --warmup "$WARMUP" --json --label noisy >"$OUT/flood-loaded-noisy.json" &
+  NOISY=$!
+  steady_run "$OUT/flood-loaded-steady.json"
+  wait "$NOISY"
+  stop_broker
+  log "flood: the same flood in steady's own tenant (one owner: no fair share)"
+  start_broker none
+  "$BENCH" --url "$(url steady)" --queue noisy --size "$FLOOD_SIZE" --duration $((DURATION + 2)) \
+    --warmup "$WARMUP" --json --label noisy >"$OUT/flood-sametenant-noisy.json" &
+  NOISY=$!
+  steady_run "$OUT/flood-sametenant-steady.json"
   wait "$NOISY"
   stop_broker
 fi
@@ -188,6 +223,21 @@ fi
     awk -v u="$u" -v l="$l" -v n="$n" -v q="$QUOTA" 'BEGIN {
       printf "- steady confirm p95 loaded / unloaded: %.2f (target <= 2: %s)\n", l / u, (l <= 2 * u ? "met" : "MISSED")
       printf "- noisy held to %.0f msg/s = %.1f%% of its quota (target within +-10%%: %s)\n", n, 100 * n / q, (n >= 0.9 * q && n <= 1.1 * q ? "met" : "MISSED") }'
+  fi
+  if [ -f "$OUT/flood-loaded-steady.json" ]; then
+    echo
+    echo "## flood: noisy floods without a quota ($FLOOD_SIZE B messages, saturated), steady publishes $STEADY msg/s"
+    echo
+    echo "| run | tenant | target msg/s | published msg/s | confirm p50 / p95 / p99 ms |"
+    echo "|---|---|---:|---:|---|"
+    for f in flood-unloaded-steady flood-loaded-steady flood-loaded-noisy flood-sametenant-steady \
+      flood-sametenant-noisy; do
+      jq -r --arg f "$f" '"| \($f | split("-")[1]) | \(.label) | \(.rate // "max") | \(.publish_rate|floor) | \(.confirm_latency.p50_ms) / \(.confirm_latency.p95_ms) / \(.confirm_latency.p99_ms) |"' "$OUT/$f.json"
+    done
+    u="$(jq '.confirm_latency.p95_ms' "$OUT/flood-unloaded-steady.json")"
+    l="$(jq '.confirm_latency.p95_ms' "$OUT/flood-loaded-steady.json")"
+    echo
+    awk -v u="$u" -v l="$l" 'BEGIN { printf "- steady confirm p95 loaded / unloaded: %.2f\n", l / u }'
   fi
   if ls "$OUT"/overhead-*.json >/dev/null 2>&1; then
     echo

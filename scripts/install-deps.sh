@@ -22,6 +22,8 @@ PACKAGES=(
     procps            # pgrep/pkill/ps used by service scripts
     netcat-openbsd    # port probes in shell scripts
     ca-certificates
+    chromium          # headless browser of tests/python/test_dashboard.py
+    chromium-driver   # chromedriver, which Selenium drives it through
 )
 
 log() { echo "install-deps: $*" >&2; }

@@ -4,7 +4,9 @@
 # Installs what the tests need (Debian packages, a Python venv with pika),
 # builds the `weir` binary once, then runs the Rust tests (unit tests, the
 # engine's in-process tests, and the black-box tests in tests/ that start the
-# real binary with lapin and raw TCP) and the pika smoke test in tests/python.
+# real binary with lapin and raw TCP, weirctl's tests) and the Python tests in
+# tests/python (pika, paho-mqtt, the dashboard in headless chromium: its
+# screenshots go to $WEIR_TEST_ARTIFACTS, default target/test-artifacts/).
 # Which behaviour is tested where: tests/README.md. Agreement with RabbitMQ
 # (conformance/, pika against both brokers) runs in .ci/run, not here: it
 # needs a RabbitMQ node.
@@ -30,5 +32,5 @@ else
     cargo test --workspace --no-fail-fast
 fi
 
-echo "test: pika smoke test" >&2
+echo "test: Python tests (pika, paho-mqtt, dashboard)" >&2
 (cd tests/python && "$PY" -m pytest -q)

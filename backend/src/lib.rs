@@ -12,6 +12,7 @@
 
 pub mod lock;
 pub mod log;
+pub mod metrics;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod types;
@@ -55,6 +56,31 @@ pub trait Store: Send + Sync + 'static {
         locations: &mut Vec<Location>,
         waiter: Option<Waiter>,
     ) -> Result<(), StoreError>;
+
+    /// [`Store::append`] on behalf of `owner`, reporting whether the owner
+    /// is over its share of the store's write bandwidth.
+    ///
+    /// A log assigns positions at append time and makes a prefix of it
+    /// durable per round, so an owner's record cannot overtake records
+    /// appended before it. Fairness therefore works at admission: when
+    /// several owners have work waiting and it exceeds one round's budget,
+    /// an owner holding more than its share gets
+    /// [`Admission::over_share`], and its producer waits for its own
+    /// appends to be durable before appending more. The others' next
+    /// appends then sit behind at most a budget's worth of it, not its whole
+    /// backlog. Stores without such a writer accept everything (the
+    /// default).
+    fn append_for(
+        &self,
+        owner: Owner,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+        waiter: Option<Waiter>,
+    ) -> Result<Admission, StoreError> {
+        let _ = owner;
+        self.append(ops, locations, waiter)
+            .map(|()| Admission::default())
+    }
 
     /// Reads back a published (or paged) message.
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError>;

@@ -9,6 +9,31 @@ pub type MessageId = u64;
 /// Id of a segment file of the embedded log (a monotonically increasing number).
 pub type SegmentId = u32;
 
+/// Whose work an append is, as the store's fairness sees it: an opaque tag
+/// the caller picks (the engine uses one per tenant). The store never
+/// learns what it stands for; it only keeps one owner from filling every
+/// commit round ahead of the others (see [`crate::Store::append_for`]).
+/// [`Owner::SHARED`] is work of the broker itself and is never held back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner(pub u32);
+
+impl Owner {
+    /// The broker's own work (timers, recovery, definitions), and every
+    /// append made through [`crate::Store::append`].
+    pub const SHARED: Owner = Owner(0);
+}
+
+/// What the store says about an owner after one of its appends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// Several owners have work waiting for the writer, more than one round's
+    /// budget of it, and this owner holds more than its share. A caller
+    /// should stop producing for this owner until its appends so far are
+    /// durable (a barrier): then the others' appends are not queued behind
+    /// its backlog. Never set while a single owner is writing.
+    pub over_share: bool,
+}
+
 /// Durable id of one partition of one queue: the unit of ordering, storage and
 /// dispatch. Assigned by the engine and recorded in its metadata.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

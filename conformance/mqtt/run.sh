@@ -65,7 +65,7 @@ trap stop_weir EXIT
 
 log "starting $WEIR_BIN: MQTT on 127.0.0.1:$MQTT_PORT (data dir $DATA_DIR, log $WEIR_LOG)"
 "$WEIR_BIN" --config conformance/mqtt/weir.toml --data-dir "$DATA_DIR" \
-    --amqp-listen "127.0.0.1:$AMQP_PORT" --mqtt-listen "127.0.0.1:$MQTT_PORT" --mqtt-ws-listen 127.0.0.1:0 >"$WEIR_LOG" 2>&1 &
+    --amqp-listen "127.0.0.1:$AMQP_PORT" --mqtt-listen "127.0.0.1:$MQTT_PORT" --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$WEIR_LOG" 2>&1 &
 WEIR_PID=$!
 
 deadline=$((SECONDS + ${WEIR_START_TIMEOUT:-60}))

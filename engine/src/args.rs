@@ -112,7 +112,30 @@ pub struct QueueArgs {
     pub dedup_on_message_id: bool,
     /// `x-dedup-window` (ms).
     pub dedup_window_ms: u64,
+    /// `x-dead-letter-strategy: at-least-once` (quorum queues). Accepted
+    /// and kept; Weir's dead-lettering is the same for both strategies
+    /// (see docs/compatibility.md).
+    pub dead_letter_at_least_once: bool,
 }
+
+/// Arguments RabbitMQ 3.10 knows for quorum queues only: a classic queue
+/// declared with one is refused ("of queue type rabbit_classic_queue").
+pub const QUORUM_ONLY: &[&str] = &[
+    "x-quorum-initial-group-size",
+    "x-queue-leader-locator",
+    "x-dead-letter-strategy",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+];
+
+/// Arguments RabbitMQ 3.10 knows for classic queues only: a quorum queue
+/// declared with one is refused ("of queue type rabbit_quorum_queue").
+pub const CLASSIC_ONLY: &[&str] = &[
+    "x-max-priority",
+    "x-queue-mode",
+    "x-queue-master-locator",
+    "x-queue-version",
+];
 
 /// Why an argument was refused; the text is RabbitMQ's shape.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -172,6 +195,50 @@ fn int(arg: &'static str, v: &Value, min: i64, max: u64) -> Result<u64, ArgError
         Some(i) if i >= min && (i as u64) <= max => Ok(i as u64),
         None if n.as_u64().is_some_and(|u| u <= max) => Ok(n.as_u64().unwrap_or(max)),
         _ => Err(out_of_range(arg, v)),
+    }
+}
+
+/// RabbitMQ's `check_non_neg_int_arg` and friends: an integer, with its
+/// own error texts for the wrong type and for a negative (or, when
+/// `zero_ok` is false, zero) value.
+fn rabbit_int(arg: &'static str, v: &Value, zero_ok: bool) -> Result<u64, ArgError> {
+    let n = match v {
+        Value::Number(n) if !n.is_f64() => n,
+        _ => {
+            return Err(ArgError {
+                arg,
+                reason: format!("\"expected integer, got {}\"", type_name(v)),
+            })
+        }
+    };
+    match n.as_i64() {
+        Some(i) if i < 0 => Err(ArgError {
+            arg,
+            reason: format!("{{value_negative,{i}}}"),
+        }),
+        Some(0) if !zero_ok => Err(ArgError {
+            arg,
+            reason: "{value_zero,0}".into(),
+        }),
+        _ => Ok(n.as_u64().unwrap_or(u64::MAX)),
+    }
+}
+
+/// A string among `known`; else `unknown(value)` is the reason.
+fn one_of(
+    arg: &'static str,
+    v: &Value,
+    known: &[&str],
+    unknown: impl FnOnce(&str) -> String,
+) -> Result<(), ArgError> {
+    let s = string(arg, v)?;
+    if known.contains(&s) {
+        Ok(())
+    } else {
+        Err(ArgError {
+            arg,
+            reason: unknown(s),
+        })
     }
 }
 
@@ -296,7 +363,63 @@ impl QueueArgs {
         if let Some(v) = get("x-dedup-window") {
             a.dedup_window_ms = int("x-dedup-window", v, 1, MAX_MS)?;
         }
+        // RabbitMQ's arguments for placement, paging and replication: Weir
+        // has one node and its own paging, so they change nothing, but they
+        // are checked as RabbitMQ 3.10 checks them (texts included).
+        if let Some(v) = get("x-queue-mode") {
+            one_of("x-queue-mode", v, &["default", "lazy"], |s| {
+                format!("\"unsupported queue mode '{s}'\"")
+            })?;
+        }
+        if let Some(v) = get("x-queue-master-locator") {
+            // RabbitMQ 3.10 crashes the connection (541) on an unknown one.
+            one_of(
+                "x-queue-master-locator",
+                v,
+                &["min-masters", "client-local", "random"],
+                |_| "invalid_queue_master_locator".into(),
+            )?;
+        }
+        if let Some(v) = get("x-queue-leader-locator") {
+            one_of(
+                "x-queue-leader-locator",
+                v,
+                &["client-local", "balanced", "random", "least-leaders"],
+                |_| "invalid_queue_locator_arg".into(),
+            )?;
+        }
+        if let Some(v) = get("x-quorum-initial-group-size") {
+            rabbit_int("x-quorum-initial-group-size", v, false)?;
+        }
+        if let Some(v) = get("x-dead-letter-strategy") {
+            one_of(
+                "x-dead-letter-strategy",
+                v,
+                &["at-most-once", "at-least-once"],
+                |_| "invalid_dlx_strategy".into(),
+            )?;
+            a.dead_letter_at_least_once = v.as_str() == Some("at-least-once");
+        }
+        for arg in ["x-max-in-memory-length", "x-max-in-memory-bytes"] {
+            if let Some(v) = get(arg) {
+                rabbit_int(arg, v, true)?;
+            }
+        }
         Ok(a)
+    }
+
+    /// The first argument of `arguments` that RabbitMQ refuses for a queue
+    /// of type `queue_type` (quorum-only ones on a classic queue and the
+    /// reverse), with RabbitMQ's name of the type.
+    pub fn wrong_type(arguments: &Value, queue_type: QueueType) -> Option<(&str, &'static str)> {
+        let (refused, type_name) = match queue_type {
+            QueueType::Classic => (QUORUM_ONLY, "rabbit_classic_queue"),
+            QueueType::Quorum => (CLASSIC_ONLY, "rabbit_quorum_queue"),
+        };
+        let map = arguments.as_object()?;
+        map.iter()
+            .find(|(k, v)| !v.is_null() && refused.contains(&k.as_str()))
+            .map(|(k, _)| (k.as_str(), type_name))
     }
 
     /// Whether anything beyond plain FIFO delivery is switched on, so the
@@ -373,5 +496,59 @@ mod tests {
         };
         let d: Vec<u64> = (1..=6).map(|a| r.delay_ms(a)).collect();
         assert_eq!(d, vec![100, 200, 400, 800, 1_000, 1_000]);
+    }
+
+    #[test]
+    fn rabbitmq_placement_and_paging_arguments_are_checked_like_rabbitmq() {
+        let reason = |v: Value| QueueArgs::parse(&v).expect_err("refused").reason;
+        assert!(QueueArgs::parse(
+            &json!({"x-queue-mode": "lazy", "x-queue-master-locator": "min-masters"})
+        )
+        .is_ok());
+        assert_eq!(
+            reason(json!({"x-queue-mode": "bogus"})),
+            "\"unsupported queue mode 'bogus'\""
+        );
+        assert_eq!(
+            reason(json!({"x-queue-mode": 5})),
+            "{unacceptable_type,long}"
+        );
+        assert_eq!(
+            reason(json!({"x-queue-leader-locator": "x"})),
+            "invalid_queue_locator_arg"
+        );
+        assert_eq!(
+            reason(json!({"x-quorum-initial-group-size": 0})),
+            "{value_zero,0}"
+        );
+        assert_eq!(
+            reason(json!({"x-quorum-initial-group-size": -1})),
+            "{value_negative,-1}"
+        );
+        assert_eq!(
+            reason(json!({"x-max-in-memory-length": "x"})),
+            "\"expected integer, got longstr\""
+        );
+        assert_eq!(
+            reason(json!({"x-dead-letter-strategy": "x"})),
+            "invalid_dlx_strategy"
+        );
+        let a = QueueArgs::parse(
+            &json!({"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once"}),
+        )
+        .expect("valid");
+        assert!(a.dead_letter_at_least_once);
+        // Each queue type refuses the other's arguments.
+        let classic = json!({"x-quorum-initial-group-size": 3});
+        assert_eq!(
+            QueueArgs::wrong_type(&classic, QueueType::Classic),
+            Some(("x-quorum-initial-group-size", "rabbit_classic_queue"))
+        );
+        assert_eq!(QueueArgs::wrong_type(&classic, QueueType::Quorum), None);
+        let quorum = json!({"x-queue-mode": "lazy"});
+        assert_eq!(
+            QueueArgs::wrong_type(&quorum, QueueType::Quorum),
+            Some(("x-queue-mode", "rabbit_quorum_queue"))
+        );
     }
 }

@@ -28,6 +28,7 @@ use crate::meta::DestinationKind;
 use crate::permissions::{is_topic, Authz, Permission, Resource};
 use crate::properties::{HeaderFormat, Value};
 use crate::queue::{AttachError, Enqueued, Partition, Queue, Return, HOT_ENTRIES};
+use crate::reply_to::{Reply, ReplyBox, REPLY_TO, REPLY_TO_PREFIX};
 use crate::tenant::{QueueDeclare, QueueDeclared, RouteInput, Routed};
 use crate::DurableWait;
 use crate::{Engine, Tenant};
@@ -38,7 +39,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_backend::{
-    Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, Store, StoreError, Waiter,
+    Location, MessageAttrs, MessageData, MessageId, Op, Owner, PartitionId, Store, StoreError,
+    Waiter,
 };
 
 /// The result of a publish.
@@ -146,6 +148,8 @@ struct ScopeState {
     window: Arc<Credit>,
     /// False pauses the scope's deliveries (channel.flow).
     flow: Arc<AtomicBool>,
+    /// The scope's direct reply-to consumer, if any.
+    reply: Option<Arc<ReplyBox>>,
 }
 
 impl Default for ScopeState {
@@ -155,6 +159,7 @@ impl Default for ScopeState {
             subs: HashMap::new(),
             window: Credit::new(0, 0),
             flow: Arc::new(AtomicBool::new(true)),
+            reply: None,
         }
     }
 }
@@ -214,6 +219,16 @@ pub struct Client {
     codecs: Arc<crate::properties::HeaderCodecs>,
     /// The principal's permissions in the tenant, with cached decisions.
     authz: Authz,
+    /// The tenant, to the store's fairness.
+    owner: Owner,
+    /// The store said the tenant is over its share of the writer since
+    /// [`Self::take_store_pressure`] was last asked.
+    over_share: bool,
+    /// Scopes with a direct reply-to consumer (a fast check per batch).
+    reply_scopes: u32,
+    /// The principal has RabbitMQ's `impersonator` tag: its publishes may
+    /// carry another `user_id`.
+    impersonator: bool,
 }
 
 impl Client {
@@ -240,6 +255,8 @@ impl Client {
         }
         Ok(Client {
             authz,
+            owner: Owner(t.quota().tag()),
+            over_share: false,
             store: engine.store().clone(),
             tenant: t,
             principal,
@@ -258,6 +275,8 @@ impl Client {
             locs: Vec::with_capacity(1),
             closed: false,
             user_quota,
+            impersonator: false,
+            reply_scopes: 0,
         })
     }
 
@@ -338,6 +357,24 @@ impl Client {
         message: impl FnOnce(MessageId) -> Message,
     ) -> Result<Published> {
         self.authorize_publish(route)?;
+        if route.exchange.is_empty() && route.routing_key.starts_with(REPLY_TO_PREFIX) {
+            // A direct reply-to reply: to the requester's box, not a queue.
+            let id = self.store.allocate_ids(1);
+            return Ok(
+                if self
+                    .tenant
+                    .replies
+                    .deliver(route.routing_key, Arc::new(message(id)))
+                {
+                    Published::Routed {
+                        needs_barrier: false,
+                        refused: false,
+                    }
+                } else {
+                    Published::Unroutable
+                },
+            );
+        }
         let mut queues = std::mem::take(&mut self.route_buf);
         queues.clear();
         let routed = self.tenant.route(route, &mut queues);
@@ -502,11 +539,14 @@ impl Client {
                 data,
             };
             let res = if with_publish.is_empty() {
-                self.store.append(&[publish], &mut self.locs, None)
+                self.store
+                    .append_for(self.owner, &[publish], &mut self.locs, None)
             } else {
                 with_publish.insert(0, publish);
-                self.store.append(&with_publish, &mut self.locs, None)
+                self.store
+                    .append_for(self.owner, &with_publish, &mut self.locs, None)
             };
+            let res = res.map(|a| self.over_share |= a.over_share);
             if let Err(e) = res {
                 // Nothing enqueued: no receipt either.
                 if let Some(d) = dedup.as_mut() {
@@ -530,7 +570,8 @@ impl Client {
             self.locs.clear();
             // Never waited on: a restart drops it anyway. If the store cannot
             // take it (disk full), the message simply stays in memory.
-            let res = self.store.append(
+            let res = self.store.append_for(
+                self.owner,
                 &[Op::Page {
                     id,
                     partitions: &durable_parts[n_durable..],
@@ -540,7 +581,10 @@ impl Client {
                 None,
             );
             match res {
-                Ok(()) => page_location = self.locs.first().copied(),
+                Ok(a) => {
+                    self.over_share |= a.over_share;
+                    page_location = self.locs.first().copied();
+                }
                 Err(e) => tracing::debug!(error = %e, "not paging a transient message"),
             }
         }
@@ -690,6 +734,40 @@ impl Client {
             .map_err(EngineError::AccessRefused)
     }
 
+    /// Tells the client the principal's tags (from its login): the
+    /// `impersonator` tag lifts the `user_id` check of [`Self::check_user_id`].
+    pub fn set_tags(&mut self, tags: &[String]) {
+        self.impersonator = tags.iter().any(|t| t == "impersonator");
+    }
+
+    /// Checks again that the principal may use the tenant (its access may
+    /// have been revoked since it connected): a connection's
+    /// `update-secret` re-checks its user with this. `AccessRefused` with
+    /// RabbitMQ's vhost text if not.
+    pub fn recheck_access(&mut self) -> Result<()> {
+        let engine = self.tenant.engine()?;
+        self.authz = Authz::open(
+            engine.permissions().clone(),
+            self.principal.clone(),
+            &self.tenant.name,
+        )
+        .map_err(EngineError::AccessRefused)?;
+        Ok(())
+    }
+
+    /// RabbitMQ's validated user id: a published message's `user_id`
+    /// property must name the connection's user, unless that user is an
+    /// impersonator (406 with RabbitMQ's text otherwise).
+    pub fn check_user_id(&self, user_id: &str) -> Result<()> {
+        if user_id == &*self.principal || self.impersonator {
+            return Ok(());
+        }
+        Err(EngineError::PreconditionFailed(format!(
+            "user_id property set to '{user_id}' but authenticated user was '{}'",
+            self.principal
+        )))
+    }
+
     /// exchange.declare: configure on the exchange (none when passive); an
     /// `alternate-exchange` also needs write on it and read on this one.
     pub fn declare_exchange(
@@ -724,6 +802,18 @@ impl Client {
         &mut self,
         req: QueueDeclare,
     ) -> Result<(QueueDeclared, Option<DurableWait>)> {
+        if req.passive && (req.name == REPLY_TO || self.tenant.replies.exists(&req.name)) {
+            // RabbitMQ answers a passive declare of the reply pseudo-queue
+            // (and of a live reply address) with no messages, one consumer.
+            return Ok((
+                QueueDeclared {
+                    name: req.name,
+                    messages: 0,
+                    consumers: 1,
+                },
+                None,
+            ));
+        }
         let mut generated = None;
         if !req.passive {
             let name = if req.name.is_empty() {
@@ -834,7 +924,7 @@ impl Client {
         let handle = self.handle.clone();
         let tenant = self.tenant.name.clone();
         let st = self.scope_mut(opts.scope);
-        if st.subs.contains_key(&opts.tag) {
+        if st.subs.contains_key(&opts.tag) || st.reply.as_ref().is_some_and(|r| r.tag == opts.tag) {
             return Err(ClientError::TagInUse(
                 String::from_utf8_lossy(&opts.tag).into_owned(),
             ));
@@ -890,6 +980,15 @@ impl Client {
     /// Cancels the subscription `tag` of `scope`; false if there is none.
     /// Its leases stay until settled; its undelivered deliveries go back.
     pub fn unsubscribe(&mut self, scope: Scope, tag: &[u8]) -> bool {
+        if let Some(st) = self.scopes.get_mut(&scope) {
+            if st.reply.as_ref().is_some_and(|r| r.tag == tag) {
+                if let Some(b) = st.reply.take() {
+                    self.tenant.replies.close(&b);
+                    self.reply_scopes -= 1;
+                }
+                return true;
+            }
+        }
         let Some(sub) = self
             .scopes
             .get_mut(&scope)
@@ -903,9 +1002,73 @@ impl Client {
 
     /// Whether `scope` has a subscription tagged `tag`.
     pub fn has_subscription(&self, scope: Scope, tag: &[u8]) -> bool {
+        self.scopes.get(&scope).is_some_and(|st| {
+            st.subs.contains_key(tag) || st.reply.as_ref().is_some_and(|r| r.tag == tag)
+        })
+    }
+
+    /// Direct reply-to: makes `tag` the reply consumer of `scope` (a
+    /// consume of [`REPLY_TO`]). RabbitMQ's refusals: an acknowledging
+    /// consumer, or a second one in the scope, is a 406.
+    pub fn consume_reply_to(
+        &mut self,
+        scope: Scope,
+        tag: Bytes,
+        no_ack: bool,
+    ) -> Result<(), ClientError> {
+        let handle = self.handle.clone();
+        let st = self.scope_mut(scope);
+        if st.subs.contains_key(&tag) || st.reply.as_ref().is_some_and(|r| r.tag == tag) {
+            return Err(ClientError::TagInUse(
+                String::from_utf8_lossy(&tag).into_owned(),
+            ));
+        }
+        if !no_ack {
+            return Err(EngineError::PreconditionFailed(
+                "reply consumer cannot acknowledge".into(),
+            )
+            .into());
+        }
+        if st.reply.is_some() {
+            return Err(
+                EngineError::PreconditionFailed("reply consumer already set".into()).into(),
+            );
+        }
+        let b = self.tenant.replies.open(handle, scope, tag);
+        self.scope_mut(scope).reply = Some(b);
+        self.reply_scopes += 1;
+        Ok(())
+    }
+
+    /// The address a request from `scope` gets as its `reply-to` when it
+    /// asks for [`REPLY_TO`]; 406 (RabbitMQ's text) when the scope has no
+    /// reply consumer.
+    pub fn reply_to_address(&self, scope: Scope) -> Result<String> {
         self.scopes
             .get(&scope)
-            .is_some_and(|st| st.subs.contains_key(tag))
+            .and_then(|st| st.reply.as_ref())
+            .map(|b| b.address())
+            .ok_or_else(|| {
+                EngineError::PreconditionFailed("fast reply consumer does not exist".into())
+            })
+    }
+
+    /// The next reply waiting for one of this client's reply consumers.
+    /// Replies are not leased (their consumers never acknowledge).
+    pub fn next_reply(&mut self) -> Option<Reply> {
+        if self.reply_scopes == 0 {
+            return None;
+        }
+        self.scopes.values().find_map(|st| {
+            let b = st.reply.as_ref()?;
+            let message = b.pop()?;
+            Some(Reply {
+                scope: b.scope,
+                consumer_tag: b.tag.clone(),
+                routing_key: Bytes::from(b.address()),
+                message,
+            })
+        })
     }
 
     /// Pauses or resumes the deliveries of `scope` (AMQP channel.flow).
@@ -1372,8 +1535,12 @@ impl Client {
     pub fn commit(&mut self) {
         if !self.settles.is_empty() {
             self.locs.clear();
-            if let Err(e) = self.store.append(&self.settles, &mut self.locs, None) {
-                tracing::error!(error = %e, "store refused settles");
+            match self
+                .store
+                .append_for(self.owner, &self.settles, &mut self.locs, None)
+            {
+                Ok(a) => self.over_share |= a.over_share,
+                Err(e) => tracing::error!(error = %e, "store refused settles"),
             }
             self.settles.clear();
         }
@@ -1381,6 +1548,16 @@ impl Client {
         for p in self.to_dispatch.drain(..) {
             p.dispatch();
         }
+    }
+
+    /// Whether the store said, since the last call, that this client's
+    /// tenant is over its share of the store's writer (other tenants wait
+    /// behind its backlog). A session then reads no more from its socket
+    /// until a [`Self::durability_barrier`] completes: each of the tenant's
+    /// connections has at most one batch ahead of the other tenants' next
+    /// records. Never set while one tenant alone writes.
+    pub fn take_store_pressure(&mut self) -> bool {
+        std::mem::take(&mut self.over_share)
     }
 
     /// Calls `waiter` once everything appended so far is durable (a
@@ -1397,6 +1574,11 @@ impl Client {
         let Some(mut st) = self.scopes.remove(&scope) else {
             return;
         };
+        if let Some(b) = st.reply.take() {
+            // Replies to it from now on are unroutable; those waiting go.
+            self.tenant.replies.close(&b);
+            self.reply_scopes -= 1;
+        }
         for (_, sub) in st.subs.drain() {
             self.tenant.detach(&sub.queue, &sub.consumer);
         }

@@ -235,6 +235,16 @@ impl Consumer {
         })
     }
 
+    /// The engine client (connection) it belongs to.
+    pub fn connection_id(&self) -> u64 {
+        self.conn.id
+    }
+
+    /// Its prefetch count (0 = none).
+    pub fn prefetch_count(&self) -> u32 {
+        self.credit.max_count.load(Ordering::Relaxed)
+    }
+
     /// The tag the client knows it by.
     pub fn tag(&self) -> &Bytes {
         &self.tag

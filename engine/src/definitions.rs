@@ -91,6 +91,46 @@ impl Engine {
         Ok(Some(self.persist(&ops)?))
     }
 
+    /// Deletes tenant `name` with everything in it: queues (their messages
+    /// settled, consumers cancelled), exchanges, bindings, policies and
+    /// every user's permissions in it; its record leaves the store. The
+    /// default tenant can be deleted too, as in RabbitMQ. Connections open
+    /// on it are the caller's to close. The returned wait is the last
+    /// metadata change's (the store makes them durable in order).
+    pub fn delete_tenant(self: &std::sync::Arc<Self>, name: &str) -> Result<Option<DurableWait>> {
+        let Some(t) = self.tenant(name) else {
+            return Err(EngineError::NotFound(format!("no vhost '{name}'")));
+        };
+        // Out of the map first: no new client opens it meanwhile.
+        self.tenants.write().remove(name);
+        for q in t.queues() {
+            let owner = q.exclusive_owner().unwrap_or(0);
+            let _ = t.delete_queue(q.name(), false, false, owner)?;
+        }
+        for x in t.exchanges() {
+            if x.def.name.is_empty() || x.def.name.starts_with("amq.") {
+                continue;
+            }
+            let _ = t.delete_exchange(&x.def.name, false)?;
+        }
+        for p in t.policies() {
+            let _ = t.delete_policy(&p.name)?;
+        }
+        for p in self.permissions.list() {
+            if p.vhost == name {
+                let _ = self.clear_permissions(&p.user, name)?;
+            }
+        }
+        for p in self.permissions.list_topic() {
+            if p.vhost == name {
+                let _ = self.clear_topic_permissions(&p.user, name, None)?;
+            }
+        }
+        Ok(Some(self.persist(&[Op::DeleteMeta {
+            key: &meta::tenant_key(name),
+        }])?))
+    }
+
     fn check_user_and_tenant(&self, user: &str, vhost: &str) -> Result<()> {
         if !self.users.read().contains_key(user) {
             return Err(EngineError::NotFound(format!("no user '{user}'")));

@@ -773,19 +773,37 @@ impl Exchange {
 
     /// Adds to `out` every queue a message with `routing_key` (and
     /// `headers`) reaches through this exchange, each once (queues already
-    /// in `out` are not added again). Exchange destinations are followed
-    /// with a worklist, not recursion (a long chain of exchange-to-exchange
-    /// bindings must not overflow the stack), each exchange once (so cycles
-    /// end and the work is linear in the bindings followed).
+    /// in `out` are not added again). No alternate exchanges: see
+    /// [`Self::route_keys`].
     pub fn route(
         self: &Arc<Self>,
         routing_key: &str,
         headers: &dyn HeaderLookup,
         out: &mut Vec<Arc<Queue>>,
     ) {
-        let mut may_repeat = !out.is_empty();
+        self.route_keys(&[routing_key], headers, &|_| None, out);
+    }
+
+    /// Adds to `out` every queue a message with any of `keys` (its routing
+    /// key, then its `CC`/`BCC` keys) and `headers` reaches through this
+    /// exchange, each once. Exchange destinations are followed with a
+    /// worklist, not recursion (a long chain of exchange-to-exchange
+    /// bindings must not overflow the stack), each exchange once (so cycles
+    /// end and the work is linear in the bindings followed). An exchange
+    /// whose own bindings match nothing hands the message to its alternate
+    /// exchange (`alternate` resolves it; RabbitMQ's `alternate-exchange`),
+    /// which is followed like a binding.
+    pub fn route_keys(
+        self: &Arc<Self>,
+        keys: &[&str],
+        headers: &dyn HeaderLookup,
+        alternate: &dyn Fn(&Exchange) -> Option<Arc<Exchange>>,
+        out: &mut Vec<Arc<Queue>>,
+    ) {
+        // Several keys may reach one binding twice.
+        let mut may_repeat = !out.is_empty() || keys.len() > 1;
         let mut next: Vec<Arc<Exchange>> = Vec::new();
-        self.route_here(routing_key, headers, out, &mut next, &mut may_repeat);
+        self.route_here(keys, headers, alternate, out, &mut next, &mut may_repeat);
         if !next.is_empty() {
             // Exchange-to-exchange hops (rare: only now is anything
             // allocated for them). Two paths may lead to the same queue.
@@ -793,7 +811,7 @@ impl Exchange {
             let mut visited: HashSet<*const Exchange> = HashSet::from([Arc::as_ptr(self)]);
             while let Some(x) = next.pop() {
                 if visited.insert(Arc::as_ptr(&x)) {
-                    x.route_here(routing_key, headers, out, &mut next, &mut may_repeat);
+                    x.route_here(keys, headers, alternate, out, &mut next, &mut may_repeat);
                 }
             }
         }
@@ -812,46 +830,74 @@ impl Exchange {
 
     /// Appends the queues this exchange's own bindings reach (possibly more
     /// than once: then it sets `may_repeat`) to `out`, and the exchanges
-    /// they reach to `next`.
+    /// they reach to `next`; when they reach nothing, its alternate
+    /// exchange to `next`.
     fn route_here(
         &self,
-        routing_key: &str,
+        keys: &[&str],
         headers: &dyn HeaderLookup,
+        alternate: &dyn Fn(&Exchange) -> Option<Arc<Exchange>>,
         out: &mut Vec<Arc<Queue>>,
         next: &mut Vec<Arc<Exchange>>,
         may_repeat: &mut bool,
     ) {
-        let b = self.bindings.read();
-        if b.shared_destinations > 0 {
-            *may_repeat = true;
-        }
-        let mut add = |id: Id| match &b.entry(id).binding.destination {
-            Destination::Queue(q) => out.push(q.clone()),
-            Destination::Exchange(x) => next.push(x.clone()),
-        };
-        match self.def.kind {
-            ExchangeKind::Direct => {
-                if let Some(ids) = b.by_key.get(routing_key) {
-                    ids.iter().for_each(|&id| add(id));
-                }
+        let (out_before, next_before) = (out.len(), next.len());
+        {
+            let b = self.bindings.read();
+            if b.shared_destinations > 0 {
+                *may_repeat = true;
             }
-            ExchangeKind::Fanout => b.all.iter().for_each(|&id| add(id)),
-            ExchangeKind::Topic => b.trie.matches(routing_key, |n| {
-                b.trie.nodes[n as usize]
-                    .bindings
-                    .iter()
-                    .for_each(|&id| add(id))
-            }),
-            ExchangeKind::Headers => {
-                for &id in &b.all {
-                    if headers_match(&b.entry(id).binding.arguments, headers) {
-                        add(id);
+            let mut add = |id: Id| match &b.entry(id).binding.destination {
+                Destination::Queue(q) => out.push(q.clone()),
+                Destination::Exchange(x) => next.push(x.clone()),
+            };
+            match self.def.kind {
+                ExchangeKind::Direct => {
+                    for key in keys {
+                        if let Some(ids) = b.by_key.get(*key) {
+                            ids.iter().for_each(|&id| add(id));
+                        }
+                    }
+                }
+                ExchangeKind::Fanout => b.all.iter().for_each(|&id| add(id)),
+                ExchangeKind::Topic => {
+                    for key in keys {
+                        b.trie.matches(key, |n| {
+                            b.trie.nodes[n as usize]
+                                .bindings
+                                .iter()
+                                .for_each(|&id| add(id))
+                        })
+                    }
+                }
+                ExchangeKind::Headers => {
+                    for &id in &b.all {
+                        if headers_match(&b.entry(id).binding.arguments, headers) {
+                            add(id);
+                        }
                     }
                 }
             }
         }
+        if out.len() == out_before && next.len() == next_before {
+            if let Some(ae) = alternate(self) {
+                next.push(ae);
+            }
+        }
+    }
+
+    /// The `alternate-exchange` argument, if declared.
+    pub fn alternate_argument(&self) -> Option<&str> {
+        self.def
+            .arguments
+            .get(ALTERNATE_EXCHANGE)
+            .and_then(Value::as_str)
     }
 }
+
+/// The exchange argument (and policy key) naming an exchange that takes
+/// the messages this one cannot route.
+pub const ALTERNATE_EXCHANGE: &str = "alternate-exchange";
 
 /// Removes repeated queues from `out`, in place: quadratic only while
 /// short, else sorted by address (the order of routed queues carries no

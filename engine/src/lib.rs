@@ -13,6 +13,8 @@
 //! * [`meta`]: how definitions are stored in the store's metadata map.
 //! * [`retained`]: MQTT retained messages, per tenant and topic, durable.
 //! * [`session_state`]: durable protocol session state (MQTT QoS 2 ids).
+//! * [`stats`]: per-queue figures (depth, bytes, oldest message,
+//!   attempts, counters) for the management API and metrics.
 //! * [`permissions`], [`definitions`]: users' permissions per tenant and
 //!   topic, durable users and permissions.
 
@@ -33,8 +35,10 @@ pub mod permissions;
 pub mod policy;
 pub mod properties;
 pub mod queue;
+pub mod reply_to;
 pub mod retained;
 pub mod session_state;
+pub mod stats;
 pub mod tenant;
 pub mod timers;
 
@@ -82,6 +86,9 @@ pub struct Engine {
     permissions: Arc<permissions::Permissions>,
     /// Per-user limits (`[[quota.users]]`), on top of each tenant's.
     pub user_quotas: weir_quota::UserQuotas,
+    /// Per-connection overrides (`[[quota.connections]]`), applied by the
+    /// sessions, which know a connection's name.
+    pub connection_quotas: weir_quota::ConnectionQuotas,
 }
 
 impl Engine {
@@ -108,6 +115,7 @@ impl Engine {
             users: RwLock::new(Default::default()),
             permissions: Default::default(),
             user_quotas: Default::default(),
+            connection_quotas: Default::default(),
         });
         engine.tenant_or_create(DEFAULT_TENANT);
         let mut any_user = false;

@@ -2,7 +2,8 @@
 //! queue names, what they apply to, a priority and a definition with the
 //! keys of queue arguments (`message-ttl`, `expires`, `max-length`,
 //! `max-length-bytes`, `overflow`, `dead-letter-exchange`,
-//! `dead-letter-routing-key`, `delivery-limit`).
+//! `dead-letter-routing-key`, `delivery-limit`), and for exchanges
+//! `alternate-exchange`.
 //!
 //! At most one policy applies to a queue: the matching one with the
 //! highest priority (ties: the name that sorts last wins, a stable rule).
@@ -26,7 +27,7 @@ use serde_json::{Map, Value};
 pub enum ApplyTo {
     /// Queues only.
     Queues,
-    /// Exchanges only (no exchange keys are acted on yet).
+    /// Exchanges only (the key acted on is `alternate-exchange`).
     Exchanges,
     /// Both.
     #[default]
@@ -87,6 +88,10 @@ const KEYS: &[(&str, bool)] = &[
     ("dead-letter-routing-key", false),
 ];
 
+/// The keys a policy may set on exchanges (the exchange's own argument
+/// wins, as in RabbitMQ).
+const EXCHANGE_KEYS: &[&str] = &[crate::exchange::ALTERNATE_EXCHANGE];
+
 /// A checked policy, ready to match.
 #[derive(Debug)]
 pub struct Policy {
@@ -104,7 +109,16 @@ impl Policy {
             pattern: def.pattern.clone(),
             reason: e.to_string(),
         })?;
-        for k in def.definition.keys() {
+        for (k, v) in &def.definition {
+            if EXCHANGE_KEYS.contains(&k.as_str()) {
+                if !v.is_string() {
+                    return Err(PolicyError::Definition {
+                        name: def.name.clone(),
+                        reason: format!("'{k}' must be a string"),
+                    });
+                }
+                continue;
+            }
             if !KEYS.iter().any(|(key, _)| key == k) {
                 return Err(PolicyError::Definition {
                     name: def.name.clone(),
@@ -114,6 +128,11 @@ impl Policy {
         }
         // The values must be valid queue arguments on their own.
         let mut probe = as_arguments(&def.definition);
+        probe.retain(|k, _| {
+            !EXCHANGE_KEYS
+                .iter()
+                .any(|e| k.strip_prefix("x-") == Some(*e))
+        });
         if probe.contains_key("x-dead-letter-routing-key")
             && !probe.contains_key("x-dead-letter-exchange")
         {
@@ -129,6 +148,11 @@ impl Policy {
             reason: e.to_string(),
         })?;
         Ok(Policy { def, pattern })
+    }
+
+    /// Whether it applies to the exchange `name`.
+    pub fn matches_exchange(&self, name: &str) -> bool {
+        self.def.apply_to != ApplyTo::Queues && self.pattern.is_match(name)
     }
 
     /// Whether it applies to the queue `name`.
@@ -149,6 +173,19 @@ pub fn select<'a>(policies: &'a [Policy], name: &str) -> Option<&'a Policy> {
     policies
         .iter()
         .filter(|p| p.matches_queue(name))
+        .max_by(|a, b| {
+            a.def
+                .priority
+                .cmp(&b.def.priority)
+                .then_with(|| a.def.name.cmp(&b.def.name))
+        })
+}
+
+/// The policy that applies to exchange `name` among `policies`.
+pub fn select_exchange<'a>(policies: &'a [Policy], name: &str) -> Option<&'a Policy> {
+    policies
+        .iter()
+        .filter(|p| p.matches_exchange(name))
         .max_by(|a, b| {
             a.def
                 .priority

@@ -103,6 +103,8 @@ pub struct Tenant {
     pub(crate) retained: crate::retained::Retained,
     /// Protocol session state (see [`crate::session_state`]).
     pub(crate) session_state: crate::session_state::SessionState,
+    /// Direct reply-to boxes (see [`crate::reply_to`]).
+    pub(crate) replies: crate::reply_to::ReplyRoutes,
     /// Limits and usage (`[[tenants]]` quotas).
     quota: Arc<TenantQuota>,
 }
@@ -153,6 +155,7 @@ impl Tenant {
             policies: RwLock::new(Vec::new()),
             retained: Default::default(),
             session_state: Default::default(),
+            replies: Default::default(),
             quota: TenantQuota::new(),
         })
     }
@@ -576,6 +579,12 @@ impl Tenant {
         }
         let args = crate::args::QueueArgs::parse(&req.arguments)
             .map_err(|e| EngineError::PreconditionFailed(e.message(&name, &self.name)))?;
+        if let Some((arg, type_name)) = QueueArgs::wrong_type(&req.arguments, args.queue_type) {
+            return Err(EngineError::PreconditionFailed(format!(
+                "invalid arg '{arg}' for queue '{name}' in vhost '{}' of queue type {type_name}",
+                self.name
+            )));
+        }
         if args.queue_type == crate::args::QueueType::Quorum {
             // RabbitMQ's checks, in its order: a quorum queue is replicated
             // and durable by nature.
@@ -588,12 +597,6 @@ impl Tenant {
             } else {
                 None
             };
-            if req.arguments.get("x-max-priority").is_some() {
-                return Err(EngineError::PreconditionFailed(format!(
-                    "invalid arg 'x-max-priority' for queue '{name}' in vhost '{}'",
-                    self.name
-                )));
-            }
             if let Some(prop) = bad {
                 return Err(EngineError::PreconditionFailed(format!(
                     "invalid property '{prop}' for queue '{name}' in vhost '{}'",
@@ -829,7 +832,8 @@ impl Tenant {
         ))
     }
 
-    /// queue.unbind and exchange.unbind. Removing a missing binding succeeds.
+    /// queue.unbind and exchange.unbind. Removing a missing binding, or one
+    /// whose source or destination is missing, succeeds.
     pub fn unbind(
         &self,
         source: &str,
@@ -839,7 +843,15 @@ impl Tenant {
         arguments: Value,
         connection: u64,
     ) -> Result<Option<DurableWait>> {
-        let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
+        // RabbitMQ answers unbind-ok when the source, the destination or
+        // the binding is missing (teardown is idempotent); only the
+        // default exchange and another connection's exclusive queue stay
+        // errors.
+        let (x, dest, durable) = match self.binding_ends(source, kind, destination, connection) {
+            Ok(ends) => ends,
+            Err(EngineError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let removed = x.unbind(&dest, key, &arguments);
         if removed {
             self.maybe_auto_delete_exchange(&x);
@@ -939,12 +951,47 @@ impl Tenant {
                 input.exchange, self.name
             )));
         }
-        x.route(input.routing_key, input.headers, out);
-        // Routing `out` again with a non-empty list removes repeats.
-        for_sender_selected(input.headers, |key| x.route(key, input.headers, out));
+        // The routing key and the CC/BCC keys route together, so an
+        // alternate exchange takes the message only when none matched.
+        let mut cc: Vec<Value> = Vec::new();
+        for name in crate::exchange::SENDER_SELECTED {
+            if input.headers.may_have(name) {
+                cc.extend(input.headers.header(name));
+            }
+        }
+        let alternate = |x: &Exchange| self.alternate_of(x);
+        if cc.is_empty() {
+            // The common case: no allocation.
+            x.route_keys(&[input.routing_key], input.headers, &alternate, out);
+        } else {
+            let mut keys = vec![input.routing_key];
+            for v in &cc {
+                keys.extend(crate::exchange::header_routing_keys(v));
+            }
+            x.route_keys(&keys, input.headers, &alternate, out);
+        }
         Ok(Routed {
             delayed: x.def.delayed,
         })
+    }
+
+    /// The alternate exchange of `x` (its `alternate-exchange` argument,
+    /// else its policy's), if it exists. Asked only when `x` routes a
+    /// message nowhere.
+    fn alternate_of(&self, x: &Exchange) -> Option<Arc<Exchange>> {
+        let name = match x.alternate_argument() {
+            Some(n) => n.to_string(),
+            None => {
+                let policies = self.policies.read();
+                policy::select_exchange(&policies, &x.def.name)?
+                    .def
+                    .definition
+                    .get(crate::exchange::ALTERNATE_EXCHANGE)?
+                    .as_str()?
+                    .to_string()
+            }
+        };
+        self.exchanges.read().get(&name).cloned()
     }
 
     /// Deletes `q` if it is still unused past its `x-expires` at `now_ms`
@@ -1028,6 +1075,15 @@ fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String,
         "x-max-priority",
         "x-overflow",
         "x-single-active-consumer",
+        // Accepted for compatibility only (see args.rs), compared as
+        // RabbitMQ 3.10 compares them.
+        "x-queue-mode",
+        "x-queue-master-locator",
+        "x-queue-leader-locator",
+        "x-quorum-initial-group-size",
+        "x-dead-letter-strategy",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
         // Weir's own: RabbitMQ does not know them, so checking them breaks
         // no RabbitMQ client, and a silently ignored difference (another
         // partition count) would surprise.

@@ -311,3 +311,54 @@ fn a_users_limits_apply_on_top_of_its_tenants() {
     drop(c);
     Client::open(&e, "/", "u").expect("its place is back");
 }
+
+/// `max-memory` counts the bytes of ready messages held in memory: a
+/// queue's tail beyond the in-memory head (`HOT_ENTRIES`) is paged to the
+/// store and does not count; the tenant is blocked at its quota and
+/// unblocked below 90 % of it.
+#[test]
+fn memory_counts_only_what_is_held_in_memory() {
+    use weir_engine::queue::HOT_ENTRIES;
+    let e = engine_with(
+        "a",
+        Limits {
+            max_memory: Some(30_000),
+            ..Limits::default()
+        },
+    );
+    let mut a = Client::open(&e, "a", "u").expect("client");
+    declare(&a, "deep").expect("declare");
+    declare(&a, "hot").expect("declare");
+    let quota = a.tenant().quota().clone();
+    for _ in 0..HOT_ENTRIES {
+        publish(&mut a, "deep", &[0; 10]);
+    }
+    assert_eq!(quota.memory(), HOT_ENTRIES as u64 * 10);
+    // Paged out: queued, not in memory.
+    for _ in 0..10 {
+        publish(&mut a, "deep", &[0; 1000]);
+    }
+    assert_eq!(quota.memory(), HOT_ENTRIES as u64 * 10);
+    assert_eq!(quota.queued_bytes(), HOT_ENTRIES as u64 * 10 + 10_000);
+    assert!(!quota.is_blocked());
+    // 20,480 + 9 × 1,000 is below 30,000; the tenth reaches it.
+    for _ in 0..9 {
+        publish(&mut a, "hot", &[0; 1000]);
+    }
+    assert!(!quota.is_blocked());
+    publish(&mut a, "hot", &[0; 1000]);
+    assert!(quota.is_blocked(), "at its memory quota");
+    assert_eq!(
+        quota.block_reason("a"),
+        "tenant 'a' memory quota",
+        "the reason names the memory quota"
+    );
+    // Drained below the resume mark (27,000): unblocked.
+    a.tenant().purge_queue("hot", a.id()).expect("purge");
+    assert!(!quota.is_blocked());
+    assert_eq!(quota.memory(), HOT_ENTRIES as u64 * 10);
+    a.tenant()
+        .delete_queue("deep", false, false, a.id())
+        .expect("delete");
+    assert_eq!(quota.memory(), 0);
+}

@@ -116,7 +116,10 @@ settings! {
         "TLS: seconds between checks of the files' modification times (0 = only on SIGHUP) \
          [default: 5]";
     "http.listen", "http-listen", "WEIR_HTTP_LISTEN", Str, None,
-        "HTTP listen address (reserved: not served yet)";
+        "HTTP listen address: management API, /metrics, dashboard [default: 0.0.0.0:15672]";
+    "http.metrics_per_queue", "http-metrics-per-queue", "WEIR_HTTP_METRICS_PER_QUEUE", Bool, None,
+        "/metrics: one series per queue (false: queue series summed per tenant, for very large \
+         installations) [default: true]";
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
         "Native protocol listen address (reserved: not served yet)";
     "store.kind", "store", "WEIR_STORE", Str, None,
@@ -417,7 +420,31 @@ impl Default for TlsConfig {
     }
 }
 
-/// `[http]`, `[native]`: listeners reserved for the adapters to
+/// `[http]`: the management API, `/metrics` and the dashboard.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Listen address (RabbitMQ's management port by default).
+    pub listen: SocketAddr,
+    /// `/metrics` writes one series per queue; false sums the queue series
+    /// per tenant (RabbitMQ's aggregated mode), for very large installations.
+    pub metrics_per_queue: bool,
+}
+
+/// The HTTP listener's default address, as RabbitMQ's management plugin.
+pub const HTTP_DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 15672);
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: HTTP_DEFAULT_LISTEN,
+            metrics_per_queue: true,
+        }
+    }
+}
+
+/// `[native]`: a listener reserved for the adapter to
 /// come. Parsed and kept, **not served yet** (no socket is opened).
 #[derive(Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -499,6 +526,8 @@ pub struct QuotaConfig {
     pub disk_free_limit: Option<SizeSetting>,
     /// `[[quota.users]]`: per-user limits, on top of the tenant's.
     pub users: Vec<UserQuotaConfig>,
+    /// `[[quota.connections]]`: per-connection overrides.
+    pub connections: Vec<ConnectionQuotaConfig>,
 }
 
 /// One `[[quota.users]]` entry: limits of one user's connections, checked
@@ -538,6 +567,60 @@ impl UserQuotaConfig {
             ..TenantConfig::named(&self.name)
         };
         as_tenant.limits()
+    }
+}
+
+/// One `[[quota.connections]]` entry: overrides for the connections whose
+/// login name matches `user` and whose own name (AMQP `connection_name`
+/// client property, MQTT client id) matches `name`; both are regular
+/// expressions matched against the whole name, both optional. The first
+/// matching entry applies (see `weir_quota::connections`).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConnectionQuotaConfig {
+    /// Login names covered (regex, whole name).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Connection names / MQTT client ids covered (regex, whole name).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Messages per second of each matching connection, on top of its
+    /// tenant's and user's rates.
+    #[serde(default)]
+    pub publish_rate: Option<u32>,
+    /// Bytes per second of each matching connection. Bytes or a size with
+    /// a unit.
+    #[serde(default)]
+    pub publish_bytes_rate: Option<ByteSize>,
+    /// Channels open at once on a matching AMQP connection: replaces the
+    /// tenant's and user's limit.
+    #[serde(default)]
+    pub max_channels_per_connection: Option<u32>,
+}
+
+impl ConnectionQuotaConfig {
+    /// The rule, patterns compiled and sizes resolved.
+    pub fn rule(&self) -> Result<weir_quota::ConnectionRule, ConfigError> {
+        let what = || {
+            format!(
+                "quota.connections (user {:?}, name {:?})",
+                self.user.as_deref().unwrap_or("*"),
+                self.name.as_deref().unwrap_or("*")
+            )
+        };
+        let as_tenant = TenantConfig {
+            publish_bytes_rate: self.publish_bytes_rate.clone(),
+            ..TenantConfig::named(&what())
+        };
+        let bytes_rate = as_tenant.limits()?.publish_bytes_rate;
+        weir_quota::ConnectionRule::new(
+            self.user.as_deref(),
+            self.name.as_deref(),
+            self.publish_rate,
+            bytes_rate,
+            self.max_channels_per_connection,
+        )
+        .map_err(|e| ConfigError::Invalid(format!("{}: {e}", what())))
     }
 }
 
@@ -682,6 +765,11 @@ pub struct TenantConfig {
     /// Largest message body accepted. Bytes or a size with a unit.
     #[serde(default)]
     pub max_message_size: Option<ByteSize>,
+    /// Bytes of ready messages the tenant's queues hold in memory (not
+    /// paged out): at it, its publishers block, before the global memory
+    /// watermark. Bytes or a size with a unit.
+    #[serde(default)]
+    pub max_memory: Option<ByteSize>,
     /// Messages per second, all the tenant's publishers together.
     #[serde(default)]
     pub publish_rate: Option<u32>,
@@ -727,6 +815,7 @@ impl TenantConfig {
             max_queued_messages: None,
             max_queued_bytes: None,
             max_message_size: None,
+            max_memory: None,
             publish_rate: None,
             publish_bytes_rate: None,
         }
@@ -756,6 +845,7 @@ impl TenantConfig {
             max_queued_messages: self.max_queued_messages,
             max_queued_bytes: bytes(&self.max_queued_bytes, "max-queued-bytes")?,
             max_message_size: bytes(&self.max_message_size, "max-message-size")?,
+            max_memory: bytes(&self.max_memory, "max-memory")?,
             publish_rate: self.publish_rate,
             publish_bytes_rate: rate,
         })
@@ -901,8 +991,8 @@ pub struct Config {
     pub amqp: AmqpConfig,
     /// `[mqtt]`.
     pub mqtt: MqttConfig,
-    /// `[http]` (not served yet).
-    pub http: ReservedListener,
+    /// `[http]`.
+    pub http: HttpConfig,
     /// `[native]` (not served yet).
     pub native: ReservedListener,
     /// `[store]`.
@@ -917,6 +1007,8 @@ pub struct Config {
     pub tenants: Vec<TenantConfig>,
     /// `[[quota.users]]`.
     pub quota_users: Vec<UserQuotaConfig>,
+    /// `[[quota.connections]]`.
+    pub quota_connections: Vec<ConnectionQuotaConfig>,
     /// `[tls]`, if configured (then `amqp.tls_listen` and `mqtt.tls_listen`
     /// are set, to their defaults if not given).
     pub tls: Option<TlsConfig>,
@@ -1084,7 +1176,7 @@ impl Config {
         };
         let amqp: AmqpConfig = typed("amqp", section("amqp"), &describe)?;
         let mqtt: MqttConfig = typed("mqtt", section("mqtt"), &describe)?;
-        let http: ReservedListener = typed("http", section("http"), &describe)?;
+        let http: HttpConfig = typed("http", section("http"), &describe)?;
         let native: ReservedListener = typed("native", section("native"), &describe)?;
         let store: StoreConfig = typed("store", section("store"), &describe)?;
         let quota: QuotaConfig = typed("quota", section("quota"), &describe)?;
@@ -1118,6 +1210,9 @@ impl Config {
         for u in &quota.users {
             u.limits()?;
         }
+        for c in &quota.connections {
+            c.rule()?;
+        }
         for p in &policies {
             weir_engine::policy::Policy::new(p.to_def())
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -1127,12 +1222,10 @@ impl Config {
         validate(&amqp, &store, &auth)?;
         let (mut amqp, mut mqtt) = (amqp, mqtt);
         validate_tls(tls.as_ref(), &mut amqp, &mut mqtt)?;
-        for (name, l) in [("http", &http), ("native", &native)] {
-            if let Some(addr) = l.listen {
-                warnings.push(format!(
-                    "{name}.listen = {addr} is reserved: the {name} adapter is not served yet, nothing listens there"
-                ));
-            }
+        if let Some(addr) = native.listen {
+            warnings.push(format!(
+                "native.listen = {addr} is reserved: the native adapter is not served yet, nothing listens there"
+            ));
         }
         for u in &auth.users {
             if u.password.is_some() {
@@ -1144,6 +1237,7 @@ impl Config {
             }
         }
         let quota_users = quota.users.clone();
+        let quota_connections = quota.connections.clone();
         let quota = resolve_quota(&quota, store.log.segment_bytes())?;
         Ok(Config {
             log,
@@ -1157,6 +1251,7 @@ impl Config {
             policies,
             tenants,
             quota_users,
+            quota_connections,
             tls,
             repair: cli.repair,
             warnings,
@@ -1580,7 +1675,8 @@ mod tests {
                 ("WEIR_DATA_DIR", "/d"),
                 ("WEIR_DEFAULT_PASS", "pw"),
                 ("WEIR_MQTT_LISTEN", "127.0.0.1:1883"),
-                ("WEIR_HTTP_LISTEN", "127.0.0.1:15672"),
+                ("WEIR_HTTP_LISTEN", "127.0.0.1:15673"),
+                ("WEIR_NATIVE_LISTEN", "127.0.0.1:5555"),
                 ("WEIR_PARTIAL_CONTENT_TIMEOUT", "0"),
                 ("WEIR_DISK_FREE_LIMIT", "50MB"),
             ],
@@ -1593,6 +1689,7 @@ mod tests {
         assert_eq!(cfg.amqp.partial_content_timeout, 0);
         assert_eq!(cfg.quota.disk_free_limit, 50 << 20);
         assert_eq!(cfg.mqtt.listen, "127.0.0.1:1883".parse().expect("addr"));
+        assert_eq!(cfg.http.listen, "127.0.0.1:15673".parse().expect("addr"));
         assert!(cfg.warnings.iter().any(|w| w.contains("not served yet")));
         assert!(!cfg.auth.user_specs()[0].loopback_only);
     }
@@ -1702,11 +1799,16 @@ mod tests {
         let path = file(
             "tenant-limits",
             "[[tenants]]\nname = \"a\"\nmax-queues = 3\nmax-queued-bytes = \"64MB\"\n\
-             max-message-size = 1024\npublish-rate = 500\n\n\
-             [[quota.users]]\nname = \"u\"\nmax-connections = 2\npublish-bytes-rate = \"1MB\"\n",
+             max-message-size = 1024\npublish-rate = 500\nmax-memory = \"1MB\"\n\n\
+             [[quota.users]]\nname = \"u\"\nmax-connections = 2\npublish-bytes-rate = \"1MB\"\n\n\
+             [[quota.connections]]\nname = \"s-.*\"\npublish-bytes-rate = \"2kB\"\n",
         );
         let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("valid");
         let l = cfg.tenants[0].limits().expect("limits");
+        assert_eq!(l.max_memory, Some(1 << 20));
+        let rule = cfg.quota_connections[0].rule().expect("rule");
+        assert_eq!(rule.publish_bytes_rate, Some(2048));
+        assert!(rule.matches("anyone", Some("s-1")));
         assert_eq!(l.max_queues, Some(3));
         assert_eq!(l.max_queued_bytes, Some(64 << 20));
         assert_eq!(l.max_message_size, Some(1024));
@@ -1733,6 +1835,16 @@ mod tests {
                 "user-queued",
                 "[[quota.users]]\nname = \"u\"\nmax-queued-bytes = 5\n",
                 "max-queued-bytes",
+            ),
+            (
+                "connection-pattern",
+                "[[quota.connections]]\nname = \"(sensor\"\npublish-rate = 1\n",
+                "invalid pattern '(sensor'",
+            ),
+            (
+                "connection-memory",
+                "[[quota.connections]]\nname = \"x\"\nmax-memory = 5\n",
+                "max-memory",
             ),
         ] {
             let path = file(name, text);

@@ -5,13 +5,21 @@
 //! * [`engine`]: tenants, exchanges, queues, consumers, leases.
 //! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
 //! * [`mqtt`]: MQTT topic and message conversion.
+//! * [`http`]: the management API, `/metrics` and the dashboard.
+//! * [`metrics`]: the Prometheus recorder, metric names, scrape-time figures.
 //! * [`server`]: listeners, store opening, graceful shutdown.
 //! * [`tenant_gate`]: a session's view of its tenant's block and publish rate.
+//! * `otel` (cargo feature `otel`): OpenTelemetry export of the spans.
 //! * [`tls`]: TLS for the AMQPS and MQTTS listeners, certificate reload.
 
 pub mod amqp;
 pub mod config;
+pub mod connections;
+pub mod http;
+pub mod metrics;
 pub mod mqtt;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod server;
 pub mod tenant_gate;
 pub mod tls;

@@ -2,6 +2,8 @@
 
 use std::process::ExitCode;
 use weir_gateway::config::{Cli, Command, Config};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 use weir_gateway::server::{shutdown_signal, Broker};
 
 fn main() -> ExitCode {
@@ -21,10 +23,29 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .init();
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_target(false));
+    // With the `otel` feature and an OTLP endpoint, spans are exported too;
+    // the guard flushes them when main returns.
+    #[cfg(feature = "otel")]
+    let _otel = match weir_gateway::otel::layer() {
+        Ok(Some((layer, guard))) => {
+            registry.with(layer).init();
+            Some(guard)
+        }
+        Ok(None) => {
+            registry.init();
+            None
+        }
+        Err(e) => {
+            registry.init();
+            tracing::warn!(error = %e, "OpenTelemetry export not started");
+            None
+        }
+    };
+    #[cfg(not(feature = "otel"))]
+    registry.init();
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }

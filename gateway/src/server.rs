@@ -43,6 +43,9 @@ pub struct Shared {
     /// Set after large frees (purge, delete): the memory monitor trims the
     /// heap on its next tick.
     trim_wanted: AtomicBool,
+    /// Live client connections, for the management API (see
+    /// [`crate::connections`]).
+    pub connections: Arc<crate::connections::Connections>,
 }
 
 impl Shared {
@@ -235,8 +238,13 @@ pub struct Broker {
     listener: TcpListener,
     mqtt_listener: TcpListener,
     mqtt_ws_listener: TcpListener,
+    http_listener: TcpListener,
     tls: Option<TlsListeners>,
     limits: Limits,
+    /// When the store began opening (uptime).
+    started: std::time::Instant,
+    /// `[http] metrics_per_queue`.
+    metrics_per_queue: bool,
 }
 
 /// The TLS listeners (with `[tls]`) and the certificates they share.
@@ -337,6 +345,8 @@ impl Broker {
     ) -> Result<Self, ServerError> {
         let log_cfg = &cfg.store.log;
         let started = std::time::Instant::now();
+        // Before any session or the store records a figure.
+        crate::metrics::install();
         let engine = Engine::open(store.clone())?;
         engine.set_codecs(crate::amqp::convert::shared_codecs());
         for t in &cfg.tenants {
@@ -356,6 +366,13 @@ impl Broker {
             let limits = u.limits().map_err(|e| ServerError::Policy(e.to_string()))?;
             engine.user_quotas.set(&u.name, limits);
         }
+        let rules = cfg
+            .quota_connections
+            .iter()
+            .map(|c| c.rule())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ServerError::Policy(e.to_string()))?;
+        engine.connection_quotas.set(rules);
         apply_users(&engine, cfg, users).await?;
         for p in &cfg.policies {
             let tenant = engine.tenant(&p.vhost).ok_or_else(|| {
@@ -406,6 +423,13 @@ impl Broker {
                 addr: cfg.mqtt.ws_listen,
                 source,
             })?;
+        let http_listener =
+            TcpListener::bind(cfg.http.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: cfg.http.listen,
+                    source,
+                })?;
         let tls = match &cfg.tls {
             Some(files) => {
                 let tls = crate::tls::Tls::load(files)?;
@@ -471,12 +495,16 @@ impl Broker {
                     .then(|| Duration::from_secs(cfg.amqp.partial_content_timeout)),
                 logins: LoginThrottle::default(),
                 trim_wanted: AtomicBool::new(false),
+                connections: Default::default(),
             }),
             store,
             listener,
             mqtt_listener,
             mqtt_ws_listener,
+            http_listener,
             tls,
+            started,
+            metrics_per_queue: cfg.http.metrics_per_queue,
             limits: Limits {
                 memory: cfg.quota.memory_limit,
                 disk_free: cfg.quota.disk_free_limit,
@@ -488,6 +516,11 @@ impl Broker {
     /// The bound AMQP address.
     pub fn amqp_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The bound HTTP address (management API, `/metrics`, dashboard).
+    pub fn http_addr(&self) -> std::io::Result<SocketAddr> {
+        self.http_listener.local_addr()
     }
 
     /// Serves until `stop` resolves, then closes every connection with
@@ -541,6 +574,18 @@ impl Broker {
         if let Ok(addr) = self.mqtt_ws_listener.local_addr() {
             tracing::info!(%addr, "MQTT WebSocket listener ready");
         }
+        if let Ok(addr) = self.http_listener.local_addr() {
+            tracing::info!(%addr, "HTTP listener ready");
+        }
+        let http = tokio::spawn(crate::http::serve(
+            self.http_listener,
+            Arc::new(crate::http::HttpState {
+                shared: self.shared.clone(),
+                started: self.started,
+                metrics_per_queue: self.metrics_per_queue,
+            }),
+            shutdown_rx.clone(),
+        ));
         let tls_watch = self.tls.as_mut().map(|t| {
             for (l, what) in [
                 (&t.amqps, "AMQPS"),
@@ -644,6 +689,8 @@ impl Broker {
             tracing::warn!("some connections did not close in time");
             conns.abort_all();
         }
+        // Requests in flight had the same grace as the connections.
+        http.abort();
         compactor.abort();
         timers.abort();
         monitors_stop.store(true, Ordering::Relaxed);
@@ -781,7 +828,7 @@ fn set_alarm(
 }
 
 /// Resident memory of this process (`/proc/self/statm`, second field, in pages).
-fn resident_bytes() -> Option<u64> {
+pub(crate) fn resident_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * page_size())

@@ -12,10 +12,15 @@
 //!   [`Debt`]; after the batch it asks the tenant's limiter, and over the
 //!   rate it stops reading for the time the limiter names (TCP pushes back
 //!   on the producer). No error, nothing allocated per message.
+//! * **Store share**: when the store says the tenant is over its share of
+//!   the log writer (several tenants write and this one's backlog would
+//!   delay the others' confirms, see `Store::append_for`), the session stops
+//!   reading after the batch until everything it appended is durable (one
+//!   store barrier). Every connection has a gate for this, limits or not.
 
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use weir_quota::{Debt, Rate, TenantQuota};
 
@@ -26,31 +31,33 @@ pub struct TenantGate {
     block: watch::Receiver<bool>,
     /// The block as last seen.
     blocked: bool,
-    /// The tenant's publish rate and the user's (`[[quota.users]]`), each
-    /// with what this connection owes it.
-    rates: [Option<(Arc<Rate>, Debt)>; 2],
+    /// The tenant's publish rate, the user's (`[[quota.users]]`) and the
+    /// connection's own (`[[quota.connections]]`), each with what this
+    /// connection owes it.
+    rates: [Option<(Arc<Rate>, Debt)>; 3],
     /// Not read until then: over the rate.
     pause_until: Option<Instant>,
+    /// Not read until this fires: the tenant was over its share of the
+    /// store's writer, and this connection's appends are not durable yet.
+    store_wait: Option<oneshot::Receiver<()>>,
 }
 
 impl TenantGate {
-    /// The gate of an engine client's connection, if its tenant has a
-    /// queued or rate limit or its user a rate limit (without, a connection
-    /// carries and checks nothing).
-    pub fn for_client(client: &weir_engine::Client) -> Option<Self> {
+    /// The gate of an engine client's connection. Always one: the store
+    /// share applies to every tenant; without limits the per-publish checks
+    /// are an atomic load and an empty loop.
+    /// `rule` is the connection's `[[quota.connections]]` override, if
+    /// one matches: its rate is this connection's own.
+    pub fn for_client(
+        client: &weir_engine::Client,
+        rule: Option<&weir_quota::ConnectionRule>,
+    ) -> Option<Self> {
         let tenant = client.tenant();
-        let l = tenant.quota().limits();
         let user_rate = client.user_quota().and_then(|u| u.rate());
-        let limited = l.max_queued_bytes.is_some()
-            || l.max_queued_messages.is_some()
-            || l.publish_rate.is_some()
-            || l.publish_bytes_rate.is_some()
-            || user_rate.is_some();
-        limited.then(|| {
-            let mut g = Self::new(tenant.name.clone(), tenant.quota().clone());
-            g.rates[1] = user_rate.map(|r| (r, Debt::default()));
-            g
-        })
+        let mut g = Self::new(tenant.name.clone(), tenant.quota().clone());
+        g.rates[1] = user_rate.map(|r| (r, Debt::default()));
+        g.rates[2] = rule.and_then(|r| r.rate()).map(|r| (r, Debt::default()));
+        Some(g)
     }
 
     /// The gate of a connection of `tenant`.
@@ -63,8 +70,9 @@ impl TenantGate {
             tenant,
             block,
             blocked,
-            rates: [rate, None],
+            rates: [rate, None, None],
             pause_until: None,
+            store_wait: None,
         }
     }
 
@@ -83,6 +91,11 @@ impl TenantGate {
         true
     }
 
+    /// The tenant's name.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
     /// The `connection.blocked` reason.
     pub fn reason(&self) -> String {
         self.quota.block_reason(&self.tenant)
@@ -97,8 +110,22 @@ impl TenantGate {
     }
 
     /// After a batch: takes its debt from the tenant's rate; over it, reads
-    /// pause (see [`TenantGate::paused`]).
-    pub fn end_batch(&mut self) {
+    /// pause (see [`TenantGate::paused`]). Over the tenant's share of the
+    /// store's writer, reads pause until `client`'s appends are durable.
+    pub fn end_batch(&mut self, client: Option<&mut weir_engine::Client>) {
+        if let Some(c) = client {
+            if c.take_store_pressure() && self.store_wait.is_none() {
+                let (tx, rx) = oneshot::channel();
+                let barrier = c.durability_barrier(Box::new(move |_| {
+                    let _ = tx.send(());
+                }));
+                // A store that refuses the barrier is failing: its own
+                // errors reach the publishers; nothing to wait for here.
+                if barrier.is_ok() {
+                    self.store_wait = Some(rx);
+                }
+            }
+        }
         if self.pause_until.is_some() {
             return;
         }
@@ -109,18 +136,19 @@ impl TenantGate {
             }
         }
         if let Some(wait) = wait {
+            crate::metrics::rate_pause(&self.tenant);
             self.pause_until = Some(Instant::now() + wait.max(Duration::from_millis(1)));
         }
     }
 
-    /// Whether reads are paused by the rate.
+    /// Whether reads are paused by the rate or the store share.
     pub fn paused(&self) -> bool {
-        self.pause_until.is_some()
+        self.pause_until.is_some() || self.store_wait.is_some()
     }
 }
 
 /// Resolves when `gate`'s block changes (only if `watch_block`) or its
-/// rate pause is over; never without a gate or either. The caller then
+/// rate or store-share pause is over; never without a gate or any. The caller then
 /// refreshes its alarm state.
 pub async fn wake(gate: Option<&mut TenantGate>, watch_block: bool) {
     let Some(g) = gate else {
@@ -138,6 +166,10 @@ pub async fn wake(gate: Option<&mut TenantGate>, watch_block: bool) {
         }
         () = tokio::time::sleep_until(pause.unwrap_or_else(Instant::now)), if pause.is_some() => {
             g.pause_until = None;
+        }
+        // Sent, or dropped with a closing store: nothing left to wait for.
+        _ = async { g.store_wait.as_mut().expect("guarded").await }, if g.store_wait.is_some() => {
+            g.store_wait = None;
         }
         else => std::future::pending().await,
     }

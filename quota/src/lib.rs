@@ -7,12 +7,15 @@
 //! * [`limits`]: a tenant's limits ([`Limits`]) and the counters they are
 //!   checked against ([`TenantQuota`]), with the tenant's block signal.
 //! * [`rate`]: publish rate limits (messages/s, bytes/s) with `governor`.
+//! * [`connections`]: per-connection overrides (`[[quota.connections]]`).
 
 #![forbid(unsafe_code)]
 
+pub mod connections;
 pub mod limits;
 pub mod rate;
 
+pub use connections::{ConnectionQuotas, ConnectionRule};
 pub use limits::{Limits, QuotaError, TenantQuota, UserQuotas};
 pub use rate::{Debt, Rate};
 

@@ -33,6 +33,10 @@ pub struct Limits {
     pub max_queued_bytes: Option<u64>,
     /// Largest message accepted, bytes.
     pub max_message_size: Option<u64>,
+    /// Bytes (bodies) of the ready messages the tenant's queues hold in
+    /// memory, not paged out to the store: at it, publishers are blocked,
+    /// before the broker's global memory watermark blocks everyone.
+    pub max_memory: Option<u64>,
     /// Messages per second the tenant's publishers may send together.
     pub publish_rate: Option<u32>,
     /// Bytes per second the tenant's publishers may send together.
@@ -117,16 +121,25 @@ pub struct TenantQuota {
     max_queued_messages: AtomicU64,
     max_queued_bytes: AtomicU64,
     max_message_size: AtomicU64,
+    max_memory: AtomicU64,
     connections: AtomicU32,
     queued_messages: AtomicU64,
     queued_bytes: AtomicU64,
-    /// Set while the tenant is at a queued limit.
+    /// Bytes of ready messages held in memory (see [`Limits::max_memory`]).
+    memory: AtomicU64,
+    /// Set while the tenant is at a queued or memory limit.
     blocked: watch::Sender<bool>,
     /// The watch's value, for the per-message paths (the watch's own
     /// value sits behind a lock).
     blocked_now: AtomicBool,
     rate: parking_lot_free::Cell<Option<Arc<crate::rate::Rate>>>,
+    /// A number naming the tenant to shared machinery that must not learn
+    /// what a tenant is (the store's fair shares of its writer).
+    tag: u32,
 }
+
+/// The next [`TenantQuota::tag`]. 0 is left for the broker's own work.
+static NEXT_TAG: AtomicU32 = AtomicU32::new(1);
 
 /// A minimal lock for rarely changed values (no extra dependency).
 mod parking_lot_free {
@@ -162,12 +175,15 @@ impl Default for TenantQuota {
             max_queued_messages: AtomicU64::new(UNLIMITED),
             max_queued_bytes: AtomicU64::new(UNLIMITED),
             max_message_size: AtomicU64::new(UNLIMITED),
+            max_memory: AtomicU64::new(UNLIMITED),
             connections: AtomicU32::new(0),
             queued_messages: AtomicU64::new(0),
             queued_bytes: AtomicU64::new(0),
+            memory: AtomicU64::new(0),
             blocked: watch::Sender::new(false),
             blocked_now: AtomicBool::new(false),
             rate: parking_lot_free::Cell::new(None),
+            tag: NEXT_TAG.fetch_add(1, Ordering::Relaxed).max(1),
         }
     }
 }
@@ -179,6 +195,7 @@ impl std::fmt::Debug for TenantQuota {
             .field("connections", &self.connections())
             .field("queued_messages", &self.queued_messages())
             .field("queued_bytes", &self.queued_bytes())
+            .field("memory", &self.memory())
             .field("blocked", &self.is_blocked())
             .finish()
     }
@@ -188,6 +205,12 @@ impl TenantQuota {
     /// Unlimited, nothing counted.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// A number unique to this tenant for the life of the process (never
+    /// 0): what the store's fairness knows of it.
+    pub fn tag(&self) -> u32 {
+        self.tag
     }
 
     /// The limits in force.
@@ -205,6 +228,8 @@ impl TenantQuota {
             .store(opt(limits.max_queued_bytes), Ordering::Relaxed);
         self.max_message_size
             .store(opt(limits.max_message_size), Ordering::Relaxed);
+        self.max_memory
+            .store(opt(limits.max_memory), Ordering::Relaxed);
         let rate =
             (limits.publish_rate.is_some() || limits.publish_bytes_rate.is_some()).then(|| {
                 Arc::new(crate::rate::Rate::new(
@@ -356,19 +381,49 @@ impl TenantQuota {
         }
     }
 
+    // -- memory -------------------------------------------------------------
+
+    /// A ready message of `bytes` is held in memory. Blocks the tenant's
+    /// publishers at its memory limit.
+    pub fn held(&self, bytes: u64) {
+        let m = self.memory.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if m >= self.max_memory.load(Ordering::Relaxed) && !self.blocked_now.load(Ordering::Relaxed)
+        {
+            self.update_blocked();
+        }
+    }
+
+    /// `bytes` held in memory were let go (delivered, paged out, removed).
+    /// Unblocks its publishers below the resume mark (of every limit).
+    pub fn released(&self, bytes: u64) {
+        let prev = self.memory.fetch_sub(bytes, Ordering::Relaxed);
+        debug_assert!(prev >= bytes, "released more memory than held");
+        if self.blocked_now.load(Ordering::Relaxed)
+            && prev.wrapping_sub(bytes) < resume_at(self.max_memory.load(Ordering::Relaxed))
+        {
+            self.update_blocked();
+        }
+    }
+
+    /// Bytes of the tenant's ready messages held in memory.
+    pub fn memory(&self) -> u64 {
+        self.memory.load(Ordering::Relaxed)
+    }
+
     /// Re-evaluates the block under the watch's lock, from the counters as
     /// they are now (concurrent updates settle on the right state).
     fn update_blocked(&self) {
         self.blocked.send_if_modified(|blocked| {
-            let (m, b) = (self.queued_messages(), self.queued_bytes());
-            let (max_m, max_b) = (
+            let (m, b, mem) = (self.queued_messages(), self.queued_bytes(), self.memory());
+            let (max_m, max_b, max_mem) = (
                 self.max_queued_messages.load(Ordering::Relaxed),
                 self.max_queued_bytes.load(Ordering::Relaxed),
+                self.max_memory.load(Ordering::Relaxed),
             );
             let want = if *blocked {
-                !(m < resume_at(max_m) && b < resume_at(max_b))
+                !(m < resume_at(max_m) && b < resume_at(max_b) && mem < resume_at(max_mem))
             } else {
-                m >= max_m || b >= max_b
+                m >= max_m || b >= max_b || mem >= max_mem
             };
             let changed = want != *blocked;
             *blocked = want;
@@ -387,7 +442,7 @@ impl TenantQuota {
         self.queued_bytes.load(Ordering::Relaxed)
     }
 
-    /// Whether the tenant's publishers are blocked (a queued limit).
+    /// Whether the tenant's publishers are blocked (a queued or memory limit).
     pub fn is_blocked(&self) -> bool {
         *self.blocked.borrow()
     }
@@ -400,7 +455,12 @@ impl TenantQuota {
     /// Why the tenant is blocked (the `connection.blocked` reason).
     pub fn block_reason(&self, tenant: &str) -> String {
         let l = self.limits();
-        if l.max_queued_bytes
+        if l.max_memory
+            .is_some_and(|max| self.memory() >= resume_at(max))
+        {
+            format!("tenant '{tenant}' memory quota")
+        } else if l
+            .max_queued_bytes
             .is_some_and(|max| self.queued_bytes() >= resume_at(max))
         {
             format!("tenant '{tenant}' queued bytes quota")
@@ -518,6 +578,29 @@ mod tests {
         assert!(!q.is_blocked());
         assert!(!*rx.borrow_and_update());
         assert_eq!((q.queued_messages(), q.queued_bytes()), (0, 50));
+    }
+
+    #[test]
+    fn memory_blocks_at_the_limit_names_it_and_resumes_below_the_mark() {
+        let q = quota(Limits {
+            max_memory: Some(1000),
+            max_queued_bytes: Some(1 << 20),
+            ..Limits::default()
+        });
+        q.held(999);
+        assert!(!q.is_blocked());
+        q.held(1);
+        assert!(q.is_blocked());
+        assert_eq!(q.block_reason("a"), "tenant 'a' memory quota");
+        // Queued bytes moving does not unblock while memory is at the mark.
+        q.queued(1, 10);
+        q.dequeued(1, 10);
+        assert!(q.is_blocked());
+        q.released(50);
+        assert!(q.is_blocked());
+        q.released(900);
+        assert!(!q.is_blocked());
+        assert_eq!(q.memory(), 50);
     }
 
     #[test]

@@ -46,6 +46,7 @@ class Weir:
         self.port: int | None = None
         self.mqtt_port: int | None = None
         self.ws_port: int | None = None
+        self.http_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -59,10 +60,11 @@ class Weir:
         self.port = free_port()
         self.mqtt_port = free_port()
         self.ws_port = free_port()
+        self.http_port = free_port()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(binary), "--data-dir", str(self.data_dir), "--amqp-listen", f"127.0.0.1:{self.port}",
-             "--mqtt-listen", f"127.0.0.1:{self.mqtt_port}", "--mqtt-ws-listen", f"127.0.0.1:{self.ws_port}",
+             "--mqtt-listen", f"127.0.0.1:{self.mqtt_port}", "--mqtt-ws-listen", f"127.0.0.1:{self.ws_port}", "--http-listen", f"127.0.0.1:{self.http_port}",
              *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )

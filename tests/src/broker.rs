@@ -81,6 +81,8 @@ pub struct Broker {
     /// Serve MQTT on `127.0.0.1:mqtt_port` (see [`Broker::start_mqtt_with`]).
     mqtt: bool,
     mqtt_port: u16,
+    /// The HTTP listener's port (management API, `/metrics`, dashboard).
+    http_port: u16,
 }
 
 impl Broker {
@@ -122,6 +124,7 @@ impl Broker {
             extra_args: args.iter().map(|s| s.to_string()).collect(),
             mqtt: false,
             mqtt_port: 0,
+            http_port: 0,
         }
     }
 
@@ -147,6 +150,18 @@ impl Broker {
     }
 
     /// The MQTT listener's port (brokers started with `start_mqtt_*`).
+    /// The port of the HTTP listener (management API, `/metrics`,
+    /// dashboard), chosen at each start unless the flags named one.
+    pub fn http_port(&self) -> u16 {
+        assert!(self.http_port != 0, "this broker's HTTP port is not known");
+        self.http_port
+    }
+
+    /// `http://127.0.0.1:PORT`, the HTTP listener's base URL.
+    pub fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port())
+    }
+
     pub fn mqtt_port(&self) -> u16 {
         assert!(
             self.mqtt,
@@ -207,6 +222,16 @@ impl Broker {
         {
             // Nor the default 8083.
             cmd.arg("--mqtt-ws-listen").arg("127.0.0.1:0");
+        }
+        if !self
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--http-listen"))
+        {
+            // Nor the default 15672; a fresh port each start.
+            self.http_port = free_port();
+            cmd.arg("--http-listen")
+                .arg(format!("127.0.0.1:{}", self.http_port));
         }
         cmd.args(&self.extra_args);
         self.spawn_command(cmd, port)
@@ -397,6 +422,10 @@ pub fn weir_command() -> Command {
 /// Panics if it is still running after [`START_TIMEOUT`].
 pub fn run_weir_to_exit(setup: impl FnOnce(&mut Command)) -> (ExitStatus, String) {
     let mut cmd = weir_command();
+    // Should it start after all, never on the default ports.
+    cmd.env("WEIR_MQTT_LISTEN", "127.0.0.1:0")
+        .env("WEIR_MQTT_WS_LISTEN", "127.0.0.1:0")
+        .env("WEIR_HTTP_LISTEN", "127.0.0.1:0");
     setup(&mut cmd);
     let mut child = cmd.spawn().expect("spawning weir");
     let logs = Arc::new(LogBuf::default());
@@ -448,8 +477,10 @@ impl Broker {
             let mut cmd = weir_command();
             // Tests run in parallel: never the default MQTT port 1883 (an
             // environment variable, so a setup's flag or env still wins).
+            b.http_port = free_port();
             cmd.env("WEIR_MQTT_LISTEN", "127.0.0.1:0")
-                .env("WEIR_MQTT_WS_LISTEN", "127.0.0.1:0");
+                .env("WEIR_MQTT_WS_LISTEN", "127.0.0.1:0")
+                .env("WEIR_HTTP_LISTEN", format!("127.0.0.1:{}", b.http_port));
             setup(port, &mut cmd);
             match b.spawn_command(cmd, port) {
                 Ok(()) => return b,

@@ -6,6 +6,7 @@
 //!   [`assert_code`], …);
 //! * [`raw`]: a tiny raw AMQP 0-9-1 client for frames no well-behaved client
 //!   would send;
+//! * [`http`]: a minimal HTTP client for the management API tests;
 //! * [`hardening`]: what the `hardening_*` tests share (memory, tmpfs, …).
 //!
 //! The first two are re-exported here, so `use weir_tests::*;` brings them in.
@@ -25,6 +26,7 @@ pub use lapin;
 pub mod broker;
 pub mod clients;
 pub mod hardening;
+pub mod http;
 pub mod raw;
 
 pub use broker::*;

@@ -1,8 +1,11 @@
 //! Tenant quotas (issue 9) against the real binary: a tenant at its
-//! queued-bytes quota is blocked (`connection.blocked`) while another
-//! tenant keeps publishing, and unblocked when drained; the count limits
-//! refuse with RabbitMQ's codes; an MQTT client over a limit gets 0x97; a
-//! publisher over its tenant's rate is paused (its precision is a time:
+//! queued-bytes or memory quota is blocked (`connection.blocked`) while
+//! another tenant keeps publishing, and unblocked when drained (paged-out
+//! messages do not count towards memory); the count limits refuse with
+//! RabbitMQ's codes; an MQTT client over a limit gets 0x97;
+//! `[[quota.connections]]` rules pace and limit the channels of the AMQP
+//! connections and MQTT clients they name; a publisher over its tenant's
+//! rate is paused (its precision is a time:
 //! the limiter is unit-tested in `quota/src/rate.rs` on a fake clock, and
 //! the rate held is measured by the noisy-neighbour benchmark).
 
@@ -357,4 +360,222 @@ async fn a_publisher_over_its_tenants_rate_is_paused_while_another_publishes() {
         "the rate-limited publisher was read through: {taken}"
     );
     assert!(!last.is_finished(), "its last publish was confirmed");
+}
+
+/// `max-memory` (100,000 bytes here) counts the bytes a tenant's queues
+/// hold in memory, not what is paged out to the store: a queue deeper than
+/// the engine keeps in memory (`HOT_ENTRIES`, 2,048 per partition) holds
+/// its tail by position only. Past the memory quota the tenant is blocked, naming that quota,
+/// while another tenant publishes on; drained, it is unblocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_memory_quota_is_blocked_while_paged_out_bytes_do_not_count() {
+    let (broker, _tmp) =
+        start("[[tenants]]\nname = \"a\"\nmax-memory = 100000\n\n[[tenants]]\nname = \"b\"\n");
+    let conn_a = connect(&broker.url_with("guest", "guest", "a")).await;
+    let mut events: Events = Box::pin(conn_a.events_listener());
+    let ch_a = confirm_channel(&conn_a).await;
+    declare_queue(&ch_a, "deep").await;
+    // 2,048 small messages fill the queue's in-memory head (20 kB); the
+    // next 200 kB go to the store, beyond the 100 kB quota in queued bytes
+    // but not in memory. Every confirm comes: never blocked (a blocked
+    // connection is not read, so its later publishes would not be).
+    let mut confirms = Vec::new();
+    for _ in 0..2048 {
+        confirms.push(publish(&ch_a, "deep", &[b's'; 10]).await);
+    }
+    let big = vec![b'x'; 1000];
+    for _ in 0..200 {
+        confirms.push(publish(&ch_a, "deep", &big).await);
+    }
+    for c in confirms {
+        assert!(within("confirm", c).await.expect("confirm").is_ack());
+    }
+
+    // 20,480 bytes in memory and 80 messages of 1,000 reach the quota; the
+    // next publish is taken, then the connection is blocked, naming the
+    // tenant's memory quota.
+    declare_queue(&ch_a, "hot").await;
+    for _ in 0..80 {
+        publish_confirmed(&ch_a, "", "hot", &big, BasicProperties::default()).await;
+    }
+    let in_hand = publish(&ch_a, "hot", &big).await;
+    let reason = next_block_event(&mut events)
+        .await
+        .expect("blocked, not unblocked");
+    assert_eq!(reason, "tenant 'a' memory quota");
+    assert!(within("confirm in hand", in_hand)
+        .await
+        .expect("confirm")
+        .is_ack());
+
+    // Tenant b publishes on.
+    let conn_b = connect(&broker.url_with("guest", "guest", "b")).await;
+    let ch_b = confirm_channel(&conn_b).await;
+    declare_queue(&ch_b, "steady").await;
+    for _ in 0..50 {
+        publish_confirmed(&ch_b, "", "steady", &big, BasicProperties::default()).await;
+    }
+
+    // Draining the in-memory queue unblocks tenant a.
+    let conn_a2 = connect(&broker.url_with("guest", "guest", "a")).await;
+    let ch_a2 = conn_a2.create_channel().await.expect("channel");
+    assert_eq!(queue_len(&ch_a2, "hot").await, 81);
+    let mut consumer = ch_a2
+        .basic_consume(
+            "hot".into(),
+            "drain".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("basic.consume");
+    for _ in 0..81 {
+        next_delivery(&mut consumer).await;
+    }
+    assert_eq!(next_block_event(&mut events).await, None, "unblocked");
+    publish_confirmed(&ch_a, "", "hot", &big, BasicProperties::default()).await;
+}
+
+/// A connection of tenant `tenant` named `name` (AMQP `connection_name`).
+async fn connect_named(broker: &Broker, tenant: &str, name: &str) -> lapin::Connection {
+    within(
+        "connect",
+        lapin::Connection::connect(
+            &broker.url_with("guest", "guest", tenant),
+            lapin::ConnectionProperties::default().with_connection_name(name.into()),
+        ),
+    )
+    .await
+    .expect("connect")
+}
+
+/// `[[quota.connections]]`: a rule matched by the AMQP `connection_name`
+/// paces that connection alone (its tenant has no rate: an unnamed
+/// connection of the same user and tenant publishes on) and replaces the
+/// tenant's channel limit, lower or higher, for the connections it covers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_overrides_pace_and_limit_channels_of_the_connections_they_match() {
+    let (broker, _tmp) = start(
+        "[[tenants]]\nname = \"a\"\nmax-channels-per-connection = 2\n\n\
+         [[quota.connections]]\nname = \"sensor-.*\"\npublish-rate = 1\nmax-channels-per-connection = 1\n\n\
+         [[quota.connections]]\nuser = \"guest\"\nname = \"pool\"\nmax-channels-per-connection = 3\n",
+    );
+    // The paced connection: twenty messages at once owe its limiter ~19 s.
+    let sensor = connect_named(&broker, "a", "sensor-7").await;
+    let ch = confirm_channel(&sensor).await;
+    declare_queue(&ch, "paced").await;
+    let mut confirms = Vec::new();
+    for _ in 0..20 {
+        confirms.push(publish(&ch, "paced", b"x").await);
+    }
+    let last = tokio::spawn(publish(&ch, "paced", b"last").await);
+    // Another connection of the same user and tenant is not paced.
+    let other = connect(&broker.url_with("guest", "guest", "a")).await;
+    let och = confirm_channel(&other).await;
+    declare_queue(&och, "free").await;
+    for _ in 0..50 {
+        publish_confirmed(&och, "", "free", b"y", BasicProperties::default()).await;
+    }
+    let taken = queue_len(&och, "paced").await;
+    assert!(taken < 21, "the paced connection was read through: {taken}");
+    assert!(!last.is_finished(), "its last publish was confirmed");
+
+    // Channels: the unnamed connection has the tenant's 2 (one open).
+    let _second = other.create_channel().await.expect("second channel");
+    // The pool gets 3, above the tenant's limit; a 4th closes it with 530.
+    let pool = connect_named(&broker, "a", "pool").await;
+    let mut pool_events: Events = Box::pin(pool.events_listener());
+    let mut chans = Vec::new();
+    for _ in 0..3 {
+        chans.push(pool.create_channel().await.expect("pool channel"));
+    }
+    let _ = pool.create_channel().await;
+    assert_eq!(next_error_code(&mut pool_events).await, 530);
+    // The sensor rule allows one channel, below the tenant's 2 (another
+    // sensor: the paced one's socket is not read for a while).
+    let quiet = connect_named(&broker, "a", "sensor-8").await;
+    let mut quiet_events: Events = Box::pin(quiet.events_listener());
+    let _one = quiet.create_channel().await.expect("first channel");
+    let _ = quiet.create_channel().await;
+    assert_eq!(next_error_code(&mut quiet_events).await, 530);
+}
+
+/// An MQTT client id matched by a `[[quota.connections]]` rule is paced by
+/// its own limiter: at 1 msg/s, twenty QoS 1 publishes sent at once owe it
+/// about 19 s, so a 21st is not read while a client with another id of the
+/// same user and tenant publishes its fifty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt_client_id_matched_by_a_connection_rule_is_paced_alone() {
+    use lapin::options::QueueBindOptions;
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let (broker, _tmp) = start(
+        "[[tenants]]\nname = \"a\"\n\n\
+         [[quota.connections]]\nname = \"meter-.*\"\npublish-rate = 1\n",
+    );
+    let amqp = connect(&broker.url_with("guest", "guest", "a")).await;
+    let ch = amqp.create_channel().await.expect("channel");
+    for (q, key) in [("paced", "m.#"), ("free", "f.#")] {
+        declare_queue(&ch, q).await;
+        ch.queue_bind(
+            q.into(),
+            "amq.topic".into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("queue.bind");
+    }
+    // A client and a counter of its PUBACKs.
+    let mqtt = |id: &str| {
+        let mut o = MqttOptions::new(id, "127.0.0.1", broker.mqtt_port());
+        o.set_credentials("a:guest", "guest");
+        let (client, mut el) = AsyncClient::new(o, 100);
+        let (acks_tx, acks) = tokio::sync::watch::channel(0usize);
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Ok(ev) = el.poll().await {
+                if let Event::Incoming(Packet::PubAck(_)) = ev {
+                    n += 1;
+                    acks_tx.send_replace(n);
+                }
+            }
+        });
+        (client, acks)
+    };
+    let (meter, mut meter_acks) = mqtt("meter-1");
+    for i in 0..20 {
+        meter
+            .publish("m/x", QoS::AtLeastOnce, false, format!("m{i}"))
+            .await
+            .expect("publish");
+    }
+    // Read (at least a first batch): its debt is owed from now on.
+    within("a PUBACK", meter_acks.wait_for(|n| *n >= 1))
+        .await
+        .expect("ack counter");
+    meter
+        .publish("m/x", QoS::AtLeastOnce, false, "last")
+        .await
+        .expect("publish");
+    let (other, mut other_acks) = mqtt("gateway-1");
+    for i in 0..50 {
+        other
+            .publish("f/x", QoS::AtLeastOnce, false, format!("f{i}"))
+            .await
+            .expect("publish");
+    }
+    within("50 PUBACKs", other_acks.wait_for(|n| *n >= 50))
+        .await
+        .expect("ack counter");
+    assert_eq!(queue_len(&ch, "free").await, 50);
+    let taken = queue_len(&ch, "paced").await;
+    assert!(taken < 21, "the paced client was read through: {taken}");
+    assert!(
+        *meter_acks.borrow() < 21,
+        "all the paced client's publishes were acknowledged"
+    );
 }

@@ -24,6 +24,7 @@
 //! of the whole record).
 
 mod checkpoint;
+mod fair;
 mod receipts;
 mod record;
 mod recovery;
@@ -80,8 +81,9 @@ pub mod fuzzing {
 mod tests;
 
 use crate::{
-    LiveSet, Location, MessageData, MessageId, Op, PartitionId, Receipt, RecoveredMessage,
-    RecoveredMeta, Relocation, SegmentId, Store, StoreError, StoreStats, StoredMessage, Waiter,
+    Admission, LiveSet, Location, MessageData, MessageId, Op, Owner, PartitionId, Receipt,
+    RecoveredMessage, RecoveredMeta, Relocation, SegmentId, Store, StoreError, StoreStats,
+    StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
@@ -201,6 +203,8 @@ pub(crate) struct State {
     /// written: a copy after the settle would bring the message back at
     /// recovery.
     compacting: Option<HashSet<(PartitionId, MessageId)>>,
+    /// Bytes each owner has waiting for the writer (`fair.rs`).
+    owners: fair::Owners,
 }
 
 #[derive(Default)]
@@ -400,6 +404,7 @@ impl LogStore {
                 spare: Vec::new(),
                 requeued: rec.requeued,
                 compacting: None,
+                owners: fair::Owners::default(),
             }),
             wake: Condvar::new(),
             next_id: AtomicU64::new(rec.next_id),
@@ -810,6 +815,17 @@ impl Store for LogStore {
         locations: &mut Vec<Location>,
         waiter: Option<Waiter>,
     ) -> Result<(), StoreError> {
+        self.append_for(Owner::SHARED, ops, locations, waiter)
+            .map(|_| ())
+    }
+
+    fn append_for(
+        &self,
+        owner: Owner,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+        waiter: Option<Waiter>,
+    ) -> Result<Admission, StoreError> {
         // Validate the whole batch first so a rejected op leaves nothing behind.
         let mut total = 0usize;
         for op in ops {
@@ -958,6 +974,7 @@ impl Store for LogStore {
                 }
             }
         }
+        let admission = st.owners.appended(owner, total as u64);
         let waited = waiter.is_some();
         if let Some(w) = waiter {
             st.waiters.push(w);
@@ -976,7 +993,7 @@ impl Store for LogStore {
         if wake {
             self.shared.wake.notify_one();
         }
-        Ok(())
+        Ok(admission)
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
@@ -1032,6 +1049,9 @@ impl Store for LogStore {
             }
         }
         let moved = self.compact_messages(live);
+        if let Ok(n) = &moved {
+            crate::metrics::compacted(*n);
+        }
         // Then the receipts of segments emptied of messages (some maybe by
         // the moves just made). A failure there only delays reclamation.
         let now = now_ms();

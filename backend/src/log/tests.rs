@@ -1669,3 +1669,94 @@ fn spares_of_another_size_are_deleted_at_open() {
     );
     store.close().unwrap();
 }
+
+/// Appends one unwaited publish of `body` for `owner`.
+fn publish_for(store: &LogStore, owner: Owner, body: &[u8]) -> Admission {
+    let id = store.allocate_ids(1);
+    let ops = [Op::Publish {
+        id,
+        partitions: &[P1],
+        data: data(body),
+    }];
+    store
+        .append_for(owner, &ops, &mut Vec::new(), None)
+        .unwrap()
+}
+
+/// Bytes appended and not yet taken by the writer.
+fn pending_bytes(store: &LogStore) -> usize {
+    let st = store.shared.state.lock();
+    st.pending.iter().map(|c| c.buf.len()).sum()
+}
+
+#[test]
+fn a_flooding_owner_is_held_to_its_share_so_a_quiet_owners_record_is_not_behind_its_backlog() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let (hot, quiet) = (Owner(1), Owner(2));
+    let body = vec![7u8; 16 << 10];
+
+    // Alone, an owner is never held back, however much it has waiting.
+    let mut alone = 0;
+    while alone < 2 * fair::ROUND_BUDGET as usize {
+        assert!(!publish_for(&store, hot, &body).over_share);
+        alone += body.len();
+    }
+    barrier(&store);
+
+    // A second owner shares the writer: the flood is told it is over its
+    // share once about half the budget of it waits, never the quiet one.
+    assert!(!publish_for(&store, quiet, b"q").over_share);
+    let mut flagged = false;
+    for _ in 0..(4 * fair::ROUND_BUDGET as usize / body.len()) {
+        if publish_for(&store, hot, &body).over_share {
+            flagged = true;
+            break;
+        }
+    }
+    assert!(flagged, "the flooding owner was never held back");
+    let waiting = store.shared.state.lock().owners.waiting(hot);
+    assert!(
+        waiting <= fair::ROUND_BUDGET + body.len() as u64,
+        "{waiting} bytes of the flood wait"
+    );
+    assert!(!publish_for(&store, quiet, b"q").over_share);
+
+    // Its producer stops there: the quiet owner's next confirmed record is
+    // behind at most a budget of the flood, and is durable with the next
+    // round.
+    let ahead = pending_bytes(&store);
+    assert!(
+        ahead <= fair::ROUND_BUDGET as usize + 2 * body.len(),
+        "{ahead}"
+    );
+    let (tx, rx) = mpsc::channel();
+    let id = store.allocate_ids(1);
+    store
+        .append_for(
+            quiet,
+            &[Op::Publish {
+                id,
+                partitions: &[P2],
+                data: data(b"quiet"),
+            }],
+            &mut Vec::new(),
+            Some(Box::new(move |r| {
+                let _ = tx.send(r);
+            })),
+        )
+        .unwrap();
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("waiter called")
+        .expect("durable");
+
+    // Once its appends are durable (the barrier its producer waits on), the
+    // flooding owner is admitted again.
+    assert_eq!(store.shared.state.lock().owners.waiting(hot), 0);
+    assert!(!publish_for(&store, hot, &body).over_share);
+    // Broker work is never held back.
+    for _ in 0..(2 * fair::ROUND_BUDGET as usize / body.len()) {
+        assert!(!publish_for(&store, Owner::SHARED, &body).over_share);
+    }
+    store.close().unwrap();
+}

@@ -218,7 +218,10 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             );
         }
         match written {
-            Ok(()) => {}
+            Ok(()) => crate::metrics::commit_round(
+                round.waiters.len(),
+                round.chunks.iter().map(|c| c.buf.len()).sum(),
+            ),
             Err(RoundError::Fatal(err)) => {
                 fail(shared, round.waiters, err);
                 return;
@@ -244,6 +247,7 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             // so), so readers no longer need the in-memory copy.
             let mut st = shared.state.lock();
             st.inflight = None;
+            st.owners.round_done();
             if let Ok(chunks) = Arc::try_unwrap(round.chunks) {
                 for mut c in chunks {
                     if st.spare.len() < 4 && c.buf.capacity() <= 4 << 20 {
@@ -312,6 +316,7 @@ fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
     }
     st.reclaim_hint = false;
     let chunks = Arc::new(std::mem::take(&mut st.pending));
+    st.owners.take_round();
     if !chunks.is_empty() {
         debug_assert!(st.inflight.is_none());
         st.inflight = Some(chunks.clone());
@@ -486,9 +491,11 @@ fn write_round(
             // An fsync failure is fatal, ENOSPC included: the kernel may have
             // dropped the dirty pages it could not write, so a later
             // successful fsync would not mean the data is on disk.
+            let t = std::time::Instant::now();
             c.file
                 .sync_data()
                 .map_err(|e| fatal(StoreError::io(format!("fsync segment {}", c.id), e)))?;
+            crate::metrics::fsync(t.elapsed());
             shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
             c.dirty = false;
         } else if !sync {
@@ -560,6 +567,7 @@ fn requeue(
     {
         let mut st = shared.state.lock();
         st.inflight = None;
+        st.owners.round_done();
         st.no_space = true;
         let chunks: Vec<Chunk> = match Arc::try_unwrap(chunks) {
             Ok(c) => c,
@@ -599,6 +607,7 @@ fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
         let mut st = shared.state.lock();
         st.failed = true;
         st.inflight = None;
+        st.owners = Default::default();
         st.pending.clear();
         waiters.append(&mut st.waiters);
     }

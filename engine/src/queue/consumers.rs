@@ -76,6 +76,11 @@ impl ConsumerSet {
         self.list.len()
     }
 
+    /// The consumers, in offer order.
+    pub(crate) fn list(&self) -> &[Arc<Consumer>] {
+        &self.list
+    }
+
     /// Consumers attached.
     pub(crate) fn len(&self) -> usize {
         self.list.len()

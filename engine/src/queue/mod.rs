@@ -358,6 +358,33 @@ impl Queue {
         self.partitions.iter().map(|p| p.ready_len()).sum()
     }
 
+    /// Its live consumers (each is attached to every partition).
+    pub fn consumers(&self) -> Vec<Arc<Consumer>> {
+        self.partitions[0].consumers()
+    }
+
+    /// Its monotonic counters over all partitions: atomics only, no lock
+    /// (see [`crate::stats`]).
+    pub fn counters(&self) -> crate::stats::QueueCounters {
+        let mut c = crate::stats::QueueCounters::default();
+        for p in &self.partitions {
+            crate::stats::add_counters(&mut c, &p.counters);
+        }
+        c
+    }
+
+    /// A snapshot of its figures: each partition's lock taken once,
+    /// briefly, no walk over messages (see [`crate::stats`]). The
+    /// consumer count is the queue's.
+    pub fn stats(&self) -> crate::stats::QueueStats {
+        let mut s = crate::stats::QueueStats::default();
+        for p in &self.partitions {
+            p.add_stats(&mut s);
+        }
+        s.consumers = self.consumer_count();
+        s
+    }
+
     /// Depth over all partitions.
     pub fn depth(&self) -> Depth {
         let mut d = Depth::default();

@@ -100,6 +100,11 @@ pub struct Counters {
     pub leased: AtomicU64,
     /// Bytes of leased messages.
     pub leased_bytes: AtomicU64,
+    /// Messages that left dead (rejected, expired, over a limit), counted
+    /// when the timer task takes them.
+    pub dead_lettered: AtomicU64,
+    /// Of `dead_lettered`, the expired ones.
+    pub expired: AtomicU64,
 }
 
 /// One partition of a queue.
@@ -545,6 +550,17 @@ impl Partition {
                 }
             }
             work.dead.append(&mut st.dead);
+            if !work.dead.is_empty() {
+                let expired = work
+                    .dead
+                    .iter()
+                    .filter(|(_, r)| *r == DeadReason::Expired)
+                    .count() as u64;
+                self.counters
+                    .dead_lettered
+                    .fetch_add(work.dead.len() as u64, Ordering::Relaxed);
+                self.counters.expired.fetch_add(expired, Ordering::Relaxed);
+            }
             prune_expiry(&mut st);
             self.ready_len
                 .store(st.ready.len() as u64, Ordering::Relaxed);
@@ -1037,6 +1053,10 @@ impl Partition {
         }
         e.attempts = e.attempts.saturating_add(1);
         self.counters.delivered.fetch_add(1, Ordering::Relaxed);
+        if e.redelivered {
+            // As for consumers: RabbitMQ counts a redelivered get too.
+            self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
+        }
         self.counters.leased.fetch_add(1, Ordering::Relaxed);
         self.counters
             .leased_bytes
@@ -1104,6 +1124,36 @@ impl Partition {
                 .unwrap_or(0),
             consumers: st.consumers.len() as u32,
         }
+    }
+
+    /// Its live consumers (for the management API's consumer list).
+    pub fn consumers(&self) -> Vec<Arc<Consumer>> {
+        let st = self.lock();
+        st.consumers
+            .list()
+            .iter()
+            .filter(|c| !c.is_dead())
+            .cloned()
+            .collect()
+    }
+
+    /// Adds this partition's figures into `into` (one short lock, no walk).
+    pub fn add_stats(&self, into: &mut crate::stats::QueueStats) {
+        let st = self.lock();
+        into.ready += st.ready.len() as u64;
+        into.ready_bytes += st.ready.bytes();
+        into.delayed += st.delayed.len() as u64;
+        into.consumers = into.consumers.max(st.consumers.len() as u32);
+        for (a, n) in into.attempts.iter_mut().zip(st.ready.attempts()) {
+            *a += n;
+        }
+        if let Some(t) = st.ready.front().map(|e| e.enqueued_ms) {
+            into.oldest_enqueued_ms = Some(into.oldest_enqueued_ms.map_or(t, |o| o.min(t)));
+        }
+        drop(st);
+        into.leased += self.counters.leased.load(Ordering::Relaxed);
+        into.leased_bytes += self.counters.leased_bytes.load(Ordering::Relaxed);
+        crate::stats::add_counters(&mut into.counters, &self.counters);
     }
 
     /// Calls `f` on the store position of every ready and leased entry

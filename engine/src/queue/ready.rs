@@ -50,8 +50,15 @@ pub(crate) struct ReadyList {
     levels: Vec<Level>,
     len: usize,
     bytes: u64,
-    /// The tenant's counters of queued messages and bytes, kept in step
-    /// with `len` and `bytes` (one atomic add per change).
+    /// Live entries by delivery attempts so far, one count per bucket of
+    /// [`crate::stats::ATTEMPT_BUCKETS`] (kept with `len`, so reading it
+    /// costs no walk).
+    attempts: [u64; crate::stats::ATTEMPT_BUCKETS.len()],
+    /// Bytes of live entries whose message is in memory (not only in the
+    /// store): the tenant's memory share (`max-memory`).
+    mem: u64,
+    /// The tenant's counters of queued messages, bytes and memory, kept in
+    /// step with `len`, `bytes` and `mem` (one atomic add per change).
     quota: Option<Arc<TenantQuota>>,
 }
 
@@ -60,6 +67,7 @@ impl Drop for ReadyList {
         // A deleted queue (or one dropped at shutdown) gives its count back.
         if let Some(q) = &self.quota {
             q.dequeued(self.len as u64, self.bytes);
+            q.released(self.mem);
         }
     }
 }
@@ -77,23 +85,39 @@ impl ReadyList {
             levels: (0..=max_priority).map(|_| Level::default()).collect(),
             len: 0,
             bytes: 0,
+            attempts: Default::default(),
+            mem: 0,
             quota,
         }
     }
 
-    fn added(&mut self, size: u32) {
+    fn added(&mut self, size: u32, attempts: u16, in_memory: bool) {
+        self.attempts[crate::stats::attempt_bucket(attempts)] += 1;
         self.len += 1;
         self.bytes += u64::from(size);
+        if in_memory {
+            self.mem += u64::from(size);
+        }
         if let Some(q) = &self.quota {
             q.queued(1, u64::from(size));
+            if in_memory {
+                q.held(u64::from(size));
+            }
         }
     }
 
-    fn removed(&mut self, size: u32) {
+    fn removed(&mut self, size: u32, attempts: u16, in_memory: bool) {
+        self.attempts[crate::stats::attempt_bucket(attempts)] -= 1;
         self.len -= 1;
         self.bytes -= u64::from(size);
+        if in_memory {
+            self.mem -= u64::from(size);
+        }
         if let Some(q) = &self.quota {
             q.dequeued(1, u64::from(size));
+            if in_memory {
+                q.released(u64::from(size));
+            }
         }
     }
 
@@ -124,6 +148,11 @@ impl ReadyList {
         self.bytes
     }
 
+    /// Live entries by delivery attempts (see [`crate::stats::ATTEMPT_BUCKETS`]).
+    pub(crate) fn attempts(&self) -> [u64; crate::stats::ATTEMPT_BUCKETS.len()] {
+        self.attempts
+    }
+
     /// Appends a new entry at the tail of its level. Its `seq` must be
     /// larger than any in the list.
     pub(crate) fn push_back(&mut self, mut e: Entry) {
@@ -131,9 +160,9 @@ impl ReadyList {
         e.priority = self.level_of(e.priority);
         let level = &mut self.levels[e.priority as usize];
         debug_assert!(level.q.back().is_none_or(|x| x.seq < e.seq));
-        let size = e.size;
+        let (size, attempts, in_memory) = (e.size, e.attempts, e.message.is_some());
         level.q.push_back(e);
-        self.added(size);
+        self.added(size, attempts, in_memory);
     }
 
     /// Puts an entry back at its place (by `seq`) in its level.
@@ -147,9 +176,9 @@ impl ReadyList {
             level.q.get(pos).is_none_or(|x| x.seq != e.seq),
             "entry requeued twice"
         );
-        let size = e.size;
+        let (size, attempts, in_memory) = (e.size, e.attempts, e.message.is_some());
         level.q.insert(pos, e);
-        self.added(size);
+        self.added(size, attempts, in_memory);
     }
 
     /// The next entry to deliver: the oldest of the highest non-empty level.
@@ -163,7 +192,7 @@ impl ReadyList {
         let e = level.q.pop_front()?;
         debug_assert!(!e.is_tombstone(), "a tombstone at the front of a level");
         level.trim_front();
-        self.removed(e.size);
+        self.removed(e.size, e.attempts, e.message.is_some());
         Some(e)
     }
 
@@ -207,7 +236,7 @@ impl ReadyList {
             level.q.retain(|e| !e.is_tombstone());
             level.dead = 0;
         }
-        self.removed(e.size);
+        self.removed(e.size, e.attempts, e.message.is_some());
         Some(e)
     }
 
@@ -220,9 +249,12 @@ impl ReadyList {
         }
         if let Some(q) = &self.quota {
             q.dequeued(self.len as u64, self.bytes);
+            q.released(self.mem);
         }
         self.len = 0;
         self.bytes = 0;
+        self.attempts = Default::default();
+        self.mem = 0;
         out
     }
 

@@ -301,6 +301,67 @@ pub fn amqp_expiration(raw: &[u8]) -> Result<Option<&[u8]>, PropertiesError> {
     c.short_bytes().map(Some)
 }
 
+/// The raw value of the short-string property `flag` (one of the `P_*`
+/// bits: reply-to, user-id, …) of an AMQP basic property block, if set.
+/// Only the fields before it are walked, and only when its flag is set.
+fn short_property(raw: &[u8], flag: u16) -> Result<Option<&[u8]>, PropertiesError> {
+    let mut c = Cur::new(raw);
+    let flags = read_flags(&mut c)?;
+    if flags & flag == 0 {
+        return Ok(None);
+    }
+    for bit in (0..16).rev() {
+        let f = 1u16 << bit;
+        if f == flag {
+            return c.short_bytes().map(Some);
+        }
+        if flags & f == 0 {
+            continue;
+        }
+        match f {
+            P_HEADERS => {
+                c.long_bytes()?;
+            }
+            P_DELIVERY_MODE | P_PRIORITY => {
+                c.u8()?;
+            }
+            P_TIMESTAMP => {
+                let _: [u8; 8] = c.array()?;
+            }
+            _ => {
+                c.short_bytes()?;
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The raw `user-id` of an AMQP basic property block, if it has one.
+pub fn amqp_user_id(raw: &[u8]) -> Result<Option<&[u8]>, PropertiesError> {
+    short_property(raw, P_USER_ID)
+}
+
+/// The raw `reply-to` of an AMQP basic property block, if it has one.
+pub fn amqp_reply_to(raw: &[u8]) -> Result<Option<&[u8]>, PropertiesError> {
+    short_property(raw, P_REPLY_TO)
+}
+
+/// The property block `raw` with its `reply-to` replaced by `value` (at
+/// most 255 bytes), every other byte as it was; None when it has no
+/// reply-to or `value` is too long.
+pub fn with_reply_to(raw: &[u8], value: &[u8]) -> Option<bytes::Bytes> {
+    let old = amqp_reply_to(raw).ok()??;
+    let len = u8::try_from(value.len()).ok()?;
+    // `old` is a slice of `raw`, right after its length byte.
+    let at = old.as_ptr() as usize - raw.as_ptr() as usize;
+    let mut out = Vec::with_capacity(raw.len() + value.len());
+    out.extend_from_slice(&raw[..at - 1]);
+    out.push(len);
+    out.extend_from_slice(value);
+    out.extend_from_slice(&raw[at + old.len()..]);
+    Some(out.into())
+}
+
 // Property flag bits of basic's property block, most significant first.
 const P_CONTENT_TYPE: u16 = 1 << 15;
 const P_CONTENT_ENCODING: u16 = 1 << 14;

@@ -16,6 +16,8 @@ pub async fn broker(store: Arc<MemStore>, dir: &std::path::Path) -> String {
         "127.0.0.1:0",
         "--mqtt-ws-listen",
         "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
         "--data-dir",
         dir.to_str().expect("utf-8 temp dir"),
         "--disk-free-limit",

@@ -6,6 +6,7 @@ use super::{scope, Session};
 use crate::engine::args::ArgError;
 use crate::engine::client::{GetAck, SubscribeOptions};
 use crate::engine::lease::Settle;
+use crate::engine::reply_to::REPLY_TO;
 use bytes::Bytes;
 use std::time::Instant;
 use weir_protocols::amqp::methods::{basic, AMQPClass};
@@ -96,6 +97,27 @@ impl Session {
         let queue = self.queue_name(ch, c.queue.as_str())?;
         self.next_consumer_tag += 1;
         let generated = self.next_consumer_tag;
+        if queue == REPLY_TO {
+            // Direct reply-to: no queue; the engine keeps the channel's
+            // reply box.
+            let client = self.client()?;
+            let tag: Bytes = if c.consumer_tag.as_str().is_empty() {
+                Bytes::from(format!("amq.ctag-{}-{generated}", client.id()))
+            } else {
+                Bytes::copy_from_slice(c.consumer_tag.as_str().as_bytes())
+            };
+            client.consume_reply_to(scope(ch), tag.clone(), c.no_ack)?;
+            if !c.nowait {
+                let t = String::from_utf8_lossy(&tag).into_owned();
+                self.reply(
+                    ch,
+                    AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                        consumer_tag: t.as_str().into(),
+                    })),
+                );
+            }
+            return Ok(());
+        }
         let Some(chan) = self.channels.get(&ch) else {
             return Ok(());
         };

@@ -37,6 +37,9 @@ pub(super) struct Channel {
 
 impl Session {
     pub(super) fn on_channel_opened(&mut self, ch: u16) {
+        if let Some(m) = self.metrics.as_mut() {
+            m.channel_opened();
+        }
         self.next_epoch += 1;
         self.channels.insert(
             ch,
@@ -54,6 +57,9 @@ impl Session {
         let Some(c) = self.channels.remove(&ch) else {
             return;
         };
+        if let Some(m) = self.metrics.as_mut() {
+            m.channels_closed(1);
+        }
         // Its uncommitted transaction is dropped (its acks' leases return
         // to their queues below, as every lease of the channel does).
         if let Some(t) = c.tx {
@@ -68,6 +74,8 @@ impl Session {
     /// the engine client closed.
     pub(super) fn release_all(&mut self) {
         self.replies.clear();
+        // The connection counts as closed from here (before close-ok leaves).
+        self.metrics = None;
         self.channels.clear();
         self.tx_bytes = 0;
         debug_assert!(

@@ -16,6 +16,9 @@ pub(super) struct StoreConfirm {
     epoch: u64,
     tag: u64,
     ok: bool,
+    /// Publishes it confirms, and when their batch ended (latency).
+    count: u64,
+    since: Instant,
 }
 
 impl Session {
@@ -48,6 +51,7 @@ impl Session {
         let frame_max = self.conn.frame_max();
         // One clock read per batch, not per delivery.
         let batch_time = Instant::now();
+        let batch_ms = crate::engine::message::now_ms();
         while self.conn.out().len() < DELIVERY_HIGH_WATER {
             let Some(d) = client.next_delivery() else {
                 break;
@@ -90,11 +94,43 @@ impl Session {
             );
             let properties = crate::amqp::convert::amqp_properties(&message);
             codec::write_content(out, ch, &properties, &message.body, frame_max);
+            if let Some(m) = self.metrics.as_mut() {
+                m.delivered(d.entry.enqueued_ms, batch_ms);
+            }
             client.lease(d.consumer.scope(), tag, d, batch_time);
         }
         // Held deliveries go back first in line, in their order.
         while let Some(d) = self.held.pop() {
             client.defer(d);
+        }
+        // Direct reply-to replies: no lease (their consumers never ack).
+        // While any method reply waits, they wait in their boxes too, so a
+        // reply never overtakes its consumer's consume-ok.
+        while self.replies.is_empty() && self.conn.out().len() < DELIVERY_HIGH_WATER {
+            let Some(r) = client.next_reply() else {
+                break;
+            };
+            let ch = channel_of(r.scope);
+            let Some(c) = self
+                .channels
+                .get_mut(&ch)
+                .filter(|c| !c.failed && self.conn.channel_is_usable(ch))
+            else {
+                continue;
+            };
+            c.delivery_tag += 1;
+            let out = self.conn.out();
+            codec::write_deliver(
+                out,
+                ch,
+                &r.consumer_tag,
+                c.delivery_tag,
+                false,
+                b"",
+                &r.routing_key,
+            );
+            let properties = crate::amqp::convert::amqp_properties(&r.message);
+            codec::write_content(out, ch, &properties, &r.message.body, frame_max);
         }
         client.finish_deliveries();
         if client.has_uncommitted() {
@@ -110,6 +146,9 @@ impl Session {
             return;
         }
         ch.store_confirms_pending = ch.store_confirms_pending.saturating_sub(1);
+        if let Some(m) = self.metrics.as_mut() {
+            m.confirmed(c.count, c.since.elapsed());
+        }
         if self.conn.channel_is_usable(c.channel) {
             self.write_confirm(c.channel, c.tag, true, !c.ok);
         }
@@ -123,10 +162,14 @@ impl Session {
         // waits), written after the walk over the channels.
         let mut queued: Vec<(u16, u64, bool)> = Vec::new();
         let direct = self.replies.is_empty();
+        let mut now: Option<Instant> = None;
         for (&id, c) in self.channels.iter_mut() {
             if c.batch_publishes == 0 {
                 continue;
             }
+            // One clock read per batch with publishes.
+            let since = *now.get_or_insert_with(Instant::now);
+            let count = c.batch_publishes;
             let tag = c.publish_tag;
             if c.batch_needs_store || c.store_confirms_pending > 0 {
                 // Ordered behind every earlier append: fires once they are all durable.
@@ -139,6 +182,8 @@ impl Session {
                         epoch,
                         tag,
                         ok: r.is_ok(),
+                        count,
+                        since,
                     });
                 });
                 let barrier = match self.client.as_ref() {
@@ -154,10 +199,15 @@ impl Session {
                         queued.push((id, tag, true));
                     }
                 }
-            } else if direct {
-                codec::write_confirm(self.conn.out(), id, tag, true, false);
             } else {
-                queued.push((id, tag, false));
+                if let Some(m) = self.metrics.as_mut() {
+                    m.confirmed(count, since.elapsed());
+                }
+                if direct {
+                    codec::write_confirm(self.conn.out(), id, tag, true, false);
+                } else {
+                    queued.push((id, tag, false));
+                }
             }
             c.batch_publishes = 0;
             c.batch_needs_store = false;

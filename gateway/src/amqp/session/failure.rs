@@ -39,8 +39,14 @@ impl From<EngineError> for Failure {
             EngineError::Quota(
                 weir_quota::QuotaError::Connections { .. }
                 | weir_quota::QuotaError::UserConnections { .. },
-            ) => bare_hard(reply::NOT_ALLOWED, text),
-            EngineError::Quota(_) => Failure::Channel(reply::PRECONDITION_FAILED, text),
+            ) => {
+                crate::metrics::quota_refused(crate::metrics::Protocol::Amqp);
+                bare_hard(reply::NOT_ALLOWED, text)
+            }
+            EngineError::Quota(_) => {
+                crate::metrics::quota_refused(crate::metrics::Protocol::Amqp);
+                Failure::Channel(reply::PRECONDITION_FAILED, text)
+            }
         }
     }
 }
@@ -85,6 +91,12 @@ impl Session {
     /// turn behind them (the channel takes no more events meanwhile), so a
     /// client sees the replies it was due before the close.
     pub(super) fn fail(&mut self, channel: u16, f: Failure, class_id: u16, method_id: u16) {
+        if let Some(m) = self.metrics.as_ref() {
+            m.error(match f {
+                Failure::Channel(..) => "channel",
+                Failure::Connection(_) => "connection",
+            });
+        }
         match f {
             Failure::Channel(code, text) => {
                 if !self.replies.is_empty() {

@@ -34,6 +34,7 @@ use self::failure::{hard, Failure};
 use self::replies::Replies;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
+use crate::metrics::{ConnMetrics, Protocol};
 use crate::server::{Alarms, Shared};
 use crate::tenant_gate::{self, TenantGate};
 use bytes::BytesMut;
@@ -43,6 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument as _;
 use weir_protocols::amqp::methods::{confirm, connection, AMQPClass};
 use weir_protocols::amqp::{reply, Connection, Event, Timeout};
 
@@ -102,6 +104,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
     let (confirm_tx, confirm_rx) = mpsc::unbounded_channel();
     let server_cfg = shared.amqp.clone();
     // EXTERNAL is offered only to a client whose certificate verified.
+    let tls_session = tls.is_some();
     let cert_user = tls
         .filter(|t| t.verified)
         .map(|t| t.common_name.unwrap_or_default());
@@ -116,6 +119,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         conn,
         client: None,
         user: String::new(),
+        user_tags: Vec::new(),
         cert_user,
         peer,
         channels: HashMap::new(),
@@ -133,9 +137,24 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         blocked: false,
         tx_bytes: 0,
         peer_closed: false,
+        metrics: None,
+        registration: None,
+        tls: tls_session,
     };
-    tracing::debug!(%peer, "AMQP connection accepted");
-    let result = s.run(rd, wr, confirm_rx, shutdown).await;
+    // One span per connection: every event of the session logs inside it;
+    // `user` and `vhost` are filled in at login and connection.open.
+    let span = tracing::info_span!(
+        "amqp",
+        %peer,
+        user = tracing::field::Empty,
+        vhost = tracing::field::Empty
+    );
+    tracing::debug!(parent: &span, "AMQP connection accepted");
+    let result = s
+        .run(rd, wr, confirm_rx, shutdown)
+        .instrument(span.clone())
+        .await;
+    let _in = span.enter();
     s.release_all();
     match result {
         Ok(()) => tracing::debug!(%peer, "AMQP connection closed"),
@@ -157,6 +176,9 @@ struct Session {
     client: Option<Client>,
     /// Who logged in.
     user: String,
+    /// Their tags at login (`impersonator` lets publishes carry another
+    /// `user_id`).
+    user_tags: Vec<String>,
     /// On TLS with a verified client certificate: its subject CN (empty if
     /// it has none), the user of a SASL EXTERNAL login.
     cert_user: Option<String>,
@@ -193,6 +215,13 @@ struct Session {
     /// The client sent connection.close (and got close-ok): what it still
     /// sends is read and dropped until it hangs up (see [`linger`]).
     peer_closed: bool,
+    /// Its tenant's and protocol's counters (from connection.open on).
+    metrics: Option<ConnMetrics>,
+    /// In the registry of live connections (management API), from
+    /// connection.open on.
+    registration: Option<crate::connections::Registration>,
+    /// Over TLS.
+    tls: bool,
 }
 
 /// The engine scope of an AMQP channel.
@@ -276,7 +305,7 @@ impl Session {
             }
             self.end_batch();
             if let Some(g) = self.gate.as_mut() {
-                g.end_batch();
+                g.end_batch(self.client.as_mut());
             }
             self.signal_alarm();
             // 2. Deliveries and notices from the engine.
@@ -292,8 +321,17 @@ impl Session {
             if std::mem::take(&mut fired) {
                 self.on_timer(now, &mut stall, &mut lease_check);
             }
-            if !self.conn.out().is_empty() && wr.write_some(self.conn.out())? > 0 {
-                self.conn.on_write(now);
+            if !self.conn.out().is_empty() {
+                let n = wr.write_some(self.conn.out())?;
+                if n > 0 {
+                    self.conn.on_write(now);
+                    if let Some(m) = self.metrics.as_mut() {
+                        m.bytes_out(n);
+                    }
+                }
+            }
+            if let Some(m) = self.metrics.as_mut() {
+                m.flush();
             }
             if self.conn.is_finished() && self.conn.out().is_empty() {
                 if wr.has_unflushed() {
@@ -376,7 +414,12 @@ impl Session {
                             self.conn.out().clear();
                             self.conn.abandon();
                         }
-                        Ok(_) => got_input = true,
+                        Ok(n) => {
+                            got_input = true;
+                            if let Some(m) = self.metrics.as_mut() {
+                                m.bytes_in(n);
+                            }
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
@@ -410,6 +453,12 @@ impl Session {
                     armed = None;
                     fired = true;
                 }
+                reason = crate::connections::close_requested(self.registration.as_mut()) => {
+                    // Closed through the management API (320, its reason).
+                    self.registration = None;
+                    self.release_all();
+                    self.conn.shutdown(&reason);
+                }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         self.release_all();
@@ -417,6 +466,13 @@ impl Session {
                     }
                 }
             }
+        }
+    }
+
+    /// Tells the connection registry how many channels are open.
+    fn count_channels(&self) {
+        if let Some(r) = &self.registration {
+            r.set_channels(self.channels.len());
         }
     }
 
@@ -431,27 +487,31 @@ impl Session {
             } => {
                 // EXTERNAL: the verified certificate's CN is the user (the
                 // adapter only lets it through when offered).
-                let (username, ok) = match (mechanism.as_str(), &self.cert_user) {
+                let (username, principal) = match (mechanism.as_str(), &self.cert_user) {
                     ("EXTERNAL", Some(cn)) => {
-                        let ok = self.shared.login_certificate(cn, self.peer).is_ok();
-                        (cn.clone(), ok)
+                        let p = self.shared.login_certificate(cn, self.peer).ok();
+                        (cn.clone(), p)
                     }
-                    ("EXTERNAL", None) => (username, false),
+                    ("EXTERNAL", None) => (username, None),
                     _ => {
-                        let ok = self
+                        let p = self
                             .shared
-                            .authenticate(&username, &password, self.peer)
-                            .await;
-                        (username, ok)
+                            .login(&username, &password, self.peer)
+                            .await
+                            .ok();
+                        (username, p)
                     }
                 };
-                if ok {
+                if let Some(p) = principal {
+                    tracing::Span::current().record("user", username.as_str());
                     self.user = username;
+                    self.user_tags = p.tags;
                     self.conn.accept_login();
                 } else {
                     // Slow down guessing from this address: the refusal is
                     // sent after the delay, and this connection's input is
                     // not interpreted meanwhile (its task keeps running).
+                    crate::metrics::auth_failure(Protocol::Amqp);
                     let delay = self.shared.logins.failed(self.peer.ip());
                     tracing::info!(peer = %self.peer, user = %username, %mechanism, delay_ms = delay.as_millis() as u64, "login refused");
                     self.login_refusal = Some(LoginRefusal {
@@ -463,16 +523,43 @@ impl Session {
                 }
             }
             Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {
-                Ok(client) => {
-                    self.gate = TenantGate::for_client(&client);
-                    // max-channels-per-connection, refused by the adapter
-                    // before channel.open-ok.
-                    self.conn.limit_open_channels(client.max_channels());
+                Ok(mut client) => {
+                    client.set_tags(&self.user_tags);
+                    tracing::Span::current().record("vhost", vhost.as_str());
+                    self.metrics = Some(ConnMetrics::open(Protocol::Amqp, &vhost));
+                    // `[[quota.connections]]`: by login and connection name.
+                    let rule = self
+                        .engine
+                        .connection_quotas
+                        .find(&self.user, self.conn.client_connection_name());
+                    self.gate = TenantGate::for_client(&client, rule.as_deref());
+                    // max-channels-per-connection (a connection rule's
+                    // replaces the tenant's and user's), refused by the
+                    // adapter before channel.open-ok.
+                    let channels = rule
+                        .and_then(|r| r.max_channels_per_connection)
+                        .or(client.max_channels());
+                    self.conn.limit_open_channels(channels);
                     self.client = Some(client);
+                    self.registration = Some(self.shared.connections.register(
+                        crate::connections::NewConnection {
+                            protocol: "AMQP 0-9-1",
+                            peer: self.peer,
+                            local: None,
+                            user: &self.user,
+                            vhost: &vhost,
+                            tls: self.tls,
+                            client_id: "",
+                            engine_id: self.client.as_ref().map_or(0, |c| c.id()),
+                        },
+                    ));
                     self.conn.accept_open();
                 }
                 // The tenant's max-connections: 530 with RabbitMQ's text.
-                Err(crate::engine::EngineError::Quota(q)) => self.conn.refuse_open(&q.to_string()),
+                Err(crate::engine::EngineError::Quota(q)) => {
+                    crate::metrics::quota_refused(Protocol::Amqp);
+                    self.conn.refuse_open(&q.to_string())
+                }
                 // No such vhost, or no permissions there: 530 NOT_ALLOWED
                 // with RabbitMQ's texts.
                 Err(e) => {
@@ -484,8 +571,47 @@ impl Session {
                     self.conn.refuse_open(&text);
                 }
             },
-            Event::ChannelOpened(ch) => self.on_channel_opened(ch),
-            Event::ChannelClosed(ch) => self.release_channel(ch),
+            Event::UpdateSecret { secret: _, reason } => {
+                // RabbitMQ hands the new secret to its auth backends; its
+                // internal (password) backend accepts any and keeps the
+                // user as it is, and so does Weir: the secret is for
+                // credentials that expire (tokens), which Weir's users do
+                // not have. What is checked again is the user: it must
+                // still exist (and pass the loopback rule) and still have
+                // access to the vhost; otherwise 530 with RabbitMQ's text.
+                let still = self
+                    .shared
+                    .login_certificate(&self.user, self.peer)
+                    .ok()
+                    .filter(|_| {
+                        self.client
+                            .as_mut()
+                            .is_some_and(|c| c.recheck_access().is_ok())
+                    });
+                match still {
+                    Some(p) => {
+                        tracing::debug!(peer = %self.peer, user = %self.user, %reason, "secret updated");
+                        self.user_tags = p.tags;
+                        if let Some(c) = self.client.as_mut() {
+                            c.set_tags(&self.user_tags);
+                        }
+                        self.conn.accept_update_secret();
+                    }
+                    None => {
+                        tracing::info!(peer = %self.peer, user = %self.user, "secret update refused");
+                        self.conn
+                            .refuse_update_secret("New secret was refused by one of the backends");
+                    }
+                }
+            }
+            Event::ChannelOpened(ch) => {
+                self.on_channel_opened(ch);
+                self.count_channels();
+            }
+            Event::ChannelClosed(ch) => {
+                self.release_channel(ch);
+                self.count_channels();
+            }
             Event::Closed => {
                 self.peer_closed = true;
                 self.release_all();
@@ -520,6 +646,9 @@ impl Session {
                     g.published(message.body.len());
                 }
                 self.blocked |= self.alarmed();
+                if let Some(m) = self.metrics.as_mut() {
+                    m.received();
+                }
                 if let Err(f) = self.on_publish(channel, message) {
                     self.fail(channel, f, 60, 40);
                 }
@@ -547,6 +676,9 @@ impl Session {
                 }
                 let (class_id, method_id) =
                     (method.get_amqp_class_id(), method.get_amqp_method_id());
+                // Methods other than publish and ack: cheap enough for a
+                // span each (debug level, so nothing unless asked for).
+                let _op = tracing::debug_span!("amqp.method", channel, class_id, method_id).entered();
                 if let Err(f) = self.on_method(channel, method) {
                     self.fail(channel, f, class_id, method_id);
                 }
@@ -660,6 +792,12 @@ impl Session {
         let set = self.blocked;
         if set == self.blocked_sent || !self.conn.is_open() || !self.conn.accepts_blocked() {
             return;
+        }
+        if set {
+            match self.gate.as_ref() {
+                Some(g) if g.blocked() => crate::metrics::quota_block(g.tenant()),
+                _ => crate::metrics::alarm_block(Protocol::Amqp),
+            }
         }
         let method = if set {
             connection::AMQPMethod::Blocked(connection::Blocked {

@@ -4,12 +4,16 @@
 //! ([`super::tx`]) and go through [`Session::store_publish`] at commit.
 
 use super::failure::{hard, soft, Failure};
+use super::scope;
 use super::Session;
-use crate::amqp::convert::{amqp_expiration, check_expiration, LazyHeaders};
+use crate::amqp::convert::{
+    amqp_expiration, amqp_reply_to, amqp_user_id, check_expiration, with_reply_to, LazyHeaders,
+};
 use crate::engine::client::Published;
 use crate::engine::exchange::HeaderLookup;
 use crate::engine::message::Message;
 use crate::engine::properties::HeaderFormat;
+use crate::engine::reply_to::REPLY_TO;
 use crate::engine::tenant::RouteInput;
 use weir_protocols::amqp::{codec, reply, Publish};
 
@@ -29,7 +33,18 @@ impl Session {
         }
         // The tenant's max-message-size: 406, as RabbitMQ's max_message_size.
         self.client()?.check_message_size(p.body.len() as u64)?;
+        let p = self.direct_reply_to(ch, p)?;
         let (exchange, routing_key) = names(&p)?;
+        // RabbitMQ's validated user-id. RabbitMQ looks the exchange up
+        // first, so a refused user-id to a missing exchange is a 404
+        // (checked only on that path, as for the expiration below).
+        if let Ok(Some(user_id)) = amqp_user_id(&p.properties) {
+            let user_id = String::from_utf8_lossy(user_id);
+            if let Err(e) = self.client()?.check_user_id(&user_id) {
+                self.check_route(&p, exchange, routing_key)?;
+                return Err(e.into());
+            }
+        }
         let ttl = self.publish_ttl(&p, exchange, routing_key)?;
         if self.is_transacted(ch) {
             // Routed at commit; its exchange is checked now, as RabbitMQ
@@ -85,6 +100,29 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Direct reply-to: a request asking for replies on
+    /// `amq.rabbitmq.reply-to` carries the channel's reply address instead
+    /// (406 when the channel has no reply consumer, as in RabbitMQ).
+    fn direct_reply_to(&mut self, ch: u16, mut p: Publish) -> Result<Publish, Failure> {
+        let asks = matches!(amqp_reply_to(&p.properties), Ok(Some(r)) if r == REPLY_TO.as_bytes());
+        if asks {
+            let address = match self.client()?.reply_to_address(scope(ch)) {
+                Ok(a) => a,
+                Err(e) => {
+                    // RabbitMQ looks the exchange up first: a missing one
+                    // is a 404 even then.
+                    let (exchange, routing_key) = names(&p)?;
+                    self.check_route(&p, exchange, routing_key)?;
+                    return Err(e.into());
+                }
+            };
+            if let Some(props) = with_reply_to(&p.properties, address.as_bytes()) {
+                p.properties = props;
+            }
+        }
+        Ok(p)
     }
 
     /// The message's own TTL from its `expiration`, refused with 406 as

@@ -4,6 +4,7 @@
 //! clean session's queue goes, the will is published (after its delay).
 
 use super::{state_prefix, InFlight, Session, Subscription, SCOPE};
+use crate::metrics::{ConnMetrics, Protocol};
 use crate::engine::client::SubscribeOptions;
 use crate::engine::exchange::Destination;
 use crate::engine::tenant::QueueDeclare;
@@ -107,6 +108,7 @@ impl Session {
             (tenant, user, ok)
         };
         if !ok {
+            crate::metrics::auth_failure(Protocol::Mqtt);
             let delay = self.shared.logins.failed(self.peer.ip());
             tracing::info!(peer = %self.peer, %user, delay_ms = delay.as_millis() as u64, "MQTT login refused");
             tokio::time::sleep(delay).await;
@@ -125,6 +127,7 @@ impl Session {
             Ok(c) => c,
             // The tenant's max-connections: 0x97 (MQTT 3.1.1: 0x03).
             Err(EngineError::Quota(q)) => {
+                crate::metrics::quota_refused(Protocol::Mqtt);
                 self.refuse(ConnectRefusal::QuotaExceeded, &q.to_string());
                 return;
             }
@@ -149,10 +152,19 @@ impl Session {
         let client_id = assigned.clone().unwrap_or_else(|| c.client_id.clone());
         // `{client_id}` in topic permissions.
         client.set_client_id(&client_id);
+        let span = tracing::Span::current();
+        span.record("client_id", client_id.as_str());
+        span.record("user", user.as_str());
+        span.record("vhost", tenant.as_str());
+        let mut m = Box::new(ConnMetrics::open(Protocol::Mqtt, &tenant));
+        // An MQTT session is one channel.
+        m.channel_opened();
+        self.metrics = Some(m);
         self.tenant = tenant;
         self.client_id = client_id.clone();
         self.conn_id = client.id();
-        self.gate = TenantGate::for_client(&client).map(Box::new);
+        let rule = self.engine.connection_quotas.find(&user, Some(&client_id));
+        self.gate = TenantGate::for_client(&client, rule.as_deref()).map(Box::new);
         self.client = Some(client);
 
         let (registration, _took_over) = self
@@ -162,6 +174,23 @@ impl Session {
             .take(&self.tenant, &client_id, self.conn_id)
             .await;
         self.registration = Some(registration);
+        self.listed = Some(
+            self.shared
+                .connections
+                .register(crate::connections::NewConnection {
+                    protocol: "MQTT",
+                    peer: self.peer,
+                    local: None,
+                    user: &user,
+                    vhost: &self.tenant,
+                    tls: self.cert_user.is_some(),
+                    client_id: &client_id,
+                    engine_id: self.conn_id,
+                }),
+        );
+        if let Some(l) = &self.listed {
+            l.set_channels(1);
+        }
 
         self.session_expiry_secs = c.session_expiry_secs;
         let max_expiry = self.shared.mqtt.max_session_expiry_secs;
@@ -195,6 +224,7 @@ impl Session {
         };
         if let Err(EngineError::Quota(q)) = &opened {
             // The tenant's max-queues or max-consumers: 0x97.
+            crate::metrics::quota_refused(Protocol::Mqtt);
             self.refuse(ConnectRefusal::QuotaExceeded, &q.to_string());
             return;
         }

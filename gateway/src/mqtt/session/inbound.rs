@@ -63,6 +63,9 @@ impl Session {
         let Some(client) = self.client.as_mut() else {
             return;
         };
+        if let Some(m) = self.metrics.as_mut() {
+            m.received();
+        }
         // The tenant's max-message-size: dropped, and a QoS 1/2 publish
         // answered 0x97 (MQTT 5; 3.1.1 has no negative answer).
         if let Err(e) = client.check_message_size(p.payload.len() as u64) {
@@ -174,6 +177,11 @@ impl Session {
             let Some(a) = self.acks.pop_front() else {
                 break;
             };
+            if matches!(a.kind, AckKind::Ack | AckKind::Received) {
+                if let Some(m) = self.metrics.as_mut() {
+                    m.confirmed_count(1);
+                }
+            }
             match a.kind {
                 AckKind::Ack => self.conn.puback(a.packet_id, a.reason),
                 AckKind::Received => self.conn.pubrec(a.packet_id, a.reason),

@@ -25,6 +25,7 @@ mod subscriptions;
 use super::registry::Registration;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
+use crate::metrics::ConnMetrics;
 use crate::server::{Alarms, Shared};
 use crate::tenant_gate::{self, TenantGate};
 use bytes::BytesMut;
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tracing::Instrument as _;
 use weir_protocols::mqtt::{Connection, Event, QoS, Will};
 
 /// Read buffer of a connection that has been quiet.
@@ -251,6 +253,7 @@ pub(crate) async fn serve_inner<R, W>(
         queue_open: false,
         receive_maximum: 0,
         registration: None,
+        listed: None,
         will: None,
         session_expiry_secs: 0,
         subscriptions: Vec::new(),
@@ -272,9 +275,23 @@ pub(crate) async fn serve_inner<R, W>(
         blocked: false,
         end_reason: None,
         publish_will: false,
+        metrics: None,
     };
-    tracing::debug!(%peer, "MQTT connection accepted");
-    let result = s.run(rd, wr, flush_writes, shutdown).await;
+    // One span per connection; `client_id`, `user` and `vhost` are filled
+    // in at CONNECT.
+    let span = tracing::info_span!(
+        "mqtt",
+        %peer,
+        client_id = tracing::field::Empty,
+        user = tracing::field::Empty,
+        vhost = tracing::field::Empty
+    );
+    tracing::debug!(parent: &span, "MQTT connection accepted");
+    let result = s
+        .run(rd, wr, flush_writes, shutdown)
+        .instrument(span.clone())
+        .await;
+    let _in = span.enter();
     s.finish();
     match result {
         Ok(()) => tracing::debug!(%peer, "MQTT connection closed"),
@@ -301,6 +318,9 @@ pub(crate) struct Session {
     receive_maximum: u32,
     /// Held while connected: takeover notice and our finish signal.
     registration: Option<Registration>,
+    /// In the registry of live connections (management API), from CONNECT
+    /// accepted on.
+    listed: Option<crate::connections::Registration>,
     /// Published if the connection ends without a clean DISCONNECT (boxed:
     /// large, and most connections have none).
     will: Option<Box<Will>>,
@@ -346,6 +366,9 @@ pub(crate) struct Session {
     end_reason: Option<String>,
     /// Publish the will at the end (abnormal end, or DISCONNECT 0x04).
     publish_will: bool,
+    /// Its tenant's and protocol's counters, from CONNACK on (boxed: an
+    /// idle connection should carry one pointer).
+    metrics: Option<Box<ConnMetrics>>,
 }
 
 /// Resolves when `client`'s outbox is notified; never without a client.
@@ -440,13 +463,16 @@ impl Session {
             }
             self.end_batch();
             if let Some(g) = self.gate.as_mut() {
-                g.end_batch();
+                g.end_batch(self.client.as_mut());
             }
             // 2. Deliveries.
             if self.conn.out.len() < DELIVERY_HIGH_WATER && !self.conn.is_finished() {
                 self.write_deliveries();
             }
             // 3. Timers and writes.
+            if let Some(m) = self.metrics.as_mut() {
+                m.flush();
+            }
             let now = Instant::now();
             if std::mem::take(&mut got_input) {
                 self.conn.on_read(now);
@@ -499,6 +525,9 @@ impl Session {
                     Ok(n) => {
                         got_input = true;
                         last_read = n;
+                        if let Some(m) = self.metrics.as_mut() {
+                            m.bytes_in(n);
+                        }
                     }
                     Err(e) => {
                         self.publish_will = true;
@@ -513,6 +542,10 @@ impl Session {
                     Ok(Some(n)) => {
                         bytes::Buf::advance(&mut self.conn.out, n);
                         unflushed = flush_writes;
+                        if let Some(m) = self.metrics.as_mut() {
+                            m.bytes_out(n);
+                            m.flush();
+                        }
                     }
                     Ok(None) => unflushed = false,
                     Err(e) => {
@@ -555,6 +588,12 @@ impl Session {
                 // The tenant's block changed, or its rate pause is over.
                 () = tenant_gate::wake(self.gate.as_deref_mut(), self.blocked) => {
                     self.refresh_alarm();
+                }
+                reason = crate::connections::close_requested(self.listed.as_mut()) => {
+                    // Closed through the management API.
+                    self.listed = None;
+                    self.end_reason = Some(reason);
+                    self.conn.disconnect(0x98, "closed by an administrator");
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {

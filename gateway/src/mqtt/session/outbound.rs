@@ -98,6 +98,7 @@ impl Session {
             ids.sort_unstable();
             ids.dedup();
             let retain = out.retain && matching().any(|s| s.retain_as_published);
+            let enqueued_ms = d.entry.enqueued_ms;
             let sent = self.conn.publish(OutgoingPublish {
                 topic: out.topic,
                 payload: out.payload,
@@ -112,6 +113,9 @@ impl Session {
             });
             match sent {
                 Ok(Some(packet_id)) => {
+                    if let Some(m) = self.metrics.as_mut() {
+                        m.delivered(enqueued_ms, now);
+                    }
                     let id = d.entry.id;
                     client.lease(SCOPE, tag, d, batch_time);
                     if let Some(r) = self.resume.as_mut() {
@@ -140,7 +144,13 @@ impl Session {
                 }
                 // QoS 0, or too large for the client (MQTT 5: dropped as if
                 // delivered).
-                Ok(None) | Err(SendError::TooLarge) => settle_unsent(client, tag, d, batch_time),
+                Ok(None) => {
+                    if let Some(m) = self.metrics.as_mut() {
+                        m.delivered(enqueued_ms, now);
+                    }
+                    settle_unsent(client, tag, d, batch_time)
+                }
+                Err(SendError::TooLarge) => settle_unsent(client, tag, d, batch_time),
                 Err(SendError::NoQuota) => {
                     client.defer(d);
                     self.next_tag -= 1;

@@ -39,6 +39,16 @@ pub enum Event {
         /// to `&str`).
         password: Secret,
     },
+    /// connection.update-secret (RabbitMQ's extension, for credentials
+    /// that expire): answer with
+    /// [`Connection::accept_update_secret`](super::Connection::accept_update_secret)
+    /// or [`Connection::refuse_update_secret`](super::Connection::refuse_update_secret).
+    UpdateSecret {
+        /// The new secret (its `Debug` prints `<redacted>`).
+        secret: Secret,
+        /// Why the client sends it.
+        reason: String,
+    },
     /// connection.open: answer with [`Connection::accept_open`](super::Connection::accept_open) or close.
     OpenVhost {
         /// The virtual host (tenant) asked for.

@@ -95,6 +95,22 @@ impl Connection {
         self.phase = Phase::Open;
     }
 
+    /// Answers connection.update-secret with update-secret-ok.
+    pub fn accept_update_secret(&mut self) {
+        self.send_method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(
+                connection::UpdateSecretOk {},
+            )),
+        );
+    }
+
+    /// Refuses connection.update-secret: the connection is closed with 530
+    /// NOT_ALLOWED, as RabbitMQ closes it.
+    pub fn refuse_update_secret(&mut self, text: &str) {
+        self.fail(reply::NOT_ALLOWED, format!("NOT_ALLOWED - {text}"), 10, 70);
+    }
+
     /// Refuses connection.open (530 NOT_ALLOWED).
     pub fn refuse_open(&mut self, text: &str) {
         self.fail(reply::NOT_ALLOWED, format!("NOT_ALLOWED - {text}"), 10, 40);
@@ -124,6 +140,15 @@ impl Connection {
                     Some(AMQPValue::FieldTable(caps))
                         if matches!(caps.inner().get("connection.blocked"), Some(AMQPValue::Boolean(true)))
                 );
+                // Bounded by the frame: at most frame-max bytes of text.
+                self.connection_name =
+                    match start_ok.client_properties.inner().get("connection_name") {
+                        Some(AMQPValue::LongString(n)) => {
+                            Some(String::from_utf8_lossy(n.as_bytes()).into_owned())
+                        }
+                        Some(AMQPValue::ShortString(n)) => Some(n.as_str().to_string()),
+                        _ => None,
+                    };
                 let mechanism = start_ok.mechanism.as_str().to_string();
                 let decoded = if mechanism == "EXTERNAL" && self.external {
                     // The response is an optional authorization identity,
@@ -198,13 +223,12 @@ impl Connection {
                 self.pending.push_back(Event::Closed);
             }
             (Phase::Open, M::Blocked(_) | M::Unblocked(_)) => {}
-            (Phase::Open, M::UpdateSecret(_)) => {
-                self.send_method(
-                    0,
-                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(
-                        connection::UpdateSecretOk {},
-                    )),
-                );
+            (Phase::Open, M::UpdateSecret(u)) => {
+                let secret = String::from_utf8_lossy(u.new_secret.as_bytes()).into_owned();
+                self.pending.push_back(Event::UpdateSecret {
+                    secret: secret.into(),
+                    reason: u.reason.as_str().to_string(),
+                });
             }
             (_, M::Close(_)) => {
                 // Closing during the handshake.

@@ -105,6 +105,8 @@ pub struct Connection {
     partial_limit: usize,
     /// The client advertised the `connection.blocked` capability in start-ok.
     accepts_blocked: bool,
+    /// The client's `connection_name` property from start-ok, if text.
+    connection_name: Option<String>,
     /// SASL EXTERNAL is offered ([`Self::offer_external`]).
     external: bool,
     /// Heartbeat, handshake and close deadlines.
@@ -143,6 +145,7 @@ impl Connection {
             out: BytesMut::with_capacity(16 * 1024),
             close_reason: None,
             accepts_blocked: false,
+            connection_name: None,
             external: false,
             timers: Timers::new(now),
         }
@@ -204,6 +207,12 @@ impl Connection {
     /// (so it understands connection.blocked / connection.unblocked).
     pub fn accepts_blocked(&self) -> bool {
         self.accepts_blocked
+    }
+
+    /// The `connection_name` client property of start-ok (what operators
+    /// name connections by, e.g. in `[[quota.connections]]`), once known.
+    pub fn client_connection_name(&self) -> Option<&str> {
+        self.connection_name.as_deref()
     }
 
     /// Interprets input until one event is ready or more bytes are needed.

@@ -626,3 +626,48 @@ fn measure_small_publish_throughput() {
         );
     }
 }
+
+#[test]
+fn update_secret_is_an_event_answered_or_refused_by_the_session() {
+    let update = || {
+        method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::UpdateSecret(
+                connection::UpdateSecret {
+                    new_secret: "token-2".into(),
+                    reason: "rotation".into(),
+                },
+            )),
+        )
+    };
+    let mut c = open_connection();
+    let mut input = BytesMut::from(&update()[..]);
+    match c.poll(&mut input) {
+        Some(Event::UpdateSecret { secret, reason }) => {
+            assert_eq!((secret.expose(), reason.as_str()), ("token-2", "rotation"));
+            // The secret never shows in logs.
+            assert!(!format!("{secret:?}").contains("token-2"));
+        }
+        other => panic!("expected update-secret, got {other:?}"),
+    }
+    // Nothing is answered before the session decided.
+    assert!(written(&mut c).is_empty());
+    c.accept_update_secret();
+    assert!(matches!(
+        written(&mut c)[..],
+        [AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(_))
+        )]
+    ));
+    assert!(c.is_open());
+
+    let mut input = BytesMut::from(&update()[..]);
+    assert!(matches!(
+        c.poll(&mut input),
+        Some(Event::UpdateSecret { .. })
+    ));
+    c.refuse_update_secret("New secret was refused by one of the backends");
+    assert_eq!(close_code(&written(&mut c)), Some(reply::NOT_ALLOWED));
+    assert!(!c.is_open());
+}

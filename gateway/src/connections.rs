@@ -1,0 +1,214 @@
+//! The registry of live client connections, for the management API
+//! (`/api/connections`, `/api/channels`) and metrics: every session
+//! registers once it has opened its vhost and drops its [`Registration`]
+//! when it ends. A registered connection can be asked to close
+//! ([`Connections::close`]): its session selects on
+//! [`Registration::closed`] and ends the connection as a broker shutdown
+//! would (AMQP: 320 CONNECTION_FORCED with the given reason).
+//!
+//! Sessions keep their own state: the registry holds only what the API
+//! shows (who, from where, since when, how many channels), bounded by the
+//! connections themselves.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+
+/// What the API shows of one connection.
+#[derive(Debug)]
+pub struct ConnInfo {
+    /// Registry id.
+    pub id: u64,
+    /// RabbitMQ-style name: `"peer -> local"`.
+    pub name: String,
+    /// `"AMQP 0-9-1"`, `"MQTT 3.1.1"`, `"MQTT 5"`.
+    pub protocol: &'static str,
+    /// Client address.
+    pub peer: SocketAddr,
+    /// Who logged in.
+    pub user: String,
+    /// The vhost (tenant) it opened.
+    pub vhost: String,
+    /// When it was registered, ms since the epoch.
+    pub connected_at_ms: u64,
+    /// Over TLS.
+    pub tls: bool,
+    /// Open channels (AMQP; 1 for MQTT).
+    pub channels: AtomicU32,
+    /// MQTT client id, or empty.
+    pub client_id: String,
+    /// The engine client's id (consumers name their connection by it).
+    pub engine_id: u64,
+    /// Set to a reason when asked to close.
+    close: watch::Sender<Option<String>>,
+}
+
+/// Every live connection.
+#[derive(Default)]
+pub struct Connections {
+    next: Mutex<u64>,
+    map: RwLock<HashMap<u64, Arc<ConnInfo>>>,
+}
+
+/// A session's registration: removed from the registry when dropped.
+pub struct Registration {
+    info: Arc<ConnInfo>,
+    registry: Arc<Connections>,
+    closed: watch::Receiver<Option<String>>,
+}
+
+/// What a session registers.
+pub struct NewConnection<'a> {
+    /// Protocol name as RabbitMQ shows it.
+    pub protocol: &'static str,
+    /// Client address.
+    pub peer: SocketAddr,
+    /// Local (listener) address, if known.
+    pub local: Option<SocketAddr>,
+    /// Who logged in.
+    pub user: &'a str,
+    /// Its vhost.
+    pub vhost: &'a str,
+    /// Over TLS.
+    pub tls: bool,
+    /// MQTT client id, or empty.
+    pub client_id: &'a str,
+    /// The engine client's id.
+    pub engine_id: u64,
+}
+
+impl Connections {
+    /// Registers a connection.
+    pub fn register(self: &Arc<Self>, c: NewConnection<'_>) -> Registration {
+        let id = {
+            let mut n = self.next.lock();
+            *n += 1;
+            *n
+        };
+        let local = c
+            .local
+            .map_or_else(|| "weir".to_string(), |l| l.to_string());
+        let (tx, rx) = watch::channel(None);
+        let info = Arc::new(ConnInfo {
+            id,
+            name: format!("{} -> {local}", c.peer),
+            protocol: c.protocol,
+            peer: c.peer,
+            user: c.user.to_string(),
+            vhost: c.vhost.to_string(),
+            connected_at_ms: weir_engine::message::now_ms(),
+            tls: c.tls,
+            channels: AtomicU32::new(0),
+            client_id: c.client_id.to_string(),
+            engine_id: c.engine_id,
+            close: tx,
+        });
+        self.map.write().insert(id, info.clone());
+        Registration {
+            info,
+            registry: self.clone(),
+            closed: rx,
+        }
+    }
+
+    /// Every live connection, oldest first.
+    pub fn list(&self) -> Vec<Arc<ConnInfo>> {
+        let mut v: Vec<Arc<ConnInfo>> = self.map.read().values().cloned().collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    /// One by name.
+    pub fn get(&self, name: &str) -> Option<Arc<ConnInfo>> {
+        self.map.read().values().find(|c| c.name == name).cloned()
+    }
+
+    /// One by its engine client's id.
+    pub fn by_engine_id(&self, id: u64) -> Option<Arc<ConnInfo>> {
+        self.map
+            .read()
+            .values()
+            .find(|c| c.engine_id == id)
+            .cloned()
+    }
+
+    /// Connections and channels.
+    pub fn counts(&self) -> (u64, u64) {
+        let m = self.map.read();
+        let ch = m
+            .values()
+            .map(|c| u64::from(c.channels.load(Ordering::Relaxed)))
+            .sum();
+        (m.len() as u64, ch)
+    }
+
+    /// Asks a connection to close with `reason`; false if it is gone.
+    pub fn close(&self, name: &str, reason: &str) -> bool {
+        match self.get(name) {
+            Some(c) => {
+                c.close.send_replace(Some(reason.to_string()));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes every connection of `vhost`.
+    pub fn close_vhost(&self, vhost: &str, reason: &str) {
+        for c in self.list().iter().filter(|c| c.vhost == vhost) {
+            c.close.send_replace(Some(reason.to_string()));
+        }
+    }
+
+    /// Closes every connection of `user`.
+    pub fn close_user(&self, user: &str, reason: &str) {
+        for c in self.list().iter().filter(|c| c.user == user) {
+            c.close.send_replace(Some(reason.to_string()));
+        }
+    }
+}
+
+impl Registration {
+    /// Its entry.
+    pub fn info(&self) -> &Arc<ConnInfo> {
+        &self.info
+    }
+
+    /// Records the number of open channels.
+    pub fn set_channels(&self, n: usize) {
+        self.info
+            .channels
+            .store(u32::try_from(n).unwrap_or(u32::MAX), Ordering::Relaxed);
+    }
+
+    /// Resolves with the reason once the connection is asked to close.
+    pub async fn closed(&mut self) -> String {
+        loop {
+            if let Some(r) = self.closed.borrow_and_update().clone() {
+                return r;
+            }
+            if self.closed.changed().await.is_err() {
+                // The sender lives in the registry entry we hold: never.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.map.write().remove(&self.info.id);
+    }
+}
+
+/// Resolves when `reg` is asked to close; never without a registration.
+pub async fn close_requested(reg: Option<&mut Registration>) -> String {
+    match reg {
+        Some(r) => r.closed().await,
+        None => std::future::pending().await,
+    }
+}

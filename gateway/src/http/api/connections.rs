@@ -1,0 +1,240 @@
+//! `/api/connections[/{name}]` (GET; DELETE closes it: AMQP 320
+//! CONNECTION_FORCED with the `X-Reason` header's text, MQTT 5 DISCONNECT
+//! 0x98), `/api/vhosts/{vhost}/connections`, `/api/channels`,
+//! `/api/consumers[/{vhost}]`, from the registry of live connections
+//! ([`crate::connections`]) and the queues' consumers.
+//!
+//! Users see their own connections; monitors and administrators see all
+//! (and administrators may close any).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::auth::Caller;
+use super::list::{list, ListQuery, Listable};
+use super::{engine, vhosts_of};
+use crate::connections::ConnInfo;
+use crate::http::error::ApiError;
+
+/// The routes.
+pub fn router() -> Router<crate::http::State> {
+    Router::new()
+        .route("/api/connections", get(list_connections))
+        .route("/api/connections/{name}", get(show).delete(close))
+        .route("/api/connections/{name}/channels", get(connection_channels))
+        .route("/api/vhosts/{vhost}/connections", get(vhost_connections))
+        .route("/api/channels", get(list_channels))
+        .route("/api/consumers", get(consumers_all))
+        .route("/api/consumers/{vhost}", get(consumers_vhost))
+}
+
+fn render(c: &Arc<ConnInfo>) -> Value {
+    json!({
+        "name": c.name,
+        "node": super::node_name(),
+        "type": "network",
+        "protocol": c.protocol,
+        "user": c.user,
+        "vhost": c.vhost,
+        "peer_host": c.peer.ip().to_string(),
+        "peer_port": c.peer.port(),
+        "ssl": c.tls,
+        "state": "running",
+        "channels": c.channels.load(Ordering::Relaxed),
+        "connected_at": c.connected_at_ms,
+        "client_properties": if c.client_id.is_empty() { json!({}) } else { json!({ "client_id": c.client_id }) },
+    })
+}
+
+struct Item(Arc<ConnInfo>, String);
+
+impl Listable for Item {
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+    fn default_key(&self) -> (&str, &str) {
+        (&self.1, &self.0.name)
+    }
+    fn render(&self) -> Value {
+        render(&self.0)
+    }
+}
+
+/// Listed oldest first.
+fn item(c: Arc<ConnInfo>) -> Item {
+    let key = format!("{:020}", c.connected_at_ms);
+    Item(c, key)
+}
+
+fn visible(state: &crate::http::State, caller: &Caller) -> Vec<Arc<ConnInfo>> {
+    state
+        .shared
+        .connections
+        .list()
+        .into_iter()
+        .filter(|c| caller.is_monitor() || c.user == caller.name)
+        .collect()
+}
+
+async fn list_connections(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let items = visible(&state, &caller).into_iter().map(item).collect();
+    Ok(Json(list(&q, items)?))
+}
+
+async fn vhost_connections(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_vhost(engine(&state), &vhost)?;
+    let items = visible(&state, &caller)
+        .into_iter()
+        .filter(|c| c.vhost == vhost)
+        .map(item)
+        .collect();
+    Ok(Json(list(&q, items)?))
+}
+
+fn find(
+    state: &crate::http::State,
+    caller: &Caller,
+    name: &str,
+) -> Result<Arc<ConnInfo>, ApiError> {
+    let c = state
+        .shared
+        .connections
+        .get(name)
+        .ok_or_else(ApiError::not_found)?;
+    if caller.is_monitor() || c.user == caller.name {
+        Ok(c)
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
+async fn show(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(render(&find(&state, &caller, &name)?)))
+}
+
+async fn close(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let c = find(&state, &caller, &name)?;
+    if !caller.is_admin() && c.user != caller.name {
+        return Err(ApiError::forbidden("Not administrator user"));
+    }
+    let reason = headers
+        .get("x-reason")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("Closed via management plugin");
+    state.shared.connections.close(&name, reason);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn channels_of(c: &ConnInfo) -> Vec<Value> {
+    // The registry counts channels; per-channel figures are not kept.
+    (1..=c.channels.load(Ordering::Relaxed))
+        .map(|n| {
+            json!({
+                "name": format!("{} ({n})", c.name),
+                "number": n,
+                "node": super::node_name(),
+                "user": c.user,
+                "vhost": c.vhost,
+                "state": "running",
+                "connection_details": { "name": c.name, "peer_host": c.peer.ip().to_string(), "peer_port": c.peer.port() },
+            })
+        })
+        .collect()
+}
+
+async fn connection_channels(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let c = find(&state, &caller, &name)?;
+    Ok(Json(Value::Array(channels_of(&c))))
+}
+
+async fn list_channels(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(Value::Array(
+        visible(&state, &caller)
+            .iter()
+            .flat_map(|c| channels_of(c))
+            .collect(),
+    )))
+}
+
+fn consumers(state: &crate::http::State, vhosts: Vec<String>) -> Value {
+    let e = engine(state);
+    let mut out = Vec::new();
+    for v in vhosts {
+        let Some(t) = e.tenant(&v) else { continue };
+        for q in t.queues() {
+            if q.consumer_count() == 0 {
+                continue;
+            }
+            for c in q.consumers() {
+                let conn = state.shared.connections.by_engine_id(c.connection_id());
+                out.push(json!({
+                    "consumer_tag": String::from_utf8_lossy(c.tag()),
+                    "exclusive": c.exclusive(),
+                    "ack_required": !c.no_ack(),
+                    "prefetch_count": c.prefetch_count(),
+                    "active": true,
+                    "activity_status": "up",
+                    "arguments": { "x-priority": c.priority() },
+                    "queue": { "name": q.name(), "vhost": v },
+                    "channel_details": conn.as_ref().map(|k| json!({
+                        "name": format!("{} ({})", k.name, c.scope()),
+                        "number": c.scope(),
+                        "connection_name": k.name,
+                        "peer_host": k.peer.ip().to_string(),
+                        "peer_port": k.peer.port(),
+                        "user": k.user,
+                    })).unwrap_or(json!({})),
+                }));
+            }
+        }
+    }
+    Value::Array(out)
+}
+
+async fn consumers_all(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+) -> Result<Json<Value>, ApiError> {
+    let v = vhosts_of(&state, &caller, None)?;
+    Ok(Json(consumers(&state, v)))
+}
+
+async fn consumers_vhost(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let v = vhosts_of(&state, &caller, Some(&vhost))?;
+    Ok(Json(consumers(&state, v)))
+}
