@@ -136,6 +136,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         blocked_sent: false,
         blocked: false,
         tx_bytes: 0,
+        peer_closed: false,
         metrics: None,
         registration: None,
         tls: tls_session,
@@ -211,6 +212,9 @@ struct Session {
     /// Bytes held by the uncommitted transactions of every channel
     /// (bounded by [`tx::MAX_TX_BYTES`]).
     tx_bytes: usize,
+    /// The client sent connection.close (and got close-ok): what it still
+    /// sends is read and dropped until it hangs up (see [`linger`]).
+    peer_closed: bool,
     /// Its tenant's and protocol's counters (from connection.open on).
     metrics: Option<ConnMetrics>,
     /// In the registry of live connections (management API), from
@@ -335,9 +339,7 @@ impl Session {
                     // bounded last flush.
                     let _ = tokio::time::timeout(FINAL_FLUSH, wr.writable()).await;
                 }
-                if !eof {
-                    // Queues and leases go now, not after the linger.
-                    self.release_all();
+                if self.peer_closed && !eof {
                     linger(&mut rd, &mut input).await;
                 }
                 return Ok(());
@@ -610,7 +612,10 @@ impl Session {
                 self.release_channel(ch);
                 self.count_channels();
             }
-            Event::Closed => self.release_all(),
+            Event::Closed => {
+                self.peer_closed = true;
+                self.release_all();
+            }
             Event::Flow { channel, active } => {
                 if self.channels.contains_key(&channel) {
                     if let Some(c) = self.client.as_mut() {
@@ -877,8 +882,8 @@ trait ReadSide: Send {
     ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send;
 }
 
-/// After the close handshake, reads and drops what the client still sends
-/// until it closes the socket, for at most [`CLOSE_LINGER`]. Closing a
+/// After the client's connection.close and our close-ok, reads and drops
+/// what the client still sends until it closes the socket, for at most [`CLOSE_LINGER`]. Closing a
 /// socket that holds unread input makes the kernel reset the connection,
 /// and the reset can overtake the close-ok: a client that wrote frames
 /// behind its connection.close (amqplib flushes its channels' frames after
