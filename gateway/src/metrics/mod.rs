@@ -70,8 +70,8 @@ pub const ALARM_BLOCKS: &str = "weir_alarm_blocks_total";
 
 /// Latency buckets, seconds: 50 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
 ];
 /// Group-commit waiters per round.
 const COUNT_BUCKETS: &[f64] = &[
@@ -79,7 +79,14 @@ const COUNT_BUCKETS: &[f64] = &[
 ];
 /// Bytes per commit round: 1 KiB to 16 MiB.
 const BYTES_BUCKETS: &[f64] = &[
-    1024.0, 4096.0, 16384.0, 65536.0, 262_144.0, 1_048_576.0, 4_194_304.0, 16_777_216.0,
+    1024.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
 ];
 /// Histograms keep their samples until drained: drained this often even
 /// when nobody scrapes, so memory does not grow with traffic.
@@ -111,7 +118,9 @@ pub fn install() -> &'static PrometheusHandle {
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_err() {
-            tracing::warn!("a metrics recorder was already installed; /metrics shows only scrape-time figures");
+            tracing::warn!(
+                "a metrics recorder was already installed; /metrics shows only scrape-time figures"
+            );
         }
         let h = handle.clone();
         let _ = std::thread::Builder::new()
@@ -131,7 +140,10 @@ fn describe() {
     describe_gauge!(CONNECTIONS, "Open connections");
     describe_counter!(CONNECTIONS_OPENED, "Connections opened");
     describe_counter!(CONNECTIONS_CLOSED, "Connections closed");
-    describe_gauge!(CHANNELS, "Open channels (AMQP channels; one per MQTT connection)");
+    describe_gauge!(
+        CHANNELS,
+        "Open channels (AMQP channels; one per MQTT connection)"
+    );
     describe_counter!(CHANNELS_OPENED, "Channels opened");
     describe_counter!(CHANNELS_CLOSED, "Channels closed");
     describe_counter!(MESSAGES_RECEIVED, "Messages received from publishers");
@@ -151,10 +163,22 @@ fn describe() {
         Unit::Seconds,
         "From enqueue to delivery (millisecond resolution)"
     );
-    describe_counter!(QUOTA_BLOCKS, "Connections blocked by their tenant's queued limit");
-    describe_counter!(RATE_PAUSES, "Times a connection's reads paused for a publish rate");
-    describe_counter!(QUOTA_REFUSALS, "Operations refused for a tenant or user limit");
-    describe_counter!(ALARM_BLOCKS, "Publishing connections blocked by a resource alarm");
+    describe_counter!(
+        QUOTA_BLOCKS,
+        "Connections blocked by their tenant's queued limit"
+    );
+    describe_counter!(
+        RATE_PAUSES,
+        "Times a connection's reads paused for a publish rate"
+    );
+    describe_counter!(
+        QUOTA_REFUSALS,
+        "Operations refused for a tenant or user limit"
+    );
+    describe_counter!(
+        ALARM_BLOCKS,
+        "Publishing connections blocked by a resource alarm"
+    );
     describe_histogram!(
         weir_backend::metrics::FSYNC_SECONDS,
         Unit::Seconds,
@@ -169,8 +193,14 @@ fn describe() {
         Unit::Bytes,
         "Bytes written by one commit round"
     );
-    describe_counter!(weir_backend::metrics::COMPACTIONS, "Compaction passes that moved records");
-    describe_counter!(weir_backend::metrics::COMPACTED_RECORDS, "Records moved by compaction");
+    describe_counter!(
+        weir_backend::metrics::COMPACTIONS,
+        "Compaction passes that moved records"
+    );
+    describe_counter!(
+        weir_backend::metrics::COMPACTED_RECORDS,
+        "Records moved by compaction"
+    );
 }
 
 /// A protocol's label value.
@@ -232,7 +262,10 @@ pub struct ConnMetrics {
 impl ConnMetrics {
     /// A connection of `protocol` opened on `vhost`.
     pub fn open(protocol: Protocol, vhost: &str) -> Self {
-        let labels = [("vhost", vhost.to_string()), ("protocol", protocol.label().to_string())];
+        let labels = [
+            ("vhost", vhost.to_string()),
+            ("protocol", protocol.label().to_string()),
+        ];
         let connections = metrics::gauge!(CONNECTIONS, &labels);
         connections.increment(1.0);
         metrics::counter!(CONNECTIONS_OPENED, &labels).increment(1);
