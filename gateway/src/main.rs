@@ -1,9 +1,9 @@
 //! The `weir` binary.
 
 use std::process::ExitCode;
-use weir_gateway::config::{Cli, Command, Config};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
+use weir_gateway::config::{Cli, Command, Config};
 use weir_gateway::server::{shutdown_signal, Broker};
 
 fn main() -> ExitCode {

@@ -21,7 +21,10 @@ async fn scrape(State(state): State<super::State>) -> Response {
     .await
     {
         Ok(text) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
             text,
         )
             .into_response(),

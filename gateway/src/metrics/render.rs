@@ -6,8 +6,8 @@
 //! walk over messages; see `weir_engine::stats`).
 
 use std::fmt::Write as _;
-use weir_engine::stats::{QueueStats, ATTEMPT_BUCKETS};
 use std::time::Instant;
+use weir_engine::stats::{QueueStats, ATTEMPT_BUCKETS};
 
 use crate::server::Shared;
 
@@ -218,10 +218,24 @@ pub fn render(shared: &Shared, started: Instant, per_queue: bool) -> String {
     queues(&mut out, shared, per_queue);
     store(&mut out, shared);
     alarms(&mut out, shared);
-    header(&mut out, "weir_uptime_seconds", "gauge", "Seconds since the broker started");
-    let _ = writeln!(out, "weir_uptime_seconds {}", started.elapsed().as_secs_f64());
+    header(
+        &mut out,
+        "weir_uptime_seconds",
+        "gauge",
+        "Seconds since the broker started",
+    );
+    let _ = writeln!(
+        out,
+        "weir_uptime_seconds {}",
+        started.elapsed().as_secs_f64()
+    );
     if let Some(rss) = crate::server::resident_bytes() {
-        header(&mut out, "weir_process_resident_memory_bytes", "gauge", "Resident memory of the broker");
+        header(
+            &mut out,
+            "weir_process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of the broker",
+        );
         let _ = writeln!(out, "weir_process_resident_memory_bytes {rss}");
     }
     out
@@ -345,10 +359,30 @@ fn queues(out: &mut String, shared: &Shared, per_queue: bool) {
 fn store(out: &mut String, shared: &Shared) {
     let s = shared.engine.store().stats();
     for (name, kind, help, v) in [
-        ("weir_store_segments", "gauge", "Segment files on disk", s.segments),
-        ("weir_store_disk_bytes", "gauge", "Bytes of segment files on disk", s.disk_bytes),
-        ("weir_store_appended_bytes_total", "counter", "Bytes appended since start", s.appended_bytes),
-        ("weir_store_fsyncs_total", "counter", "fsyncs since start", s.syncs),
+        (
+            "weir_store_segments",
+            "gauge",
+            "Segment files on disk",
+            s.segments,
+        ),
+        (
+            "weir_store_disk_bytes",
+            "gauge",
+            "Bytes of segment files on disk",
+            s.disk_bytes,
+        ),
+        (
+            "weir_store_appended_bytes_total",
+            "counter",
+            "Bytes appended since start",
+            s.appended_bytes,
+        ),
+        (
+            "weir_store_fsyncs_total",
+            "counter",
+            "fsyncs since start",
+            s.syncs,
+        ),
         (
             "weir_store_reclaimed_segments_total",
             "counter",

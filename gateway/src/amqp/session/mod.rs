@@ -615,7 +615,8 @@ impl Session {
                     (method.get_amqp_class_id(), method.get_amqp_method_id());
                 // Methods other than publish and ack: cheap enough for a
                 // span each (debug level, so nothing unless asked for).
-                let _op = tracing::debug_span!("amqp.method", channel, class_id, method_id).entered();
+                let _op =
+                    tracing::debug_span!("amqp.method", channel, class_id, method_id).entered();
                 if let Err(f) = self.on_method(channel, method) {
                     self.fail(channel, f, class_id, method_id);
                 }

@@ -4,11 +4,11 @@
 //! clean session's queue goes, the will is published (after its delay).
 
 use super::{state_prefix, InFlight, Session, Subscription, SCOPE};
-use crate::metrics::{ConnMetrics, Protocol};
 use crate::engine::client::SubscribeOptions;
 use crate::engine::exchange::Destination;
 use crate::engine::tenant::QueueDeclare;
 use crate::engine::{Client, EngineError, DEFAULT_TENANT};
+use crate::metrics::{ConnMetrics, Protocol};
 use crate::tenant_gate::TenantGate;
 use serde_json::{json, Value};
 use std::sync::Arc;
