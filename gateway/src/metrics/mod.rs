@@ -22,7 +22,8 @@
 
 pub mod render;
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram};
@@ -204,7 +205,7 @@ fn describe() {
 }
 
 /// A protocol's label value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Protocol {
     /// AMQP 0-9-1 (plain or TLS).
     Amqp,
@@ -232,12 +233,9 @@ pub fn alarm_block(protocol: Protocol) {
     metrics::counter!(ALARM_BLOCKS, "protocol" => protocol.label()).increment(1);
 }
 
-/// One logged-in connection's handles, labelled with its tenant and
-/// protocol, taken once at login. Counts of a batch are kept in plain
-/// fields and added to the shared counters once per batch
-/// ([`ConnMetrics::flush`]), so connections of one tenant on different
-/// cores do not contend on a counter per message.
-pub struct ConnMetrics {
+/// The handles of one tenant and protocol, shared by its connections (an
+/// idle MQTT connection carries one pointer to them, not a dozen).
+struct Handles {
     protocol: Protocol,
     vhost: String,
     received: Counter,
@@ -249,8 +247,57 @@ pub struct ConnMetrics {
     channels_opened: Counter,
     channels_closed: Counter,
     connections: Gauge,
+    connections_opened: Counter,
+    connections_closed: Counter,
     confirm: Histogram,
     deliver: Histogram,
+}
+
+/// Every tenant's and protocol's [`Handles`], made at its first connection
+/// (bounded by the tenants ever logged into, times two protocols).
+static HANDLES: OnceLock<parking_lot::Mutex<HashMap<(String, Protocol), Arc<Handles>>>> =
+    OnceLock::new();
+
+impl Handles {
+    /// The shared handles of `vhost` and `protocol`.
+    fn of(protocol: Protocol, vhost: &str) -> Arc<Handles> {
+        let mut map = HANDLES.get_or_init(Default::default).lock();
+        if let Some(h) = map.get(&(vhost.to_string(), protocol)) {
+            return h.clone();
+        }
+        let labels = [
+            ("vhost", vhost.to_string()),
+            ("protocol", protocol.label().to_string()),
+        ];
+        let h = Arc::new(Handles {
+            protocol,
+            vhost: vhost.to_string(),
+            received: metrics::counter!(MESSAGES_RECEIVED, &labels),
+            confirmed: metrics::counter!(MESSAGES_CONFIRMED, &labels),
+            delivered: metrics::counter!(MESSAGES_DELIVERED, &labels),
+            bytes_in: metrics::counter!(BYTES_RECEIVED, &labels),
+            bytes_out: metrics::counter!(BYTES_SENT, &labels),
+            channels: metrics::gauge!(CHANNELS, &labels),
+            channels_opened: metrics::counter!(CHANNELS_OPENED, &labels),
+            channels_closed: metrics::counter!(CHANNELS_CLOSED, &labels),
+            connections: metrics::gauge!(CONNECTIONS, &labels),
+            connections_opened: metrics::counter!(CONNECTIONS_OPENED, &labels),
+            connections_closed: metrics::counter!(CONNECTIONS_CLOSED, &labels),
+            confirm: metrics::histogram!(CONFIRM_SECONDS, &labels),
+            deliver: metrics::histogram!(DELIVER_SECONDS, &labels),
+        });
+        map.insert((vhost.to_string(), protocol), h.clone());
+        h
+    }
+}
+
+/// One logged-in connection's figures, labelled with its tenant and
+/// protocol. Counts of a batch are kept in plain fields and added to the
+/// shared counters once per batch ([`ConnMetrics::flush`]), so connections
+/// of one tenant on different cores do not contend on a counter per
+/// message.
+pub struct ConnMetrics {
+    h: Arc<Handles>,
     /// Channels open now (given back to the gauge when dropped).
     open_channels: u64,
     pending_received: u64,
@@ -262,27 +309,11 @@ pub struct ConnMetrics {
 impl ConnMetrics {
     /// A connection of `protocol` opened on `vhost`.
     pub fn open(protocol: Protocol, vhost: &str) -> Self {
-        let labels = [
-            ("vhost", vhost.to_string()),
-            ("protocol", protocol.label().to_string()),
-        ];
-        let connections = metrics::gauge!(CONNECTIONS, &labels);
-        connections.increment(1.0);
-        metrics::counter!(CONNECTIONS_OPENED, &labels).increment(1);
+        let h = Handles::of(protocol, vhost);
+        h.connections.increment(1.0);
+        h.connections_opened.increment(1);
         ConnMetrics {
-            protocol,
-            vhost: vhost.to_string(),
-            received: metrics::counter!(MESSAGES_RECEIVED, &labels),
-            confirmed: metrics::counter!(MESSAGES_CONFIRMED, &labels),
-            delivered: metrics::counter!(MESSAGES_DELIVERED, &labels),
-            bytes_in: metrics::counter!(BYTES_RECEIVED, &labels),
-            bytes_out: metrics::counter!(BYTES_SENT, &labels),
-            channels: metrics::gauge!(CHANNELS, &labels),
-            channels_opened: metrics::counter!(CHANNELS_OPENED, &labels),
-            channels_closed: metrics::counter!(CHANNELS_CLOSED, &labels),
-            connections,
-            confirm: metrics::histogram!(CONFIRM_SECONDS, &labels),
-            deliver: metrics::histogram!(DELIVER_SECONDS, &labels),
+            h,
             open_channels: 0,
             pending_received: 0,
             pending_delivered: 0,
@@ -314,7 +345,8 @@ impl ConnMetrics {
     #[inline]
     pub fn delivered(&mut self, enqueued_ms: u64, now_ms: u64) {
         self.pending_delivered += 1;
-        self.deliver
+        self.h
+            .deliver
             .record(now_ms.saturating_sub(enqueued_ms) as f64 / 1000.0);
     }
 
@@ -323,21 +355,21 @@ impl ConnMetrics {
         if n == 0 {
             return;
         }
-        self.confirmed.increment(n);
-        self.confirm.record_many(waited.as_secs_f64(), n as usize);
+        self.h.confirmed.increment(n);
+        self.h.confirm.record_many(waited.as_secs_f64(), n as usize);
     }
 
     /// `n` publishes were confirmed; their latency is not known (MQTT
     /// keeps no time per pending acknowledgement).
     pub fn confirmed_count(&mut self, n: u64) {
-        self.confirmed.increment(n);
+        self.h.confirmed.increment(n);
     }
 
     /// A channel opened.
     pub fn channel_opened(&mut self) {
         self.open_channels += 1;
-        self.channels.increment(1.0);
-        self.channels_opened.increment(1);
+        self.h.channels.increment(1.0);
+        self.h.channels_opened.increment(1);
     }
 
     /// `n` channels closed.
@@ -347,24 +379,25 @@ impl ConnMetrics {
             return;
         }
         self.open_channels -= n;
-        self.channels.decrement(n as f64);
-        self.channels_closed.increment(n);
+        self.h.channels.decrement(n as f64);
+        self.h.channels_closed.increment(n);
     }
 
     /// A channel or the connection was closed for an error
     /// (`kind`: `channel` or `connection`).
     pub fn error(&self, kind: &'static str) {
-        metrics::counter!(ERRORS, "vhost" => self.vhost.clone(), "protocol" => self.protocol.label(), "kind" => kind)
+        metrics::counter!(ERRORS, "vhost" => self.h.vhost.clone(), "protocol" => self.h.protocol.label(), "kind" => kind)
             .increment(1);
     }
 
     /// Adds the batch's counts to the shared counters.
     pub fn flush(&mut self) {
+        let h = &self.h;
         for (pending, counter) in [
-            (&mut self.pending_received, &self.received),
-            (&mut self.pending_delivered, &self.delivered),
-            (&mut self.pending_in, &self.bytes_in),
-            (&mut self.pending_out, &self.bytes_out),
+            (&mut self.pending_received, &h.received),
+            (&mut self.pending_delivered, &h.delivered),
+            (&mut self.pending_in, &h.bytes_in),
+            (&mut self.pending_out, &h.bytes_out),
         ] {
             if *pending > 0 {
                 counter.increment(std::mem::take(pending));
@@ -377,9 +410,8 @@ impl Drop for ConnMetrics {
     fn drop(&mut self) {
         self.flush();
         self.channels_closed(self.open_channels);
-        self.connections.decrement(1.0);
-        metrics::counter!(CONNECTIONS_CLOSED, "vhost" => self.vhost.clone(), "protocol" => self.protocol.label())
-            .increment(1);
+        self.h.connections.decrement(1.0);
+        self.h.connections_closed.increment(1);
     }
 }
 
