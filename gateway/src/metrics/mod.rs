@@ -253,10 +253,12 @@ struct Handles {
     deliver: Histogram,
 }
 
+/// The handles of each (tenant, protocol).
+type HandleMap = HashMap<(String, Protocol), Arc<Handles>>;
+
 /// Every tenant's and protocol's [`Handles`], made at its first connection
 /// (bounded by the tenants ever logged into, times two protocols).
-static HANDLES: OnceLock<parking_lot::Mutex<HashMap<(String, Protocol), Arc<Handles>>>> =
-    OnceLock::new();
+static HANDLES: OnceLock<parking_lot::Mutex<HandleMap>> = OnceLock::new();
 
 impl Handles {
     /// The shared handles of `vhost` and `protocol`.

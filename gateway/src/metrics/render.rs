@@ -311,6 +311,13 @@ fn queues(out: &mut String, shared: &Shared, per_queue: bool) {
         "Ready messages with at most `le` delivery attempts so far (cumulative, as histogram buckets)",
     );
     for (vhost, queue, f) in &rows {
+        // A queue none of whose ready messages was ever delivered has all of
+        // them in the first bucket, which `messages_ready` already says:
+        // its eight lines are left out (a third of a per-queue scrape at
+        // 100,000 mostly idle queues).
+        if queue.is_some() && f.attempts[1..].iter().all(|&n| n == 0) {
+            continue;
+        }
         let mut cumulative = 0;
         for (i, n) in f.attempts.iter().enumerate() {
             cumulative += n;
