@@ -215,6 +215,7 @@ const QUEUE_FAMILIES: &[Family] = &[
 pub fn render(shared: &Shared, started: Instant, per_queue: bool) -> String {
     let mut out = super::install().render();
     out.reserve(4096);
+    latencies(&mut out);
     queues(&mut out, shared, per_queue);
     store(&mut out, shared);
     alarms(&mut out, shared);
@@ -239,6 +240,50 @@ pub fn render(shared: &Shared, started: Instant, per_queue: bool) -> String {
         let _ = writeln!(out, "weir_process_resident_memory_bytes {rss}");
     }
     out
+}
+
+/// The publish-to-confirm and publish-to-deliver histograms of every
+/// tenant and protocol (`super::Latency`: bucket counts read here).
+fn latencies(out: &mut String) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let handles: Vec<_> = match super::HANDLES.get() {
+        Some(m) => m.lock().values().cloned().collect(),
+        None => return,
+    };
+    for (name, help, pick) in [
+        (
+            super::CONFIRM_SECONDS,
+            "From the end of the batch a publish arrived in to its confirm",
+            (|h: &super::Handles| &h.confirm) as fn(&super::Handles) -> &super::Latency,
+        ),
+        (
+            super::DELIVER_SECONDS,
+            "From enqueue to delivery (millisecond resolution)",
+            |h: &super::Handles| &h.deliver,
+        ),
+    ] {
+        header(out, name, "histogram", help);
+        for h in &handles {
+            let l = pick(h);
+            let labels = format!(
+                "vhost=\"{}\",protocol=\"{}\"",
+                escaped(&h.vhost),
+                h.protocol.label()
+            );
+            let mut cumulative = 0;
+            for (i, n) in l.buckets.iter().enumerate() {
+                cumulative += n.load(Relaxed);
+                let le = match super::LATENCY_BUCKETS.get(i) {
+                    Some(b) => b.to_string(),
+                    None => "+Inf".to_string(),
+                };
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+            }
+            let sum = l.sum_nanos.load(Relaxed) as f64 / 1e9;
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+            let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+        }
+    }
 }
 
 /// `# HELP` and `# TYPE` lines.
