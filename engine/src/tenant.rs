@@ -335,6 +335,12 @@ impl Tenant {
             .ok_or_else(|| not_found_exchange(name, &self.name))
     }
 
+    /// The queue named `name`, exclusive or not (observers such as the
+    /// management API; clients go through [`Tenant::queue`]).
+    pub fn queue_named(&self, name: &str) -> Option<Arc<Queue>> {
+        self.queues.read().get(name).cloned()
+    }
+
     /// A queue by name, as seen by `connection` (404 if missing, 405 if
     /// another connection's exclusive queue).
     pub fn queue(&self, name: &str, connection: u64) -> Result<Arc<Queue>> {

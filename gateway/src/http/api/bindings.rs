@@ -195,7 +195,7 @@ fn between_defs(
         .ok_or_else(ApiError::not_found)?;
     t.exchange(source).map_err(|_| ApiError::not_found())?;
     let dest_exists = match kind {
-        DestinationKind::Queue => t.queues().iter().any(|q| q.name() == destination),
+        DestinationKind::Queue => t.queue_named(destination).is_some(),
         DestinationKind::Exchange => t.exchange(destination).is_ok(),
     };
     if !dest_exists {
