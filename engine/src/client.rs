@@ -226,6 +226,8 @@ pub struct Client {
     over_share: bool,
     /// Scopes with a direct reply-to consumer (a fast check per batch).
     reply_scopes: u32,
+    /// It counts toward the connection limits (not a management client).
+    counted: bool,
     /// The principal has RabbitMQ's `impersonator` tag: its publishes may
     /// carry another `user_id`.
     impersonator: bool,
@@ -238,22 +240,43 @@ impl Client {
     /// permissions there; a missing tenant is `NotFound` (RabbitMQ also
     /// tells a missing vhost apart).
     pub fn open(engine: &Arc<Engine>, tenant: &str, principal: &str) -> Result<Client> {
+        Self::open_with(engine, tenant, principal, true)
+    }
+
+    /// Opens a client for one management operation (the HTTP API's
+    /// declare, purge, publish, get): permissions are checked as for
+    /// [`Client::open`], but it is not a client connection, so it does not
+    /// count toward the tenant's or user's connection limits (an operator
+    /// must be able to purge a tenant that is at its limit).
+    pub fn open_management(engine: &Arc<Engine>, tenant: &str, principal: &str) -> Result<Client> {
+        Self::open_with(engine, tenant, principal, false)
+    }
+
+    fn open_with(
+        engine: &Arc<Engine>,
+        tenant: &str,
+        principal: &str,
+        counted: bool,
+    ) -> Result<Client> {
         let t = engine
             .tenant(tenant)
             .ok_or_else(|| EngineError::NotFound(format!("no vhost '{tenant}'")))?;
         let principal: Arc<str> = principal.into();
         let authz = Authz::open(engine.permissions().clone(), principal.clone(), tenant)
             .map_err(EngineError::AccessRefused)?;
-        // Given back in `close` (`closed` makes that happen once).
-        t.quota().add_connection(tenant, &principal)?;
         let user_quota = engine.user_quotas.get(&principal);
-        if let Some(u) = &user_quota {
-            if let Err(e) = u.add_user_connection(&principal) {
-                t.quota().remove_connection();
-                return Err(e.into());
+        if counted {
+            // Given back in `close` (`closed` makes that happen once).
+            t.quota().add_connection(tenant, &principal)?;
+            if let Some(u) = &user_quota {
+                if let Err(e) = u.add_user_connection(&principal) {
+                    t.quota().remove_connection();
+                    return Err(e.into());
+                }
             }
         }
         Ok(Client {
+            counted,
             authz,
             owner: Owner(t.quota().tag()),
             over_share: false,
@@ -1611,9 +1634,11 @@ impl Client {
         }
         self.tenant.connection_closed(self.handle.id);
         self.commit();
-        self.tenant.quota().remove_connection();
-        if let Some(u) = &self.user_quota {
-            u.remove_connection();
+        if self.counted {
+            self.tenant.quota().remove_connection();
+            if let Some(u) = &self.user_quota {
+                u.remove_connection();
+            }
         }
     }
 

@@ -5,7 +5,8 @@
 //!
 //! Two reads, by cost:
 //! * [`crate::queue::Queue::counters`]: atomics only, no lock. What a
-//!   sampler computing rates, or a scrape over 100,000 queues, reads.
+//!   sampler computing rates (and mean latency: the wait summed over
+//!   deliveries), or a scrape over 100,000 queues, reads.
 //! * [`crate::queue::Queue::stats`]: counters plus each partition's lock
 //!   taken once, briefly (no walk over messages): depth, bytes, oldest
 //!   message, attempts histogram, delayed messages, consumers.
@@ -46,6 +47,15 @@ pub struct QueueCounters {
     pub dead_lettered: u64,
     /// Of `dead_lettered`, those that expired (TTL).
     pub expired: u64,
+    /// Sum over deliveries of the time each message had waited in the
+    /// queue, ms: the difference of two samples over the difference of
+    /// `delivered` is the mean enqueue-to-delivery latency between them.
+    pub waited_ms: u64,
+    /// Ready messages now (a gauge, read with the counters: its change
+    /// between samples is RabbitMQ's `messages_ready_details` rate).
+    pub ready: u64,
+    /// Delivered, unsettled messages now (a gauge, as `ready`).
+    pub leased: u64,
 }
 
 /// A snapshot of one queue, as the management API and metrics report it.
@@ -96,17 +106,6 @@ impl QueueStats {
             .rposition(|&n| n > 0)
             .map_or(0, |i| ATTEMPT_BUCKETS[i])
     }
-}
-
-/// Adds partition figures into a queue's.
-pub(crate) fn add_counters(into: &mut QueueCounters, c: &crate::queue::Counters) {
-    use std::sync::atomic::Ordering::Relaxed;
-    into.published += c.published.load(Relaxed);
-    into.delivered += c.delivered.load(Relaxed);
-    into.acked += c.acked.load(Relaxed);
-    into.redelivered += c.redelivered.load(Relaxed);
-    into.dead_lettered += c.dead_lettered.load(Relaxed);
-    into.expired += c.expired.load(Relaxed);
 }
 
 #[cfg(test)]

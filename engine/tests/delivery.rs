@@ -689,3 +689,39 @@ fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
     c.commit();
     assert_eq!(lease(&mut c, 3), Some(first));
 }
+
+#[test]
+fn counters_sum_the_wait_of_each_delivery_and_read_depth_without_a_lock() {
+    let (e, mut c) = setup();
+    declare(&c, "q", json!({})).expect("declare");
+    let before = now_ms();
+    for i in 0..3 {
+        publish(&mut c, "q", &format!("m{i}"), None);
+    }
+    let q = e
+        .tenant(DEFAULT_TENANT)
+        .and_then(|t| t.queue_named("q"))
+        .expect("queue");
+    let n = q.counters();
+    assert_eq!((n.published, n.ready, n.leased, n.waited_ms), (3, 3, 0, 0));
+    // Nothing to await but the clock: the wait is the figure under test.
+    while now_ms() < before + 30 {
+        std::thread::yield_now();
+    }
+    let lease = GetAck::Lease {
+        scope: 1,
+        tag: 1,
+        now: Instant::now(),
+    };
+    let got = c.get("q", lease).expect("get").expect("a message");
+    let after = now_ms();
+    let n = q.counters();
+    assert_eq!((n.delivered, n.ready, n.leased), (1, 2, 1));
+    assert!(
+        (30..=after - before).contains(&n.waited_ms),
+        "waited {} ms, at least 30 and at most {}",
+        n.waited_ms,
+        after - before
+    );
+    drop(got);
+}

@@ -163,6 +163,12 @@ fn max_connections_refuses_clients_and_counts_closes() {
     );
     // Another tenant is not counted against it.
     Client::open(&e, "/", "u").expect("default tenant");
+    // A management operation (the HTTP API) is not a connection: allowed
+    // at the limit, and closing it gives back nothing it did not take.
+    let m = Client::open_management(&e, "a", "u").expect("management at the limit");
+    declare(&m, "q").expect("a management client works");
+    drop(m);
+    assert!(Client::open(&e, "a", "u").is_err(), "still at the limit");
     drop(c1);
     Client::open(&e, "a", "u").expect("a closed connection gives its place back");
 }

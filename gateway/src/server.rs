@@ -583,6 +583,7 @@ impl Broker {
                 shared: self.shared.clone(),
                 started: self.started,
                 metrics_per_queue: self.metrics_per_queue,
+                rates: Default::default(),
             }),
             shutdown_rx.clone(),
         ));

@@ -368,7 +368,7 @@ impl Queue {
     pub fn counters(&self) -> crate::stats::QueueCounters {
         let mut c = crate::stats::QueueCounters::default();
         for p in &self.partitions {
-            crate::stats::add_counters(&mut c, &p.counters);
+            p.add_counters(&mut c);
         }
         c
     }

@@ -96,6 +96,10 @@ pub struct Counters {
     pub acked: AtomicU64,
     /// Deliveries that were a redelivery.
     pub redelivered: AtomicU64,
+    /// Sum over deliveries of the time each message waited in the queue
+    /// (enqueue to delivery), ms: with `delivered`, a mean latency over
+    /// any interval.
+    pub waited_ms: AtomicU64,
     /// Leased (delivered, unsettled) messages.
     pub leased: AtomicU64,
     /// Bytes of leased messages.
@@ -982,6 +986,13 @@ impl Partition {
                 st.leased.insert(entry.id, l);
             }
             entry.attempts = entry.attempts.saturating_add(1);
+            // One clock read per dispatch round, shared with the expiry check.
+            if now == 0 {
+                now = now_ms();
+            }
+            self.counters
+                .waited_ms
+                .fetch_add(now.saturating_sub(entry.enqueued_ms), Ordering::Relaxed);
             self.counters.delivered.fetch_add(1, Ordering::Relaxed);
             self.counters.leased.fetch_add(1, Ordering::Relaxed);
             self.counters
@@ -1052,6 +1063,12 @@ impl Partition {
             st.leased.insert(e.id, l);
         }
         e.attempts = e.attempts.saturating_add(1);
+        if now == 0 {
+            now = now_ms();
+        }
+        self.counters
+            .waited_ms
+            .fetch_add(now.saturating_sub(e.enqueued_ms), Ordering::Relaxed);
         self.counters.delivered.fetch_add(1, Ordering::Relaxed);
         if e.redelivered {
             // As for consumers: RabbitMQ counts a redelivered get too.
@@ -1126,6 +1143,21 @@ impl Partition {
         }
     }
 
+    /// Adds its monotonic counters and its depth (atomics only, no lock)
+    /// into a queue's.
+    pub(crate) fn add_counters(&self, into: &mut crate::stats::QueueCounters) {
+        let c = &self.counters;
+        into.published += c.published.load(Ordering::Relaxed);
+        into.delivered += c.delivered.load(Ordering::Relaxed);
+        into.acked += c.acked.load(Ordering::Relaxed);
+        into.redelivered += c.redelivered.load(Ordering::Relaxed);
+        into.dead_lettered += c.dead_lettered.load(Ordering::Relaxed);
+        into.expired += c.expired.load(Ordering::Relaxed);
+        into.waited_ms += c.waited_ms.load(Ordering::Relaxed);
+        into.ready += self.ready_len.load(Ordering::Relaxed);
+        into.leased += c.leased.load(Ordering::Relaxed);
+    }
+
     /// Its live consumers (for the management API's consumer list).
     pub fn consumers(&self) -> Vec<Arc<Consumer>> {
         let st = self.lock();
@@ -1153,7 +1185,7 @@ impl Partition {
         drop(st);
         into.leased += self.counters.leased.load(Ordering::Relaxed);
         into.leased_bytes += self.counters.leased_bytes.load(Ordering::Relaxed);
-        crate::stats::add_counters(&mut into.counters, &self.counters);
+        self.add_counters(&mut into.counters);
     }
 
     /// Calls `f` on the store position of every ready and leased entry

@@ -30,6 +30,16 @@ pub struct HttpState {
     pub started: Instant,
     /// `[http] metrics_per_queue`: `/metrics` writes one series per queue.
     pub metrics_per_queue: bool,
+    /// The rates sampler, started by the first request that reports rates.
+    pub rates: std::sync::OnceLock<Arc<api::rates::Sampler>>,
+}
+
+impl HttpState {
+    /// The rates sampler (started on first use).
+    pub fn rates(&self) -> &Arc<api::rates::Sampler> {
+        self.rates
+            .get_or_init(|| api::rates::Sampler::start(&self.shared.engine))
+    }
 }
 
 /// The handlers' shared state, as axum passes it.

@@ -62,7 +62,8 @@ pub(crate) async fn durable(wait: Option<DurableWait>) -> Result<(), ApiError> {
 
 /// An engine client of `vhost` for the caller: the engine checks the
 /// caller's permissions on each operation. 404 for a missing vhost, 403
-/// without access. Closed when dropped.
+/// without access. Not a connection: the tenant's connection limit does
+/// not apply. Closed when dropped.
 pub(crate) fn client(
     state: &super::State,
     caller: &Caller,
@@ -72,7 +73,7 @@ pub(crate) fn client(
     if engine.tenant(vhost).is_none() {
         return Err(ApiError::not_found());
     }
-    Client::open(engine, vhost, &caller.name).map_err(|e| match e {
+    Client::open_management(engine, vhost, &caller.name).map_err(|e| match e {
         weir_engine::EngineError::AccessRefused(r) => ApiError::forbidden(r),
         other => other.into(),
     })

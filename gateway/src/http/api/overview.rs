@@ -32,19 +32,16 @@ async fn overview(State(state): State<crate::http::State>, caller: Caller) -> Js
     let (mut ready, mut leased, mut queues, mut exchanges, mut consumers) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut c = weir_engine::stats::QueueCounters::default();
-    for v in visible_vhosts(&state, &caller) {
-        let Some(t) = e.tenant(&v) else { continue };
+    let vhosts = visible_vhosts(&state, &caller);
+    for v in &vhosts {
+        let Some(t) = e.tenant(v) else { continue };
         exchanges += t.exchanges().len() as u64;
         for q in t.queues() {
             queues += 1;
-            ready += q.message_count();
-            leased += q
-                .partitions
-                .iter()
-                .map(|p| p.counters.leased.load(std::sync::atomic::Ordering::Relaxed))
-                .sum::<u64>();
             consumers += u64::from(q.consumer_count());
             let x = q.counters();
+            ready += x.ready;
+            leased += x.leased;
             c.published += x.published;
             c.delivered += x.delivered;
             c.acked += x.acked;
@@ -53,7 +50,7 @@ async fn overview(State(state): State<crate::http::State>, caller: Caller) -> Js
             c.expired += x.expired;
         }
     }
-    let r = super::rates::sampler(e).total();
+    let r = state.rates().vhosts(vhosts.iter().map(String::as_str));
     let (conns, channels) = state.shared.connections.counts();
     Json(json!({
         "product_name": "Weir",
@@ -68,12 +65,15 @@ async fn overview(State(state): State<crate::http::State>, caller: Caller) -> Js
         "statistics_db_event_queue": 0,
         "queue_totals": {
             "messages": ready + leased,
-            "messages_details": rate(0.0),
+            "messages_details": rate(r.messages()),
             "messages_ready": ready,
-            "messages_ready_details": rate(0.0),
+            "messages_ready_details": rate(r.messages_ready),
             "messages_unacknowledged": leased,
-            "messages_unacknowledged_details": rate(0.0),
+            "messages_unacknowledged_details": rate(r.messages_unacknowledged),
         },
+        // Weir's own: mean enqueue-to-delivery latency of the messages
+        // delivered over the last sample interval (null if none).
+        "latency_ms": r.latency_ms,
         "object_totals": {
             "queues": queues,
             "exchanges": exchanges,

@@ -74,7 +74,7 @@ impl Ctx {
             })
             .collect();
         Ctx {
-            sampler: super::rates::sampler(e),
+            sampler: state.rates().clone(),
             policies,
             now: now_ms(),
         }
@@ -190,11 +190,12 @@ fn render(q: &Queue, s: &QueueStats, ctx: &Ctx) -> Value {
         "policy": policy.map(|p| p.def.name.clone()),
         "effective_policy_definition": policy.map(|p| Value::Object(p.def.definition.clone())).unwrap_or(json!({})),
         "messages": s.messages(),
-        "messages_details": rate(0.0),
+        "messages_details": rate(r.messages()),
         "messages_ready": s.ready,
-        "messages_ready_details": rate(0.0),
+        "messages_ready_details": rate(r.messages_ready),
         "messages_unacknowledged": s.leased,
-        "messages_unacknowledged_details": rate(0.0),
+        "messages_unacknowledged_details": rate(r.messages_unacknowledged),
+        "latency_ms": r.latency_ms,
         "messages_delayed": s.delayed,
         "consumers": s.consumers,
         "consumer_utilisation": utilisation,
