@@ -322,6 +322,8 @@ async fn rates_move_under_load() {
     // Starts the sampler.
     let q = h.get_json("/api/queues/%2F/busy");
     assert_eq!(q["message_stats"]["publish_details"]["rate"], 0.0);
+    assert_eq!(q["messages_details"]["rate"], 0.0);
+    assert!(q["latency_ms"].is_null(), "nothing delivered yet: {q}");
     let conn = connect(&b.url()).await;
     let ch = conn.create_channel().await.unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -342,24 +344,67 @@ async fn rates_move_under_load() {
             }
         })
     };
-    let rate = tokio::task::spawn_blocking(move || {
-        eventually("a publish rate", Duration::from_secs(30), || {
-            let q = h.get_json("/api/queues/%2F/busy");
-            let r = q["message_stats"]["publish_details"]["rate"]
-                .as_f64()
-                .unwrap();
-            let o = h.get_json("/api/overview");
-            let total = o["message_stats"]["publish_details"]["rate"]
-                .as_f64()
-                .unwrap();
-            (r > 0.0 && total > 0.0).then_some(r)
+    // Published and not consumed: the publish rate and the depth's rate
+    // of change both move up.
+    let rate = {
+        let h = h.clone();
+        tokio::task::spawn_blocking(move || {
+            eventually("a publish rate", Duration::from_secs(30), || {
+                let q = h.get_json("/api/queues/%2F/busy");
+                let r = q["message_stats"]["publish_details"]["rate"]
+                    .as_f64()
+                    .unwrap();
+                let growth = q["messages_details"]["rate"].as_f64().unwrap();
+                let o = h.get_json("/api/overview");
+                let total = o["message_stats"]["publish_details"]["rate"]
+                    .as_f64()
+                    .unwrap();
+                let total_growth = o["queue_totals"]["messages_details"]["rate"]
+                    .as_f64()
+                    .unwrap();
+                (r > 0.0 && total > 0.0 && growth > 0.0 && total_growth > 0.0).then_some(r)
+            })
         })
-    })
-    .await
-    .unwrap();
+        .await
+        .unwrap()
+    };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     publisher.await.unwrap();
     assert!(rate > 0.0);
+    // Consumed: the depth falls, and the delivered messages had waited
+    // (the mean wait in the queue is reported once deliveries happen).
+    let mut consumer = ch
+        .basic_consume(
+            "busy".into(),
+            "drain".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let drain = tokio::spawn(async move { while let Some(Ok(_)) = consumer.next().await {} });
+    tokio::task::spawn_blocking(move || {
+        let (mut drained, mut waited) = (false, false);
+        eventually(
+            "a falling depth and a latency",
+            Duration::from_secs(30),
+            || {
+                let q = h.get_json("/api/queues/%2F/busy");
+                drained |= q["messages_details"]["rate"].as_f64().unwrap() < 0.0;
+                waited |= q["latency_ms"].as_f64().is_some_and(|l| l > 0.0)
+                    && h.get_json("/api/overview")["latency_ms"]
+                        .as_f64()
+                        .is_some_and(|l| l > 0.0);
+                (drained && waited).then_some(())
+            },
+        )
+    })
+    .await
+    .unwrap();
+    drain.abort();
 }
 
 #[tokio::test]

@@ -68,8 +68,9 @@ function maxAttempts(q) {
   return num(q.max_delivery_attempts);
 }
 const delayed = (q) => num(q.messages_delayed);
-// A per-queue latency figure, if the API gives one (null otherwise).
-const latencyMs = (q) => (typeof q.latency_ms === 'number' ? q.latency_ms : null);
+// Mean enqueue-to-delivery wait over the last sample interval, ms (Weir's
+// own field; null when nothing was delivered, drawn as 0).
+const latencyMs = (o) => (o && typeof o.latency_ms === 'number' ? o.latency_ms : null);
 
 function push(arr, v) { arr.push(v); if (arr.length > HISTORY) arr.shift(); }
 
@@ -123,7 +124,7 @@ function renderOverview(o) {
   }));
   const h = state.overview;
   push(h, { pub: rate(ms, 'publish'), del: rate(ms, 'deliver_get'), ack: rate(ms, 'ack'),
-            ready: num(qt.messages_ready), unacked: num(qt.messages_unacknowledged) });
+            ready: num(qt.messages_ready), unacked: num(qt.messages_unacknowledged), latency: latencyMs(o) });
   drawChart($('#chart-rates'), [
     { label: 'publish', values: h.map((p) => p.pub) },
     { label: 'deliver', values: h.map((p) => p.del) },
@@ -133,6 +134,7 @@ function renderOverview(o) {
     { label: 'ready', values: h.map((p) => p.ready) },
     { label: 'unacked', values: h.map((p) => p.unacked) },
   ]);
+  drawChart($('#chart-latency'), [{ label: 'latency ms', values: h.map((p) => num(p.latency)) }]);
 }
 
 function cell(tr, text, cls) {
@@ -239,9 +241,8 @@ function renderDetail() {
     { label: 'unacked', values: h.map((p) => p.unacked) },
     { label: 'delayed', values: h.map((p) => p.delayed) },
   ]);
-  const lat = [{ label: 'oldest age s', values: h.map((p) => p.age) }];
-  if (h.some((p) => p.latency !== null)) lat.push({ label: 'latency ms', values: h.map((p) => num(p.latency)) });
-  drawChart($('#detail-latency'), lat);
+  drawChart($('#detail-latency'), [{ label: 'latency ms', values: h.map((p) => num(p.latency)) }]);
+  drawChart($('#detail-age'), [{ label: 'oldest age s', values: h.map((p) => p.age) }]);
   // The ready messages by delivery attempts: buckets [{le, count}].
   const q = (state.lastQueues || []).find((x) => `${x.vhost}/${x.name}` === key);
   const hist = q && q.delivery_attempts && q.delivery_attempts.histogram;
