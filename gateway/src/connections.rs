@@ -7,15 +7,20 @@
 //! would (AMQP: 320 CONNECTION_FORCED with the given reason).
 //!
 //! Sessions keep their own state: the registry holds only what the API
-//! shows (who, from where, since when, how many channels), bounded by the
-//! connections themselves.
+//! shows (who, from where, since when, how many channels, the client's
+//! properties, its traffic), bounded by the connections themselves. The
+//! traffic counters ([`Traffic`]) are relaxed atomics a session adds its
+//! batch's totals to once per batch (`ConnMetrics::flush`), never per
+//! frame.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
 use tokio::sync::watch;
 
 /// What the API shows of one connection.
@@ -43,9 +48,63 @@ pub struct ConnInfo {
     pub client_id: String,
     /// The engine client's id (consumers name their connection by it).
     pub engine_id: u64,
+    /// What the client said about itself, as RabbitMQ renders it: AMQP's
+    /// start-ok client properties (bounded by the adapter), MQTT's client
+    /// id.
+    pub client_properties: Value,
+    /// AMQP's `connection_name` client property (RabbitMQ's
+    /// `user_provided_name`).
+    pub user_provided_name: Option<String>,
+    /// Bytes and socket reads/writes so far.
+    pub traffic: Traffic,
+    /// The traffic at earlier API reads, for [`ConnInfo::rates`].
+    samples: Mutex<[TrafficSample; 2]>,
     /// Set to a reason when asked to close.
     close: watch::Sender<Option<String>>,
 }
+
+/// A connection's traffic, as RabbitMQ counts it: octets and packets (here:
+/// socket reads and writes) each way. Added to once per batch.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    /// Bytes read from the client (RabbitMQ's `recv_oct`).
+    pub recv_oct: AtomicU64,
+    /// Bytes written to the client (`send_oct`).
+    pub send_oct: AtomicU64,
+    /// Socket reads that returned data (`recv_cnt`).
+    pub recv_cnt: AtomicU64,
+    /// Socket writes that wrote data (`send_cnt`).
+    pub send_cnt: AtomicU64,
+}
+
+impl Traffic {
+    /// Adds a batch: bytes and reads in, bytes and writes out.
+    #[inline]
+    pub fn add(&self, recv_oct: u64, recv_cnt: u64, send_oct: u64, send_cnt: u64) {
+        for (a, n) in [
+            (&self.recv_oct, recv_oct),
+            (&self.recv_cnt, recv_cnt),
+            (&self.send_oct, send_oct),
+            (&self.send_cnt, send_cnt),
+        ] {
+            if n > 0 {
+                a.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Octets each way at one time.
+#[derive(Clone, Copy, Debug)]
+struct TrafficSample {
+    at: Instant,
+    recv_oct: u64,
+    send_oct: u64,
+}
+
+/// The rate window: a rate covers at least this much time once the
+/// connection is this old (RabbitMQ samples every 5 s).
+const RATE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Every live connection.
 #[derive(Default)]
@@ -79,6 +138,10 @@ pub struct NewConnection<'a> {
     pub client_id: &'a str,
     /// The engine client's id.
     pub engine_id: u64,
+    /// What the client said about itself (an object; `{}` if nothing).
+    pub client_properties: Value,
+    /// The client's name for the connection (AMQP `connection_name`).
+    pub user_provided_name: Option<&'a str>,
 }
 
 impl Connections {
@@ -93,6 +156,11 @@ impl Connections {
             .local
             .map_or_else(|| "weir".to_string(), |l| l.to_string());
         let (tx, rx) = watch::channel(None);
+        let start = TrafficSample {
+            at: Instant::now(),
+            recv_oct: 0,
+            send_oct: 0,
+        };
         let info = Arc::new(ConnInfo {
             id,
             name: format!("{} -> {local}", c.peer),
@@ -105,6 +173,10 @@ impl Connections {
             channels: AtomicU32::new(0),
             client_id: c.client_id.to_string(),
             engine_id: c.engine_id,
+            client_properties: c.client_properties,
+            user_provided_name: c.user_provided_name.map(str::to_string),
+            traffic: Traffic::default(),
+            samples: Mutex::new([start; 2]),
             close: tx,
         });
         self.map.write().insert(id, info.clone());
@@ -169,6 +241,34 @@ impl Connections {
         for c in self.list().iter().filter(|c| c.user == user) {
             c.close.send_replace(Some(reason.to_string()));
         }
+    }
+}
+
+impl ConnInfo {
+    /// Octets per second received and sent, over the time since the older
+    /// of two samples taken by API reads at least [`RATE_INTERVAL`] apart
+    /// (so between 5 and 10 s while the API is read at least that often;
+    /// since the connection opened at first). Costs the API a lock of this
+    /// connection's own; sessions never take it.
+    pub fn rates(&self) -> (f64, f64) {
+        let now = TrafficSample {
+            at: Instant::now(),
+            recv_oct: self.traffic.recv_oct.load(Ordering::Relaxed),
+            send_oct: self.traffic.send_oct.load(Ordering::Relaxed),
+        };
+        let mut s = self.samples.lock();
+        if now.at.duration_since(s[1].at) >= RATE_INTERVAL {
+            s[0] = s[1];
+            s[1] = now;
+        }
+        let secs = now.at.duration_since(s[0].at).as_secs_f64();
+        if secs <= 0.0 {
+            return (0.0, 0.0);
+        }
+        (
+            now.recv_oct.saturating_sub(s[0].recv_oct) as f64 / secs,
+            now.send_oct.saturating_sub(s[0].send_oct) as f64 / secs,
+        )
     }
 }
 

@@ -35,7 +35,9 @@ pub fn router() -> Router<crate::http::State> {
 }
 
 fn render(c: &Arc<ConnInfo>) -> Value {
-    json!({
+    let t = &c.traffic;
+    let (recv_rate, send_rate) = c.rates();
+    let mut v = json!({
         "name": c.name,
         "node": super::node_name(),
         "type": "network",
@@ -48,8 +50,19 @@ fn render(c: &Arc<ConnInfo>) -> Value {
         "state": "running",
         "channels": c.channels.load(Ordering::Relaxed),
         "connected_at": c.connected_at_ms,
-        "client_properties": if c.client_id.is_empty() { json!({}) } else { json!({ "client_id": c.client_id }) },
-    })
+        "client_properties": c.client_properties,
+        "recv_oct": t.recv_oct.load(Ordering::Relaxed),
+        "recv_oct_details": { "rate": recv_rate },
+        "send_oct": t.send_oct.load(Ordering::Relaxed),
+        "send_oct_details": { "rate": send_rate },
+        "recv_cnt": t.recv_cnt.load(Ordering::Relaxed),
+        "send_cnt": t.send_cnt.load(Ordering::Relaxed),
+    });
+    // RabbitMQ shows it only when the client named the connection.
+    if let Some(n) = &c.user_provided_name {
+        v["user_provided_name"] = json!(n);
+    }
+    v
 }
 
 struct Item(Arc<ConnInfo>, String);
