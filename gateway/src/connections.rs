@@ -42,8 +42,11 @@ pub struct ConnInfo {
     pub connected_at_ms: u64,
     /// Over TLS.
     pub tls: bool,
-    /// Open channels (AMQP; 1 for MQTT).
+    /// Open channels (AMQP; 1 for MQTT): the length of
+    /// [`ConnInfo::open_channels`], readable without its lock.
     pub channels: AtomicU32,
+    /// Their numbers, ascending.
+    open_channels: Mutex<Vec<u16>>,
     /// MQTT client id, or empty.
     pub client_id: String,
     /// The engine client's id (consumers name their connection by it).
@@ -171,6 +174,7 @@ impl Connections {
             connected_at_ms: weir_engine::message::now_ms(),
             tls: c.tls,
             channels: AtomicU32::new(0),
+            open_channels: Mutex::new(Vec::new()),
             client_id: c.client_id.to_string(),
             engine_id: c.engine_id,
             client_properties: c.client_properties,
@@ -245,6 +249,11 @@ impl Connections {
 }
 
 impl ConnInfo {
+    /// The numbers of its open channels, ascending.
+    pub fn channel_numbers(&self) -> Vec<u16> {
+        self.open_channels.lock().clone()
+    }
+
     /// Octets per second received and sent, over the time since the older
     /// of two samples taken by API reads at least [`RATE_INTERVAL`] apart
     /// (so between 5 and 10 s while the API is read at least that often;
@@ -278,11 +287,27 @@ impl Registration {
         &self.info
     }
 
-    /// Records the number of open channels.
-    pub fn set_channels(&self, n: usize) {
+    /// Channel `ch` opened (not per message: channel.open and close are
+    /// rare next to publishes, and bounded by channel-max).
+    pub fn channel_opened(&self, ch: u16) {
+        let mut open = self.info.open_channels.lock();
+        if let Err(i) = open.binary_search(&ch) {
+            open.insert(i, ch);
+        }
         self.info
             .channels
-            .store(u32::try_from(n).unwrap_or(u32::MAX), Ordering::Relaxed);
+            .store(open.len() as u32, Ordering::Relaxed);
+    }
+
+    /// Channel `ch` closed.
+    pub fn channel_closed(&self, ch: u16) {
+        let mut open = self.info.open_channels.lock();
+        if let Ok(i) = open.binary_search(&ch) {
+            open.remove(i);
+        }
+        self.info
+            .channels
+            .store(open.len() as u32, Ordering::Relaxed);
     }
 
     /// Resolves with the reason once the connection is asked to close.

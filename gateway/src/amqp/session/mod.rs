@@ -475,13 +475,6 @@ impl Session {
         }
     }
 
-    /// Tells the connection registry how many channels are open.
-    fn count_channels(&self) {
-        if let Some(r) = &self.registration {
-            r.set_channels(self.channels.len());
-        }
-    }
-
     /// Maps one adapter event onto the engine. Nothing here waits for the
     /// store: durable replies go through [`Replies`].
     async fn handle_event(&mut self, ev: Event) {
@@ -622,11 +615,15 @@ impl Session {
             }
             Event::ChannelOpened(ch) => {
                 self.on_channel_opened(ch);
-                self.count_channels();
+                if let Some(r) = &self.registration {
+                    r.channel_opened(ch);
+                }
             }
             Event::ChannelClosed(ch) => {
                 self.release_channel(ch);
-                self.count_channels();
+                if let Some(r) = &self.registration {
+                    r.channel_closed(ch);
+                }
             }
             Event::Closed => {
                 self.peer_closed = true;

@@ -196,7 +196,8 @@ impl Session {
                 }),
         );
         if let Some(l) = &self.listed {
-            l.set_channels(1);
+            // An MQTT session is channel 1 (as consumers name it).
+            l.channel_opened(1);
             if let Some(m) = self.metrics.as_mut() {
                 m.report_to(l.info().clone());
             }
