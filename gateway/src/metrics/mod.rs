@@ -339,9 +339,10 @@ pub struct ConnMetrics {
     pending_in: u64,
     pending_out: u64,
     /// Socket reads and writes not yet flushed (the registry's `recv_cnt`,
-    /// `send_cnt`).
-    pending_reads: u64,
-    pending_writes: u64,
+    /// `send_cnt`); 32-bit, as a batch is a few reads, to keep an idle
+    /// connection small.
+    pending_reads: u32,
+    pending_writes: u32,
     /// The connection's own entry in the registry of live connections,
     /// whose [`crate::connections::Traffic`] gets the batch's bytes too.
     listed: Option<Arc<crate::connections::ConnInfo>>,
@@ -397,9 +398,9 @@ impl ConnMetrics {
     /// Traffic of the handshake, before this connection had a tenant and
     /// these metrics.
     pub fn before_open(&mut self, t: &PreOpen) {
-        self.pending_in += t.bytes_in;
+        self.pending_in += u64::from(t.bytes_in);
         self.pending_reads += t.reads;
-        self.pending_out += t.bytes_out;
+        self.pending_out += u64::from(t.bytes_out);
         self.pending_writes += t.writes;
     }
 
@@ -464,9 +465,9 @@ impl ConnMetrics {
             if let Some(l) = &self.listed {
                 l.traffic.add(
                     self.pending_in,
-                    self.pending_reads,
+                    u64::from(self.pending_reads),
                     self.pending_out,
-                    self.pending_writes,
+                    u64::from(self.pending_writes),
                 );
             }
             self.pending_reads = 0;
@@ -503,28 +504,35 @@ impl Drop for ConnMetrics {
 /// [`ConnMetrics`]): the handshake, counted by the session and handed over
 /// with [`ConnMetrics::before_open`].
 #[derive(Clone, Copy, Debug, Default)]
+///
+/// 32-bit (saturating): a handshake is small and bounded by its timeout,
+/// and every idle connection carries this.
 pub struct PreOpen {
     /// Bytes read.
-    pub bytes_in: u64,
+    pub bytes_in: u32,
     /// Socket reads.
-    pub reads: u64,
+    pub reads: u32,
     /// Bytes written.
-    pub bytes_out: u64,
+    pub bytes_out: u32,
     /// Socket writes.
-    pub writes: u64,
+    pub writes: u32,
 }
 
 impl PreOpen {
     /// One read of `n` bytes.
     pub fn read(&mut self, n: usize) {
-        self.bytes_in += n as u64;
-        self.reads += 1;
+        self.bytes_in = self
+            .bytes_in
+            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        self.reads = self.reads.saturating_add(1);
     }
 
     /// One write of `n` bytes.
     pub fn wrote(&mut self, n: usize) {
-        self.bytes_out += n as u64;
-        self.writes += 1;
+        self.bytes_out = self
+            .bytes_out
+            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        self.writes = self.writes.saturating_add(1);
     }
 }
 

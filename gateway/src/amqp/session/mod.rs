@@ -554,10 +554,9 @@ impl Session {
                                 tls: self.tls,
                                 client_id: "",
                                 engine_id,
-                                client_properties: table_to_json(
+                                client_properties: Some(table_to_json(
                                     &self.conn.take_client_properties(),
-                                ),
-                                user_provided_name: self.conn.client_connection_name(),
+                                )),
                             });
                     metrics.report_to(registration.info().clone());
                     self.metrics = Some(metrics);

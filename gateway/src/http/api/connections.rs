@@ -54,7 +54,7 @@ fn render(c: &Arc<ConnInfo>) -> Value {
         "state": "running",
         "channels": c.channels.load(Ordering::Relaxed),
         "connected_at": c.connected_at_ms,
-        "client_properties": c.client_properties,
+        "client_properties": c.client_properties(),
         "recv_oct": t.recv_oct.load(Ordering::Relaxed),
         "recv_oct_details": { "rate": recv_rate },
         "send_oct": t.send_oct.load(Ordering::Relaxed),
@@ -63,7 +63,7 @@ fn render(c: &Arc<ConnInfo>) -> Value {
         "send_cnt": t.send_cnt.load(Ordering::Relaxed),
     });
     // RabbitMQ shows it only when the client named the connection.
-    if let Some(n) = &c.user_provided_name {
+    if let Some(n) = c.user_provided_name() {
         v["user_provided_name"] = json!(n);
     }
     v

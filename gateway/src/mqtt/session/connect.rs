@@ -191,13 +191,12 @@ impl Session {
                     tls: self.cert_user.is_some(),
                     client_id: &client_id,
                     engine_id: self.conn_id,
-                    client_properties: json!({ "client_id": client_id }),
-                    user_provided_name: None,
+                    client_properties: None,
                 }),
         );
         if let Some(l) = &self.listed {
             // An MQTT session is channel 1 (as consumers name it).
-            l.channel_opened(1);
+            l.set_channels(1);
             if let Some(m) = self.metrics.as_mut() {
                 m.report_to(l.info().clone());
             }
