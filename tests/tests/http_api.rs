@@ -921,3 +921,131 @@ async fn requeue_dead_letters() {
         "{got}"
     );
 }
+
+/// `/api/connections` shows what clients say about themselves (AMQP
+/// start-ok client properties and `connection_name`, the MQTT client id and
+/// protocol version) and each connection's traffic, which sessions add once
+/// per batch; `/api/channels` and friends list the open channel numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_show_client_properties_and_traffic() {
+    const N: u64 = 25;
+    let b = Broker::start_mqtt_with(&[]);
+    assert!(
+        b.wait_for_log("MQTT listener ready", START_TIMEOUT),
+        "{}",
+        b.run_logs()
+    );
+    let h = admin(&b);
+    let props = lapin::ConnectionProperties::default()
+        .with_connection_name("orders-api".into())
+        .with_client_property("product".into(), "weir-test-suite".into())
+        .with_client_property("version".into(), "1.2.3".into())
+        .with_client_property("information".into(), "https://example.org".into())
+        // Longer than the 1 KiB kept per string: left out.
+        .with_client_property("blob".into(), "x".repeat(2000).into());
+    let conn = within("connect", lapin::Connection::connect(&b.url(), props))
+        .await
+        .expect("connect");
+    let ch = confirm_channel(&conn).await;
+    declare_queue(&ch, "traffic").await;
+    // Each publish waits for its confirm, so each is at least one socket
+    // read by the broker and one write back: recv_cnt and send_cnt (socket
+    // reads and writes, as RabbitMQ counts packets) reach N.
+    let body = [7u8; 100];
+    for _ in 0..N {
+        publish_confirmed(&ch, "", "traffic", &body, BasicProperties::default()).await;
+    }
+    let named = |list: &Value| {
+        list.as_array()?
+            .iter()
+            .find(|c| c["user_provided_name"] == "orders-api")
+            .cloned()
+    };
+    // The last batch's counts are added after its confirms are written:
+    // wait for them, bounded.
+    let c = eventually("the publishes in the traffic counters", OP_TIMEOUT, || {
+        let c = named(&h.get_json("/api/connections"))?;
+        (c["recv_cnt"].as_u64()? >= N && c["send_cnt"].as_u64()? >= N).then_some(c)
+    });
+    let cp = &c["client_properties"];
+    assert_eq!(cp["connection_name"], "orders-api", "{c}");
+    assert_eq!(cp["product"], "weir-test-suite", "{c}");
+    assert_eq!(cp["version"], "1.2.3", "{c}");
+    assert_eq!(cp["platform"], "rust", "{c}");
+    assert_eq!(cp["information"], "https://example.org", "{c}");
+    // Nested tables render as objects, as RabbitMQ renders field tables.
+    assert_eq!(cp["capabilities"]["publisher_confirms"], true, "{c}");
+    assert!(cp.get("blob").is_none(), "a 2 KB property is not kept: {c}");
+    assert_eq!(c["protocol"], "AMQP 0-9-1");
+    // N bodies of 100 bytes at least, plus the frames around them.
+    assert!(c["recv_oct"].as_u64().unwrap() > N * 100, "{c}");
+    assert!(c["send_oct"].as_u64().unwrap() > 0, "{c}");
+    assert!(c["recv_oct_details"]["rate"].as_f64().is_some(), "{c}");
+    assert!(c["send_oct_details"]["rate"].as_f64().is_some(), "{c}");
+
+    // The same on the connection's own page, and its channel.
+    let name = c["name"].as_str().unwrap().to_string();
+    let one = h.get_json(&format!("/api/connections/{}", pct(&name)));
+    assert_eq!(one["client_properties"]["product"], "weir-test-suite");
+    assert!(one["recv_oct"].as_u64().unwrap() >= c["recv_oct"].as_u64().unwrap());
+    let chans = h.get_json(&format!("/api/connections/{}/channels", pct(&name)));
+    assert_eq!(chans.as_array().map(Vec::len), Some(1), "{chans}");
+    let ch_name = format!("{name} ({})", ch.id());
+    assert_eq!(chans[0]["name"], ch_name.as_str(), "{chans}");
+    assert_eq!(chans[0]["number"], ch.id(), "{chans}");
+    assert_eq!(chans[0]["connection_details"]["name"], name.as_str());
+    assert_eq!(
+        h.get_json(&format!("/api/channels/{}", pct(&ch_name)))["number"],
+        ch.id()
+    );
+    assert_error(
+        &h.get(&format!("/api/channels/{}", pct(&format!("{name} (999)")))),
+        404,
+    );
+    assert_eq!(
+        h.get_json("/api/vhosts/%2F/channels")[0]["name"],
+        ch_name.as_str()
+    );
+
+    // MQTT: the client id and the protocol version.
+    let mut o = rumqttc::MqttOptions::new("sensor-17", "127.0.0.1", b.mqtt_port());
+    o.set_credentials("guest", "guest");
+    let (client, mut eventloop) = rumqttc::AsyncClient::new(o, 10);
+    within("MQTT CONNACK", async {
+        loop {
+            match eventloop.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => break,
+                Ok(_) => {}
+                Err(e) => panic!("MQTT connect: {e}"),
+            }
+        }
+    })
+    .await;
+    let m = eventually("the MQTT connection's CONNECT counted", OP_TIMEOUT, || {
+        let list = h.get_json("/api/connections");
+        let m = list
+            .as_array()?
+            .iter()
+            .find(|c| c["client_properties"]["client_id"] == "sensor-17")?
+            .clone();
+        (m["recv_oct"].as_u64()? > 0).then_some(m)
+    });
+    assert_eq!(m["protocol"], "MQTT 3.1.1", "{m}");
+    assert!(m.get("user_provided_name").is_none(), "{m}");
+    assert_eq!(m["channels"], 1, "{m}");
+    drop(client);
+    conn.close(200, "bye".into()).await.unwrap();
+}
+
+/// Percent-encodes a connection or channel name for a path segment.
+fn pct(s: &str) -> String {
+    s.bytes()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == b'.' {
+                (c as char).to_string()
+            } else {
+                format!("%{c:02X}")
+            }
+        })
+        .collect()
+}

@@ -338,6 +338,14 @@ pub struct ConnMetrics {
     pending_delivered: u64,
     pending_in: u64,
     pending_out: u64,
+    /// Socket reads and writes not yet flushed (the registry's `recv_cnt`,
+    /// `send_cnt`); 32-bit, as a batch is a few reads, to keep an idle
+    /// connection small.
+    pending_reads: u32,
+    pending_writes: u32,
+    /// The connection's own entry in the registry of live connections,
+    /// whose [`crate::connections::Traffic`] gets the batch's bytes too.
+    listed: Option<Arc<crate::connections::ConnInfo>>,
     /// Confirm and deliver latencies not yet flushed; boxed on first use
     /// so an idle connection carries one pointer.
     pending_latency: Option<Box<[PendingLatency; 2]>>,
@@ -356,6 +364,9 @@ impl ConnMetrics {
             pending_delivered: 0,
             pending_in: 0,
             pending_out: 0,
+            pending_reads: 0,
+            pending_writes: 0,
+            listed: None,
             pending_latency: None,
         }
     }
@@ -370,16 +381,33 @@ impl ConnMetrics {
         self.pending_received += 1;
     }
 
-    /// `n` bytes were read from the client.
+    /// `n` bytes were read from the client (one socket read).
     #[inline]
     pub fn bytes_in(&mut self, n: usize) {
         self.pending_in += n as u64;
+        self.pending_reads += 1;
     }
 
-    /// `n` bytes were written to the client.
+    /// `n` bytes were written to the client (one socket write).
     #[inline]
     pub fn bytes_out(&mut self, n: usize) {
         self.pending_out += n as u64;
+        self.pending_writes += 1;
+    }
+
+    /// Traffic of the handshake, before this connection had a tenant and
+    /// these metrics.
+    pub fn before_open(&mut self, t: &PreOpen) {
+        self.pending_in += u64::from(t.bytes_in);
+        self.pending_reads += t.reads;
+        self.pending_out += u64::from(t.bytes_out);
+        self.pending_writes += t.writes;
+    }
+
+    /// From now on, flushes also add the connection's bytes, reads and
+    /// writes to its registry entry (`/api/connections`).
+    pub fn report_to(&mut self, info: Arc<crate::connections::ConnInfo>) {
+        self.listed = Some(info);
     }
 
     /// A message enqueued at `enqueued_ms` (Unix ms) was delivered at
@@ -430,8 +458,21 @@ impl ConnMetrics {
             .increment(1);
     }
 
-    /// Adds the batch's counts to the shared counters.
+    /// Adds the batch's counts to the shared counters (and the
+    /// connection's traffic to its registry entry).
     pub fn flush(&mut self) {
+        if (self.pending_reads | self.pending_writes) > 0 {
+            if let Some(l) = &self.listed {
+                l.traffic.add(
+                    self.pending_in,
+                    u64::from(self.pending_reads),
+                    self.pending_out,
+                    u64::from(self.pending_writes),
+                );
+            }
+            self.pending_reads = 0;
+            self.pending_writes = 0;
+        }
         let h = &self.h;
         for (pending, counter) in [
             (&mut self.pending_received, &h.received),
@@ -456,6 +497,42 @@ impl Drop for ConnMetrics {
         self.channels_closed(self.open_channels);
         self.h.connections.decrement(1.0);
         self.h.connections_closed.increment(1);
+    }
+}
+
+/// A connection's traffic before it opened a tenant (and its
+/// [`ConnMetrics`]): the handshake, counted by the session and handed over
+/// with [`ConnMetrics::before_open`].
+#[derive(Clone, Copy, Debug, Default)]
+///
+/// 32-bit (saturating): a handshake is small and bounded by its timeout,
+/// and every idle connection carries this.
+pub struct PreOpen {
+    /// Bytes read.
+    pub bytes_in: u32,
+    /// Socket reads.
+    pub reads: u32,
+    /// Bytes written.
+    pub bytes_out: u32,
+    /// Socket writes.
+    pub writes: u32,
+}
+
+impl PreOpen {
+    /// One read of `n` bytes.
+    pub fn read(&mut self, n: usize) {
+        self.bytes_in = self
+            .bytes_in
+            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        self.reads = self.reads.saturating_add(1);
+    }
+
+    /// One write of `n` bytes.
+    pub fn wrote(&mut self, n: usize) {
+        self.bytes_out = self
+            .bytes_out
+            .saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        self.writes = self.writes.saturating_add(1);
     }
 }
 

@@ -32,6 +32,7 @@ use self::channel::Channel;
 use self::deliver::StoreConfirm;
 use self::failure::{hard, Failure};
 use self::replies::Replies;
+use crate::amqp::convert::table_to_json;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
 use crate::metrics::{ConnMetrics, Protocol};
@@ -138,6 +139,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         tx_bytes: 0,
         peer_closed: false,
         metrics: None,
+        pre_open: Default::default(),
         registration: None,
         tls: tls_session,
     };
@@ -217,6 +219,8 @@ struct Session {
     peer_closed: bool,
     /// Its tenant's and protocol's counters (from connection.open on).
     metrics: Option<ConnMetrics>,
+    /// The handshake's traffic, until there are metrics to add it to.
+    pre_open: crate::metrics::PreOpen,
     /// In the registry of live connections (management API), from
     /// connection.open on.
     registration: Option<crate::connections::Registration>,
@@ -325,8 +329,9 @@ impl Session {
                 let n = wr.write_some(self.conn.out())?;
                 if n > 0 {
                     self.conn.on_write(now);
-                    if let Some(m) = self.metrics.as_mut() {
-                        m.bytes_out(n);
+                    match self.metrics.as_mut() {
+                        Some(m) => m.bytes_out(n),
+                        None => self.pre_open.wrote(n),
                     }
                 }
             }
@@ -416,8 +421,9 @@ impl Session {
                         }
                         Ok(n) => {
                             got_input = true;
-                            if let Some(m) = self.metrics.as_mut() {
-                                m.bytes_in(n);
+                            match self.metrics.as_mut() {
+                                Some(m) => m.bytes_in(n),
+                                None => self.pre_open.read(n),
                             }
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -466,13 +472,6 @@ impl Session {
                     }
                 }
             }
-        }
-    }
-
-    /// Tells the connection registry how many channels are open.
-    fn count_channels(&self) {
-        if let Some(r) = &self.registration {
-            r.set_channels(self.channels.len());
         }
     }
 
@@ -526,7 +525,8 @@ impl Session {
                 Ok(mut client) => {
                     client.set_tags(&self.user_tags);
                     tracing::Span::current().record("vhost", vhost.as_str());
-                    self.metrics = Some(ConnMetrics::open(Protocol::Amqp, &vhost));
+                    let mut metrics = ConnMetrics::open(Protocol::Amqp, &vhost);
+                    metrics.before_open(&std::mem::take(&mut self.pre_open));
                     // `[[quota.connections]]`: by login and connection name.
                     let rule = self
                         .engine
@@ -540,19 +540,27 @@ impl Session {
                         .and_then(|r| r.max_channels_per_connection)
                         .or(client.max_channels());
                     self.conn.limit_open_channels(channels);
+                    let engine_id = client.id();
                     self.client = Some(client);
-                    self.registration = Some(self.shared.connections.register(
-                        crate::connections::NewConnection {
-                            protocol: "AMQP 0-9-1",
-                            peer: self.peer,
-                            local: None,
-                            user: &self.user,
-                            vhost: &vhost,
-                            tls: self.tls,
-                            client_id: "",
-                            engine_id: self.client.as_ref().map_or(0, |c| c.id()),
-                        },
-                    ));
+                    let registration =
+                        self.shared
+                            .connections
+                            .register(crate::connections::NewConnection {
+                                protocol: "AMQP 0-9-1",
+                                peer: self.peer,
+                                local: None,
+                                user: &self.user,
+                                vhost: &vhost,
+                                tls: self.tls,
+                                client_id: "",
+                                engine_id,
+                                client_properties: Some(table_to_json(
+                                    &self.conn.take_client_properties(),
+                                )),
+                            });
+                    metrics.report_to(registration.info().clone());
+                    self.metrics = Some(metrics);
+                    self.registration = Some(registration);
                     self.conn.accept_open();
                 }
                 // The tenant's max-connections: 530 with RabbitMQ's text.
@@ -606,11 +614,15 @@ impl Session {
             }
             Event::ChannelOpened(ch) => {
                 self.on_channel_opened(ch);
-                self.count_channels();
+                if let Some(r) = &self.registration {
+                    r.channel_opened(ch);
+                }
             }
             Event::ChannelClosed(ch) => {
                 self.release_channel(ch);
-                self.count_channels();
+                if let Some(r) = &self.registration {
+                    r.channel_closed(ch);
+                }
             }
             Event::Closed => {
                 self.peer_closed = true;

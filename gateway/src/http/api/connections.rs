@@ -1,8 +1,10 @@
 //! `/api/connections[/{name}]` (GET; DELETE closes it: AMQP 320
 //! CONNECTION_FORCED with the `X-Reason` header's text, MQTT 5 DISCONNECT
-//! 0x98), `/api/vhosts/{vhost}/connections`, `/api/channels`,
-//! `/api/consumers[/{vhost}]`, from the registry of live connections
-//! ([`crate::connections`]) and the queues' consumers.
+//! 0x98), `/api/connections/{name}/channels`,
+//! `/api/vhosts/{vhost}/connections`, `/api/vhosts/{vhost}/channels`,
+//! `/api/channels[/{name}]`, `/api/consumers[/{vhost}]`, from the registry
+//! of live connections ([`crate::connections`]: who, client properties,
+//! traffic, open channel numbers) and the queues' consumers.
 //!
 //! Users see their own connections; monitors and administrators see all
 //! (and administrators may close any).
@@ -29,13 +31,17 @@ pub fn router() -> Router<crate::http::State> {
         .route("/api/connections/{name}", get(show).delete(close))
         .route("/api/connections/{name}/channels", get(connection_channels))
         .route("/api/vhosts/{vhost}/connections", get(vhost_connections))
+        .route("/api/vhosts/{vhost}/channels", get(vhost_channels))
         .route("/api/channels", get(list_channels))
+        .route("/api/channels/{name}", get(show_channel))
         .route("/api/consumers", get(consumers_all))
         .route("/api/consumers/{vhost}", get(consumers_vhost))
 }
 
 fn render(c: &Arc<ConnInfo>) -> Value {
-    json!({
+    let t = &c.traffic;
+    let (recv_rate, send_rate) = c.rates();
+    let mut v = json!({
         "name": c.name,
         "node": super::node_name(),
         "type": "network",
@@ -48,8 +54,19 @@ fn render(c: &Arc<ConnInfo>) -> Value {
         "state": "running",
         "channels": c.channels.load(Ordering::Relaxed),
         "connected_at": c.connected_at_ms,
-        "client_properties": if c.client_id.is_empty() { json!({}) } else { json!({ "client_id": c.client_id }) },
-    })
+        "client_properties": c.client_properties(),
+        "recv_oct": t.recv_oct.load(Ordering::Relaxed),
+        "recv_oct_details": { "rate": recv_rate },
+        "send_oct": t.send_oct.load(Ordering::Relaxed),
+        "send_oct_details": { "rate": send_rate },
+        "recv_cnt": t.recv_cnt.load(Ordering::Relaxed),
+        "send_cnt": t.send_cnt.load(Ordering::Relaxed),
+    });
+    // RabbitMQ shows it only when the client named the connection.
+    if let Some(n) = c.user_provided_name() {
+        v["user_provided_name"] = json!(n);
+    }
+    v
 }
 
 struct Item(Arc<ConnInfo>, String);
@@ -149,42 +166,111 @@ async fn close(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn channels_of(c: &ConnInfo) -> Vec<Value> {
-    // The registry counts channels; per-channel figures are not kept.
-    (1..=c.channels.load(Ordering::Relaxed))
-        .map(|n| {
-            json!({
-                "name": format!("{} ({n})", c.name),
-                "number": n,
-                "node": super::node_name(),
-                "user": c.user,
-                "vhost": c.vhost,
-                "state": "running",
-                "connection_details": { "name": c.name, "peer_host": c.peer.ip().to_string(), "peer_port": c.peer.port() },
-            })
+/// One open channel of a connection.
+struct Chan {
+    c: Arc<ConnInfo>,
+    number: u16,
+    name: String,
+    /// Connections oldest first, then channel numbers.
+    key: String,
+}
+
+impl Listable for Chan {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn default_key(&self) -> (&str, &str) {
+        (&self.key, "")
+    }
+    fn render(&self) -> Value {
+        let c = &self.c;
+        json!({
+            "name": self.name,
+            "number": self.number,
+            "node": super::node_name(),
+            "user": c.user,
+            "vhost": c.vhost,
+            "state": "running",
+            "connection_details": {
+                "name": c.name,
+                "peer_host": c.peer.ip().to_string(),
+                "peer_port": c.peer.port(),
+            },
         })
-        .collect()
+    }
+}
+
+/// RabbitMQ's channel name: the connection's, then the number.
+fn channel_name(c: &ConnInfo, n: u16) -> String {
+    format!("{} ({n})", c.name)
+}
+
+fn channels_of(c: &Arc<ConnInfo>) -> impl Iterator<Item = Chan> + '_ {
+    // Per-channel figures (publishes, deliveries, prefetch) are not kept:
+    // the registry knows which channels are open.
+    c.channel_numbers().into_iter().map(move |n| Chan {
+        c: c.clone(),
+        number: n,
+        name: channel_name(c, n),
+        key: format!("{:020}.{:020}.{n:05}", c.connected_at_ms, c.id),
+    })
 }
 
 async fn connection_channels(
     State(state): State<crate::http::State>,
     caller: Caller,
     Path(name): Path<String>,
+    Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let c = find(&state, &caller, &name)?;
-    Ok(Json(Value::Array(channels_of(&c))))
+    Ok(Json(list(&q, channels_of(&c).collect())?))
 }
 
 async fn list_channels(
     State(state): State<crate::http::State>,
     caller: Caller,
+    Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(Value::Array(
-        visible(&state, &caller)
-            .iter()
-            .flat_map(|c| channels_of(c))
-            .collect(),
-    )))
+    let conns = visible(&state, &caller);
+    Ok(Json(list(
+        &q,
+        conns.iter().flat_map(channels_of).collect(),
+    )?))
+}
+
+async fn vhost_channels(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Path(vhost): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_vhost(engine(&state), &vhost)?;
+    let conns: Vec<_> = visible(&state, &caller)
+        .into_iter()
+        .filter(|c| c.vhost == vhost)
+        .collect();
+    Ok(Json(list(
+        &q,
+        conns.iter().flat_map(channels_of).collect(),
+    )?))
+}
+
+async fn show_channel(
+    State(state): State<crate::http::State>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    // "<connection name> (<number>)"
+    let (conn, n) = name
+        .strip_suffix(')')
+        .and_then(|s| s.rsplit_once(" ("))
+        .and_then(|(conn, n)| Some((conn, n.parse::<u16>().ok()?)))
+        .ok_or_else(ApiError::not_found)?;
+    let c = find(&state, &caller, conn)?;
+    let ch = channels_of(&c)
+        .find(|ch| ch.number == n)
+        .ok_or_else(ApiError::not_found)?;
+    Ok(Json(ch.render()))
 }
 
 fn consumers(state: &crate::http::State, vhosts: Vec<String>) -> Value {

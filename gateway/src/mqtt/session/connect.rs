@@ -157,6 +157,7 @@ impl Session {
         span.record("user", user.as_str());
         span.record("vhost", tenant.as_str());
         let mut m = Box::new(ConnMetrics::open(Protocol::Mqtt, &tenant));
+        m.before_open(&std::mem::take(&mut self.pre_open));
         // An MQTT session is one channel.
         m.channel_opened();
         self.metrics = Some(m);
@@ -178,7 +179,11 @@ impl Session {
             self.shared
                 .connections
                 .register(crate::connections::NewConnection {
-                    protocol: "MQTT",
+                    // As RabbitMQ's MQTT plugin names them.
+                    protocol: match c.version {
+                        Version::V311 => "MQTT 3.1.1",
+                        Version::V5 => "MQTT 5.0",
+                    },
                     peer: self.peer,
                     local: None,
                     user: &user,
@@ -186,10 +191,15 @@ impl Session {
                     tls: self.cert_user.is_some(),
                     client_id: &client_id,
                     engine_id: self.conn_id,
+                    client_properties: None,
                 }),
         );
         if let Some(l) = &self.listed {
+            // An MQTT session is channel 1 (as consumers name it).
             l.set_channels(1);
+            if let Some(m) = self.metrics.as_mut() {
+                m.report_to(l.info().clone());
+            }
         }
 
         self.session_expiry_secs = c.session_expiry_secs;

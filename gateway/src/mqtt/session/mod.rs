@@ -276,6 +276,7 @@ pub(crate) async fn serve_inner<R, W>(
         end_reason: None,
         publish_will: false,
         metrics: None,
+        pre_open: Default::default(),
     };
     // One span per connection; `client_id`, `user` and `vhost` are filled
     // in at CONNECT.
@@ -369,6 +370,8 @@ pub(crate) struct Session {
     /// Its tenant's and protocol's counters, from CONNACK on (boxed: an
     /// idle connection should carry one pointer).
     metrics: Option<Box<ConnMetrics>>,
+    /// Traffic before CONNECT was accepted, until there are metrics.
+    pre_open: crate::metrics::PreOpen,
 }
 
 /// Resolves when `client`'s outbox is notified; never without a client.
@@ -525,8 +528,9 @@ impl Session {
                     Ok(n) => {
                         got_input = true;
                         last_read = n;
-                        if let Some(m) = self.metrics.as_mut() {
-                            m.bytes_in(n);
+                        match self.metrics.as_mut() {
+                            Some(m) => m.bytes_in(n),
+                            None => self.pre_open.read(n),
                         }
                     }
                     Err(e) => {
@@ -542,9 +546,12 @@ impl Session {
                     Ok(Some(n)) => {
                         bytes::Buf::advance(&mut self.conn.out, n);
                         unflushed = flush_writes;
-                        if let Some(m) = self.metrics.as_mut() {
-                            m.bytes_out(n);
-                            m.flush();
+                        match self.metrics.as_mut() {
+                            Some(m) => {
+                                m.bytes_out(n);
+                                m.flush();
+                            }
+                            None => self.pre_open.wrote(n),
                         }
                     }
                     Ok(None) => unflushed = false,

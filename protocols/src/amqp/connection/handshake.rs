@@ -149,6 +149,9 @@ impl Connection {
                         Some(AMQPValue::ShortString(n)) => Some(n.as_str().to_string()),
                         _ => None,
                     };
+                self.client_properties = Some(super::client_properties::bounded(
+                    &start_ok.client_properties,
+                ));
                 let mechanism = start_ok.mechanism.as_str().to_string();
                 let decoded = if mechanism == "EXTERNAL" && self.external {
                     // The response is an optional authorization identity,

@@ -40,9 +40,12 @@
 //! * `content`: basic.publish + content header + body assembly, the
 //!   partial-content cap, copying a message out of the read buffer.
 //! * `timers`: heartbeat, handshake and close timeouts.
+//! * `client_properties`: the bounded copy of start-ok's client properties
+//!   kept for the management API.
 //! * this file: the state, frame dispatch and connection-level errors.
 
 mod channels;
+pub mod client_properties;
 mod config;
 mod content;
 mod event;
@@ -107,6 +110,9 @@ pub struct Connection {
     accepts_blocked: bool,
     /// The client's `connection_name` property from start-ok, if text.
     connection_name: Option<String>,
+    /// Start-ok's client properties, bounded ([`client_properties`]),
+    /// until the session takes them.
+    client_properties: Option<amq_protocol::types::FieldTable>,
     /// SASL EXTERNAL is offered ([`Self::offer_external`]).
     external: bool,
     /// Heartbeat, handshake and close deadlines.
@@ -146,6 +152,7 @@ impl Connection {
             close_reason: None,
             accepts_blocked: false,
             connection_name: None,
+            client_properties: None,
             external: false,
             timers: Timers::new(now),
         }
@@ -213,6 +220,16 @@ impl Connection {
     /// name connections by, e.g. in `[[quota.connections]]`), once known.
     pub fn client_connection_name(&self) -> Option<&str> {
         self.connection_name.as_deref()
+    }
+
+    /// The client properties of start-ok (what the management API shows),
+    /// bounded: strings over [`client_properties::MAX_STRING`] bytes and
+    /// tables nested deeper than [`client_properties::MAX_DEPTH`] are left
+    /// out, as are entries past [`client_properties::MAX_ENTRIES`] or
+    /// [`client_properties::MAX_BYTES`]. Taken once (the session keeps
+    /// them); empty before start-ok and after.
+    pub fn take_client_properties(&mut self) -> amq_protocol::types::FieldTable {
+        self.client_properties.take().unwrap_or_default()
     }
 
     /// Interprets input until one event is ready or more bytes are needed.
