@@ -1310,11 +1310,16 @@ impl Client {
         }
     }
 
-    /// The delivery was written under `tag` in `scope` at `now`: it is
-    /// leased until settled, or settled now for an auto-ack consumer. Tags
-    /// must increase within a scope.
-    pub fn lease(&mut self, scope: Scope, tag: u64, d: Delivery, now: Instant) {
+    /// The delivery was written under `tag` in `scope` at `now` (`now_ms`
+    /// the same moment in ms since the epoch, as `enqueued_ms`: the wait in
+    /// the queue is counted for the queue's latency figure): it is leased
+    /// until settled, or settled now for an auto-ack consumer. Tags must
+    /// increase within a scope. The session reads the clock once per batch
+    /// and passes it to every delivery of the batch.
+    pub fn lease(&mut self, scope: Scope, tag: u64, d: Delivery, now: Instant, now_ms: u64) {
         debug_assert_eq!(scope, d.consumer.scope(), "leased in its consumer's scope");
+        d.partition
+            .waited(now_ms.saturating_sub(d.entry.enqueued_ms));
         if d.consumer.no_ack() {
             d.consumer.release(d.entry.size);
             if let Some(l) = d.partition.settled(&d.entry, true) {

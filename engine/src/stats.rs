@@ -47,9 +47,10 @@ pub struct QueueCounters {
     pub dead_lettered: u64,
     /// Of `dead_lettered`, those that expired (TTL).
     pub expired: u64,
-    /// Sum over deliveries of the time each message had waited in the
-    /// queue, ms: the difference of two samples over the difference of
-    /// `delivered` is the mean enqueue-to-delivery latency between them.
+    /// Sum over deliveries (consumers' and `basic.get`s) of the time each
+    /// message had waited in the queue, ms: the difference of two samples
+    /// over the difference of `delivered` is the mean enqueue-to-delivery
+    /// latency between them.
     pub waited_ms: u64,
     /// Ready messages now (a gauge, read with the counters: its change
     /// between samples is RabbitMQ's `messages_ready_details` rate).

@@ -97,7 +97,7 @@ fn write_all(c: &mut Client, next_tag: &mut u64, now: Instant) -> Vec<(u64, Byte
         *next_tag += 1;
         out.push((*next_tag, m.body.clone(), d.entry.redelivered));
         let scope = d.consumer.scope();
-        c.lease(scope, *next_tag, d, now);
+        c.lease(scope, *next_tag, d, now, weir_engine::message::now_ms());
     }
     c.finish_deliveries();
     c.commit();

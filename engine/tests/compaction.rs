@@ -102,7 +102,7 @@ fn compaction_swaps_ready_and_leased_positions_and_settles_follow() {
         let mut tag = 0;
         while let Some(d) = c.next_delivery() {
             tag += 1;
-            c.lease(1, tag, d, Instant::now());
+            c.lease(1, tag, d, Instant::now(), weir_engine::message::now_ms());
         }
         c.finish_deliveries();
         c.commit();

@@ -125,7 +125,13 @@ impl Conn {
             });
             self.written.push((self.tag, body, redelivered));
             let scope: Scope = d.consumer.scope();
-            self.c.lease(scope, self.tag, d, Instant::now());
+            self.c.lease(
+                scope,
+                self.tag,
+                d,
+                Instant::now(),
+                weir_engine::message::now_ms(),
+            );
         }
         self.c.finish_deliveries();
         self.c.commit();

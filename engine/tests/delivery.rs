@@ -569,7 +569,7 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
             next_tag[scope as usize] += 1;
             let tag = next_tag[scope as usize];
             batch.push((scope, tag, String::from_utf8_lossy(&m.body).into_owned()));
-            c.lease(scope, tag, d, Instant::now());
+            c.lease(scope, tag, d, Instant::now(), now_ms());
         }
         c.finish_deliveries();
         assert!(

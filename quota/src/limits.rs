@@ -125,8 +125,11 @@ pub struct TenantQuota {
     connections: AtomicU32,
     queued_messages: AtomicU64,
     queued_bytes: AtomicU64,
-    /// Bytes of ready messages held in memory (see [`Limits::max_memory`]).
-    memory: AtomicU64,
+    /// Of `queued_bytes`, those of messages kept only in the store (not in
+    /// memory). The tenant's memory (see [`Limits::max_memory`]) is the
+    /// difference: counted this way round, a message held in memory (the
+    /// common case) costs no atomic beyond `queued_bytes`.
+    paged: AtomicU64,
     /// Set while the tenant is at a queued or memory limit.
     blocked: watch::Sender<bool>,
     /// The watch's value, for the per-message paths (the watch's own
@@ -179,7 +182,7 @@ impl Default for TenantQuota {
             connections: AtomicU32::new(0),
             queued_messages: AtomicU64::new(0),
             queued_bytes: AtomicU64::new(0),
-            memory: AtomicU64::new(0),
+            paged: AtomicU64::new(0),
             blocked: watch::Sender::new(false),
             blocked_now: AtomicBool::new(false),
             rate: parking_lot_free::Cell::new(None),
@@ -354,8 +357,12 @@ impl TenantQuota {
     pub fn queued(&self, messages: u64, bytes: u64) {
         let m = self.queued_messages.fetch_add(messages, Ordering::Relaxed) + messages;
         let b = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // Memory is at most the queued bytes: `paged` is read only when
+        // the queued bytes alone reach the memory limit.
+        let max_mem = self.max_memory.load(Ordering::Relaxed);
         if (m >= self.max_queued_messages.load(Ordering::Relaxed)
-            || b >= self.max_queued_bytes.load(Ordering::Relaxed))
+            || b >= self.max_queued_bytes.load(Ordering::Relaxed)
+            || (b >= max_mem && b.saturating_sub(self.paged.load(Ordering::Relaxed)) >= max_mem))
             && !self.blocked_now.load(Ordering::Relaxed)
         {
             self.update_blocked();
@@ -383,31 +390,25 @@ impl TenantQuota {
 
     // -- memory -------------------------------------------------------------
 
-    /// A ready message of `bytes` is held in memory. Blocks the tenant's
-    /// publishers at its memory limit.
-    pub fn held(&self, bytes: u64) {
-        let m = self.memory.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if m >= self.max_memory.load(Ordering::Relaxed) && !self.blocked_now.load(Ordering::Relaxed)
-        {
-            self.update_blocked();
-        }
+    /// `bytes` about to be counted by [`TenantQuota::queued`] are of
+    /// messages kept only in the store, not in memory. Call it before
+    /// `queued`, so the memory figure never counts them even for a moment.
+    pub fn paged(&self, bytes: u64) {
+        self.paged.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// `bytes` held in memory were let go (delivered, paged out, removed).
-    /// Unblocks its publishers below the resume mark (of every limit).
-    pub fn released(&self, bytes: u64) {
-        let prev = self.memory.fetch_sub(bytes, Ordering::Relaxed);
-        debug_assert!(prev >= bytes, "released more memory than held");
-        if self.blocked_now.load(Ordering::Relaxed)
-            && prev.wrapping_sub(bytes) < resume_at(self.max_memory.load(Ordering::Relaxed))
-        {
-            self.update_blocked();
-        }
+    /// `bytes` counted by [`TenantQuota::paged`] are about to leave the
+    /// queues: call it before their [`TenantQuota::dequeued`] (which
+    /// re-checks the block).
+    pub fn unpaged(&self, bytes: u64) {
+        let prev = self.paged.fetch_sub(bytes, Ordering::Relaxed);
+        debug_assert!(prev >= bytes, "unpaged more than paged");
     }
 
     /// Bytes of the tenant's ready messages held in memory.
     pub fn memory(&self) -> u64 {
-        self.memory.load(Ordering::Relaxed)
+        self.queued_bytes()
+            .saturating_sub(self.paged.load(Ordering::Relaxed))
     }
 
     /// Re-evaluates the block under the watch's lock, from the counters as
@@ -587,18 +588,22 @@ mod tests {
             max_queued_bytes: Some(1 << 20),
             ..Limits::default()
         });
-        q.held(999);
+        // Paged-out messages count toward queued bytes, not memory.
+        q.paged(5000);
+        q.queued(1, 5000);
+        q.queued(1, 999);
+        assert_eq!(q.memory(), 999);
         assert!(!q.is_blocked());
-        q.held(1);
+        q.queued(1, 1);
         assert!(q.is_blocked());
         assert_eq!(q.block_reason("a"), "tenant 'a' memory quota");
-        // Queued bytes moving does not unblock while memory is at the mark.
-        q.queued(1, 10);
-        q.dequeued(1, 10);
+        // Paged bytes leaving do not unblock while memory is at the mark.
+        q.unpaged(5000);
+        q.dequeued(1, 5000);
         assert!(q.is_blocked());
-        q.released(50);
+        q.dequeued(1, 50);
         assert!(q.is_blocked());
-        q.released(900);
+        q.dequeued(1, 900);
         assert!(!q.is_blocked());
         assert_eq!(q.memory(), 50);
     }

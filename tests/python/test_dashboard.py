@@ -129,6 +129,13 @@ def test_dashboard_shows_depth_and_purges(weir, browser):
             wait.until(lambda d: row_depth(d, name) == str(N))
             # The overview counts the queue's messages too.
             wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '[data-total="messages"] b').text == str(N))
+            # A click on the row opens its charts: rates, depth, latency,
+            # oldest age, attempts (the overview has its latency chart too).
+            browser.find_element(By.CSS_SELECTOR, f"{row(name)} td.name").click()
+            wait.until(EC.visibility_of_element_located((By.ID, "queue-detail")))
+            assert name in browser.find_element(By.ID, "detail-title").text
+            for chart in ("chart-latency", "detail-rates", "detail-depth", "detail-latency", "detail-age", "detail-attempts"):
+                assert browser.find_element(By.ID, chart).is_displayed(), chart
             screenshot(browser, "dashboard-before-purge.png")
 
             # Purge (administrators see the button), confirming the dialog.

@@ -986,13 +986,6 @@ impl Partition {
                 st.leased.insert(entry.id, l);
             }
             entry.attempts = entry.attempts.saturating_add(1);
-            // One clock read per dispatch round, shared with the expiry check.
-            if now == 0 {
-                now = now_ms();
-            }
-            self.counters
-                .waited_ms
-                .fetch_add(now.saturating_sub(entry.enqueued_ms), Ordering::Relaxed);
             self.counters.delivered.fetch_add(1, Ordering::Relaxed);
             self.counters.leased.fetch_add(1, Ordering::Relaxed);
             self.counters
@@ -1141,6 +1134,13 @@ impl Partition {
                 .unwrap_or(0),
             consumers: st.consumers.len() as u32,
         }
+    }
+
+    /// A delivery of it reached its client after waiting `ms` in the queue
+    /// (the session's batch clock: no clock read here).
+    #[inline]
+    pub fn waited(&self, ms: u64) {
+        self.counters.waited_ms.fetch_add(ms, Ordering::Relaxed);
     }
 
     /// Adds its monotonic counters and its depth (atomics only, no lock)

@@ -54,11 +54,13 @@ pub(crate) struct ReadyList {
     /// [`crate::stats::ATTEMPT_BUCKETS`] (kept with `len`, so reading it
     /// costs no walk).
     attempts: [u64; crate::stats::ATTEMPT_BUCKETS.len()],
-    /// Bytes of live entries whose message is in memory (not only in the
-    /// store): the tenant's memory share (`max-memory`).
-    mem: u64,
-    /// The tenant's counters of queued messages, bytes and memory, kept in
-    /// step with `len`, `bytes` and `mem` (one atomic add per change).
+    /// Bytes of live entries whose message is only in the store (not in
+    /// memory): `bytes` less these is the list's share of its tenant's
+    /// memory (`max-memory`).
+    paged: u64,
+    /// The tenant's counters of queued messages, bytes and paged bytes,
+    /// kept in step with `len`, `bytes` and `paged` (one atomic add per
+    /// change; none for `paged` while messages are in memory).
     quota: Option<Arc<TenantQuota>>,
 }
 
@@ -66,8 +68,8 @@ impl Drop for ReadyList {
     fn drop(&mut self) {
         // A deleted queue (or one dropped at shutdown) gives its count back.
         if let Some(q) = &self.quota {
+            q.unpaged(self.paged);
             q.dequeued(self.len as u64, self.bytes);
-            q.released(self.mem);
         }
     }
 }
@@ -86,7 +88,7 @@ impl ReadyList {
             len: 0,
             bytes: 0,
             attempts: Default::default(),
-            mem: 0,
+            paged: 0,
             quota,
         }
     }
@@ -95,14 +97,14 @@ impl ReadyList {
         self.attempts[crate::stats::attempt_bucket(attempts)] += 1;
         self.len += 1;
         self.bytes += u64::from(size);
-        if in_memory {
-            self.mem += u64::from(size);
+        if !in_memory {
+            self.paged += u64::from(size);
         }
         if let Some(q) = &self.quota {
-            q.queued(1, u64::from(size));
-            if in_memory {
-                q.held(u64::from(size));
+            if !in_memory {
+                q.paged(u64::from(size));
             }
+            q.queued(1, u64::from(size));
         }
     }
 
@@ -110,14 +112,14 @@ impl ReadyList {
         self.attempts[crate::stats::attempt_bucket(attempts)] -= 1;
         self.len -= 1;
         self.bytes -= u64::from(size);
-        if in_memory {
-            self.mem -= u64::from(size);
+        if !in_memory {
+            self.paged -= u64::from(size);
         }
         if let Some(q) = &self.quota {
-            q.dequeued(1, u64::from(size));
-            if in_memory {
-                q.released(u64::from(size));
+            if !in_memory {
+                q.unpaged(u64::from(size));
             }
+            q.dequeued(1, u64::from(size));
         }
     }
 
@@ -248,13 +250,13 @@ impl ReadyList {
             l.dead = 0;
         }
         if let Some(q) = &self.quota {
+            q.unpaged(self.paged);
             q.dequeued(self.len as u64, self.bytes);
-            q.released(self.mem);
         }
         self.len = 0;
         self.bytes = 0;
         self.attempts = Default::default();
-        self.mem = 0;
+        self.paged = 0;
         out
     }
 

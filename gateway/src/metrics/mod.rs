@@ -75,6 +75,16 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
 ];
+/// [`LATENCY_BUCKETS`] in microseconds, for integer comparisons.
+const LATENCY_BUCKETS_US: [u64; LATENCY_BUCKETS.len()] = {
+    let mut us = [0u64; LATENCY_BUCKETS.len()];
+    let mut i = 0;
+    while i < us.len() {
+        us[i] = (LATENCY_BUCKETS[i] * 1e6) as u64;
+        i += 1;
+    }
+    us
+};
 /// Group-commit waiters per round.
 const COUNT_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
@@ -274,6 +284,19 @@ impl PendingLatency {
         self.sum_nanos += (secs * 1e9) as u64 * n;
     }
 
+    /// One sample of `ms` whole milliseconds (a wait measured with a
+    /// millisecond clock): integer work only, it runs per delivery.
+    #[inline]
+    fn record_ms(&mut self, ms: u64) {
+        let i = if ms == 0 {
+            0
+        } else {
+            LATENCY_BUCKETS_US.partition_point(|&b| b < ms * 1000)
+        };
+        self.buckets[i] += 1;
+        self.sum_nanos += ms * 1_000_000;
+    }
+
     fn flush(&mut self, into: &Latency) {
         for (p, a) in self.buckets.iter_mut().zip(&into.buckets) {
             if *p > 0 {
@@ -415,7 +438,7 @@ impl ConnMetrics {
     #[inline]
     pub fn delivered(&mut self, enqueued_ms: u64, now_ms: u64) {
         self.pending_delivered += 1;
-        self.latency()[1].record(now_ms.saturating_sub(enqueued_ms) as f64 / 1000.0, 1);
+        self.latency()[1].record_ms(now_ms.saturating_sub(enqueued_ms));
     }
 
     /// `n` publishes were confirmed, `waited` after their batch ended.
@@ -550,4 +573,20 @@ pub fn quota_block(vhost: &str) {
 /// A connection of `vhost` paused for a publish rate.
 pub fn rate_pause(vhost: &str) {
     metrics::counter!(RATE_PAUSES, "vhost" => vhost.to_string()).increment(1);
+}
+
+#[cfg(test)]
+mod latency_tests {
+    use super::*;
+
+    #[test]
+    fn whole_milliseconds_fall_in_the_buckets_seconds_would() {
+        for ms in [0u64, 1, 2, 3, 7, 10, 11, 999, 1000, 20_000] {
+            let (mut a, mut b) = (PendingLatency::default(), PendingLatency::default());
+            a.record_ms(ms);
+            b.record(ms as f64 / 1000.0, 1);
+            assert_eq!(a.buckets, b.buckets, "{ms} ms");
+            assert_eq!(a.sum_nanos, b.sum_nanos, "{ms} ms");
+        }
+    }
 }

@@ -97,7 +97,7 @@ impl Session {
             if let Some(m) = self.metrics.as_mut() {
                 m.delivered(d.entry.enqueued_ms, batch_ms);
             }
-            client.lease(d.consumer.scope(), tag, d, batch_time);
+            client.lease(d.consumer.scope(), tag, d, batch_time, batch_ms);
         }
         // Held deliveries go back first in line, in their order.
         while let Some(d) = self.held.pop() {

@@ -189,7 +189,7 @@ function renderQueues(list) {
     const ms = q.message_stats || {};
     push(h, { ready: num(q.messages_ready), unacked: num(q.messages_unacknowledged), delayed: delayed(q),
               pub: rate(ms, 'publish'), del: rate(ms, 'deliver_get'), ack: rate(ms, 'ack'),
-              latency: latencyMs(q), age: num(oldestAgeMs(q)) / 1000 });
+              latency: latencyMs(q), age: num(oldestAgeMs(q)) / 1000, attempts: maxAttempts(q) });
     const c = row.cells;
     c.vhost.textContent = q.vhost;
     c.name.textContent = q.name;
@@ -243,6 +243,7 @@ function renderDetail() {
   ]);
   drawChart($('#detail-latency'), [{ label: 'latency ms', values: h.map((p) => num(p.latency)) }]);
   drawChart($('#detail-age'), [{ label: 'oldest age s', values: h.map((p) => p.age) }]);
+  drawChart($('#detail-attempts'), [{ label: 'max attempts', values: h.map((p) => p.attempts) }]);
   // The ready messages by delivery attempts: buckets [{le, count}].
   const q = (state.lastQueues || []).find((x) => `${x.vhost}/${x.name}` === key);
   const hist = q && q.delivery_attempts && q.delivery_attempts.histogram;

@@ -33,7 +33,7 @@ impl Session {
             {
                 // The client received it (PUBREC) before a restart.
                 self.next_tag += 1;
-                settle_unsent(client, self.next_tag, d, batch_time);
+                settle_unsent(client, self.next_tag, d, batch_time, now);
                 continue;
             }
             let Some(message) = client.message_of(&d) else {
@@ -46,7 +46,7 @@ impl Session {
                     // Published over AMQP with a key no MQTT topic has.
                     tracing::debug!(peer = %self.peer, error = %e, "delivery dropped");
                     self.next_tag += 1;
-                    settle_unsent(client, self.next_tag, d, batch_time);
+                    settle_unsent(client, self.next_tag, d, batch_time, now);
                     continue;
                 }
             };
@@ -65,7 +65,7 @@ impl Session {
             let tag = self.next_tag;
             if !wanted || out.expired {
                 // Not for this client after all ($-topics, no-local): gone.
-                settle_unsent(client, tag, d, batch_time);
+                settle_unsent(client, tag, d, batch_time, now);
                 continue;
             }
             let granted = matching().map(|s| s.qos).max().unwrap_or(QoS::AtMostOnce);
@@ -117,7 +117,7 @@ impl Session {
                         m.delivered(enqueued_ms, now);
                     }
                     let id = d.entry.id;
-                    client.lease(SCOPE, tag, d, batch_time);
+                    client.lease(SCOPE, tag, d, batch_time, now);
                     if let Some(r) = self.resume.as_mut() {
                         r.send.remove(&id);
                         r.send1.remove(&id);
@@ -148,9 +148,9 @@ impl Session {
                     if let Some(m) = self.metrics.as_mut() {
                         m.delivered(enqueued_ms, now);
                     }
-                    settle_unsent(client, tag, d, batch_time)
+                    settle_unsent(client, tag, d, batch_time, now)
                 }
-                Err(SendError::TooLarge) => settle_unsent(client, tag, d, batch_time),
+                Err(SendError::TooLarge) => settle_unsent(client, tag, d, batch_time, now),
                 Err(SendError::NoQuota) => {
                     client.defer(d);
                     self.next_tag -= 1;
@@ -230,8 +230,9 @@ fn settle_unsent(
     tag: u64,
     d: crate::engine::consumer::Delivery,
     now: Instant,
+    now_ms: u64,
 ) {
-    client.lease(SCOPE, tag, d, now);
+    client.lease(SCOPE, tag, d, now, now_ms);
     let _ = client.settle(SCOPE, tag, false, Settle::Ack);
 }
 
