@@ -1588,6 +1588,11 @@ impl Client {
         std::mem::take(&mut self.over_share)
     }
 
+    /// Whether [`Self::take_store_pressure`] would say yes (the flag stays).
+    pub fn has_store_pressure(&self) -> bool {
+        self.over_share
+    }
+
     /// Calls `waiter` once everything appended so far is durable (a
     /// publisher's confirmation).
     pub fn durability_barrier(&self, waiter: Waiter) -> Result<(), StoreError> {

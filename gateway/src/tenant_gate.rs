@@ -16,7 +16,9 @@
 //!   the log writer (several tenants write and this one's backlog would
 //!   delay the others' confirms, see `Store::append_for`), the session stops
 //!   reading after the batch until everything it appended is durable (one
-//!   store barrier). Every connection has a gate for this, limits or not.
+//!   store barrier). A connection without limits gets its gate then, at
+//!   the first such batch ([`TenantGate::for_store_share`]): an idle
+//!   connection (think of 100,000 MQTT devices) carries none.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,21 +45,41 @@ pub struct TenantGate {
 }
 
 impl TenantGate {
-    /// The gate of an engine client's connection. Always one: the store
-    /// share applies to every tenant; without limits the per-publish checks
-    /// are an atomic load and an empty loop.
-    /// `rule` is the connection's `[[quota.connections]]` override, if
-    /// one matches: its rate is this connection's own.
+    /// The gate of an engine client's connection, if its tenant, user or
+    /// `rule` (the connection's `[[quota.connections]]` override, whose
+    /// rate is this connection's own) limits it; otherwise none until the
+    /// store share asks for one ([`TenantGate::for_store_share`]).
     pub fn for_client(
         client: &weir_engine::Client,
         rule: Option<&weir_quota::ConnectionRule>,
     ) -> Option<Self> {
         let tenant = client.tenant();
         let user_rate = client.user_quota().and_then(|u| u.rate());
-        let mut g = Self::new(tenant.name.clone(), tenant.quota().clone());
-        g.rates[1] = user_rate.map(|r| (r, Debt::default()));
-        g.rates[2] = rule.and_then(|r| r.rate()).map(|r| (r, Debt::default()));
-        Some(g)
+        let rule_rate = rule.and_then(|r| r.rate());
+        let l = tenant.quota().limits();
+        let limited = l.max_queued_bytes.is_some()
+            || l.max_queued_messages.is_some()
+            || l.max_memory.is_some()
+            || l.publish_rate.is_some()
+            || l.publish_bytes_rate.is_some()
+            || user_rate.is_some()
+            || rule_rate.is_some();
+        limited.then(|| {
+            let mut g = Self::new(tenant.name.clone(), tenant.quota().clone());
+            g.rates[1] = user_rate.map(|r| (r, Debt::default()));
+            g.rates[2] = rule_rate.map(|r| (r, Debt::default()));
+            g
+        })
+    }
+
+    /// A gate for a connection that had none, once the store says its
+    /// tenant is over its share of the writer (call after each batch; the
+    /// gate's [`TenantGate::end_batch`] then takes the pressure).
+    pub fn for_store_share(client: &weir_engine::Client) -> Option<Self> {
+        client.has_store_pressure().then(|| {
+            let tenant = client.tenant();
+            Self::new(tenant.name.clone(), tenant.quota().clone())
+        })
     }
 
     /// The gate of a connection of `tenant`.

@@ -469,6 +469,13 @@ impl Session {
                 tokio::task::consume_budget().await;
             }
             self.end_batch();
+            if self.gate.is_none() {
+                self.gate = self
+                    .client
+                    .as_ref()
+                    .and_then(TenantGate::for_store_share)
+                    .map(Box::new);
+            }
             if let Some(g) = self.gate.as_mut() {
                 g.end_batch(self.client.as_mut());
             }
