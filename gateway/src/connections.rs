@@ -2,9 +2,10 @@
 //! (`/api/connections`, `/api/channels`) and metrics: every session
 //! registers once it has opened its vhost and drops its [`Registration`]
 //! when it ends. A registered connection can be asked to close
-//! ([`Connections::close`]): its session selects on
-//! [`Registration::closed`] and ends the connection as a broker shutdown
-//! would (AMQP: 320 CONNECTION_FORCED with the given reason).
+//! ([`Connections::close`]): its engine connection is woken, the session
+//! finds [`Registration::close_reason`] set and ends the connection as a
+//! broker shutdown would (AMQP: 320 CONNECTION_FORCED with the given
+//! reason).
 //!
 //! Sessions keep their own state: the registry holds only what the API
 //! shows (who, from where, since when, how many channels, the client's
@@ -15,15 +16,14 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
-use tokio::sync::Notify;
+use weir_engine::consumer::ConnHandle;
 
 /// What the API shows of one connection.
-#[derive(Debug)]
 pub struct ConnInfo {
     /// Registry id.
     pub id: u64,
@@ -56,11 +56,13 @@ pub struct ConnInfo {
     client_properties: Option<Box<Value>>,
     /// Bytes and socket reads/writes so far.
     pub traffic: Traffic,
-    /// Wakes the session when asked to close (the reason is in `detail`).
-    /// A bare `Notify`, not a watch channel: a watch allocates ~400 bytes
-    /// of wakers per connection, and an idle MQTT connection is counted
-    /// in single kilobytes.
-    close: Notify,
+    /// Set when asked to close (the reason is in `detail`): the session
+    /// checks it once per loop, one relaxed load.
+    close_asked: AtomicBool,
+    /// The session's engine connection, woken to see `close_asked`: no
+    /// waiter or channel of its own per connection (an idle MQTT
+    /// connection is counted in single kilobytes).
+    wake: Arc<ConnHandle>,
 }
 
 /// A connection's traffic, as RabbitMQ counts it: octets and packets (here:
@@ -150,8 +152,9 @@ pub struct NewConnection<'a> {
     pub tls: bool,
     /// MQTT client id, or empty.
     pub client_id: &'a str,
-    /// The engine client's id.
-    pub engine_id: u64,
+    /// The engine client's connection (its id names its consumers; it is
+    /// woken when the connection is asked to close).
+    pub engine: &'a Arc<ConnHandle>,
     /// AMQP's client properties (an object); `None` for MQTT.
     pub client_properties: Option<Value>,
 }
@@ -179,10 +182,11 @@ impl Connections {
             channels: AtomicU32::new(0),
             detail: Mutex::default(),
             client_id: c.client_id.to_string(),
-            engine_id: c.engine_id,
+            engine_id: c.engine.id,
             client_properties: c.client_properties.map(Box::new),
             traffic: Traffic::default(),
-            close: Notify::new(),
+            close_asked: AtomicBool::new(false),
+            wake: c.engine.clone(),
         });
         self.map.write().insert(id, info.clone());
         Registration {
@@ -248,6 +252,19 @@ impl Connections {
     }
 }
 
+impl std::fmt::Debug for ConnInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnInfo")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("protocol", &self.protocol)
+            .field("user", &self.user)
+            .field("vhost", &self.vhost)
+            .field("engine_id", &self.engine_id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ConnInfo {
     /// Records `reason` (the first one wins) and wakes the session.
     fn ask_to_close(&self, reason: &str) {
@@ -255,8 +272,9 @@ impl ConnInfo {
             .lock()
             .close_reason
             .get_or_insert_with(|| reason.into());
+        self.close_asked.store(true, Ordering::Release);
         // Stores a permit if the session is not waiting right now.
-        self.close.notify_one();
+        self.wake.wake();
     }
 
     /// The numbers of its open channels, ascending (`1..=channels` for a
@@ -362,28 +380,24 @@ impl Registration {
             .store(open.len() as u32, Ordering::Relaxed);
     }
 
-    /// Resolves with the reason once the connection is asked to close.
-    pub async fn closed(&mut self) -> String {
-        loop {
-            if let Some(r) = self.info.detail.lock().close_reason.as_deref() {
-                return r.to_string();
-            }
-            self.info.close.notified().await;
+    /// Why the connection was asked to close, once it is (one relaxed
+    /// load until then). The session calls it after every wake-up.
+    pub fn close_reason(&self) -> Option<String> {
+        if !self.info.close_asked.load(Ordering::Acquire) {
+            return None;
         }
+        self.info
+            .detail
+            .lock()
+            .close_reason
+            .as_deref()
+            .map(String::from)
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         self.registry.map.write().remove(&self.info.id);
-    }
-}
-
-/// Resolves when `reg` is asked to close; never without a registration.
-pub async fn close_requested(reg: Option<&mut Registration>) -> String {
-    match reg {
-        Some(r) => r.closed().await,
-        None => std::future::pending().await,
     }
 }
 
@@ -405,7 +419,7 @@ mod tests {
             vhost: "/",
             tls: false,
             client_id,
-            engine_id: 1,
+            engine: &ConnHandle::new(1),
             client_properties,
         })
     }

@@ -294,6 +294,13 @@ impl Session {
             {
                 self.refresh_alarm();
             }
+            // Closed through the management API (320, its reason): the
+            // registry wakes the engine connection, so this runs.
+            if let Some(reason) = self.registration.as_ref().and_then(|r| r.close_reason()) {
+                self.registration = None;
+                self.release_all();
+                self.conn.shutdown(&reason);
+            }
             // 1. Interpret every complete frame we have. One read can hold
             // tens of thousands of frames (binds, declares, publishes): spend
             // the task's cooperative budget per event so the runtime gets to
@@ -462,12 +469,6 @@ impl Session {
                     armed = None;
                     fired = true;
                 }
-                reason = crate::connections::close_requested(self.registration.as_mut()) => {
-                    // Closed through the management API (320, its reason).
-                    self.registration = None;
-                    self.release_all();
-                    self.conn.shutdown(&reason);
-                }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
                         self.release_all();
@@ -543,7 +544,7 @@ impl Session {
                         .and_then(|r| r.max_channels_per_connection)
                         .or(client.max_channels());
                     self.conn.limit_open_channels(channels);
-                    let engine_id = client.id();
+                    let engine = client.handle().clone();
                     self.client = Some(client);
                     let registration =
                         self.shared
@@ -556,7 +557,7 @@ impl Session {
                                 vhost: &vhost,
                                 tls: self.tls,
                                 client_id: "",
-                                engine_id,
+                                engine: &engine,
                                 client_properties: Some(table_to_json(
                                     &self.conn.take_client_properties(),
                                 )),

@@ -166,6 +166,7 @@ impl Session {
         self.conn_id = client.id();
         let rule = self.engine.connection_quotas.find(&user, Some(&client_id));
         self.gate = TenantGate::for_client(&client, rule.as_deref()).map(Box::new);
+        let engine = client.handle().clone();
         self.client = Some(client);
 
         let (registration, _took_over) = self
@@ -190,7 +191,7 @@ impl Session {
                     vhost: &self.tenant,
                     tls: self.cert_user.is_some(),
                     client_id: &client_id,
-                    engine_id: self.conn_id,
+                    engine: &engine,
                     client_properties: None,
                 }),
         );

@@ -449,6 +449,13 @@ impl Session {
             {
                 self.refresh_alarm();
             }
+            // Closed through the management API: the registry wakes the
+            // engine connection, so this runs.
+            if let Some(reason) = self.listed.as_ref().and_then(|l| l.close_reason()) {
+                self.listed = None;
+                self.end_reason = Some(reason);
+                self.conn.disconnect(0x98, "closed by an administrator");
+            }
             // 0. Answers whose store barrier completed.
             let done = self.durable.load(Ordering::Acquire);
             if done > self.barriers_done {
@@ -606,12 +613,6 @@ impl Session {
                 // The tenant's block changed, or its rate pause is over.
                 () = tenant_gate::wake(self.gate.as_deref_mut(), self.blocked) => {
                     self.refresh_alarm();
-                }
-                reason = crate::connections::close_requested(self.listed.as_mut()) => {
-                    // Closed through the management API.
-                    self.listed = None;
-                    self.end_reason = Some(reason);
-                    self.conn.disconnect(0x98, "closed by an administrator");
                 }
                 r = shutdown.changed() => {
                     if r.is_err() || *shutdown.borrow() {
