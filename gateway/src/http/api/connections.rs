@@ -35,7 +35,7 @@ pub fn router() -> Router<crate::http::State> {
         .route("/api/channels", get(list_channels))
         .route("/api/channels/{name}", get(show_channel))
         .route("/api/consumers", get(consumers_all))
-        .route("/api/consumers/{vhost}", get(consumers_vhost))
+        .route("/api/consumers/{vhost}", get(consumers_all))
 }
 
 fn render(c: &Arc<ConnInfo>) -> Value {
@@ -308,19 +308,12 @@ fn consumers(state: &crate::http::State, vhosts: Vec<String>) -> Value {
     Value::Array(out)
 }
 
+/// `GET /api/consumers` and `GET /api/consumers/{vhost}`.
 async fn consumers_all(
     State(state): State<crate::http::State>,
     caller: Caller,
+    vhost: Option<Path<String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let v = vhosts_of(&state, &caller, None)?;
-    Ok(Json(consumers(&state, v)))
-}
-
-async fn consumers_vhost(
-    State(state): State<crate::http::State>,
-    caller: Caller,
-    Path(vhost): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let v = vhosts_of(&state, &caller, Some(&vhost))?;
+    let v = vhosts_of(&state, &caller, vhost.as_deref().map(String::as_str))?;
     Ok(Json(consumers(&state, v)))
 }

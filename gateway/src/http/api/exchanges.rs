@@ -25,7 +25,7 @@ use crate::http::error::ApiError;
 pub fn router() -> Router<crate::http::State> {
     Router::new()
         .route("/api/exchanges", get(list_all))
-        .route("/api/exchanges/{vhost}", get(list_vhost))
+        .route("/api/exchanges/{vhost}", get(list_all))
         .route(
             "/api/exchanges/{vhost}/{name}",
             get(show).put(declare).delete(delete),
@@ -111,22 +111,15 @@ fn items(state: &crate::http::State, vhosts: Vec<String>) -> Vec<Item> {
         .collect()
 }
 
+/// `GET /api/<resource>` and `GET /api/<resource>/{vhost}`: one vhost, or
+/// every vhost the caller sees.
 async fn list_all(
     State(state): State<crate::http::State>,
     caller: Caller,
+    vhost: Option<Path<String>>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let v = vhosts_of(&state, &caller, None)?;
-    Ok(Json(list(&q, items(&state, v))?))
-}
-
-async fn list_vhost(
-    State(state): State<crate::http::State>,
-    caller: Caller,
-    Path(vhost): Path<String>,
-    Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
-    let v = vhosts_of(&state, &caller, Some(&vhost))?;
+    let v = vhosts_of(&state, &caller, vhost.as_deref().map(String::as_str))?;
     Ok(Json(list(&q, items(&state, v))?))
 }
 

@@ -20,7 +20,7 @@ use crate::http::error::ApiError;
 pub fn router() -> Router<crate::http::State> {
     Router::new()
         .route("/api/policies", get(list_all))
-        .route("/api/policies/{vhost}", get(list_vhost))
+        .route("/api/policies/{vhost}", get(list_all))
         .route(
             "/api/policies/{vhost}/{name}",
             get(show).put(put).delete(delete),
@@ -62,20 +62,13 @@ fn policies(state: &crate::http::State, vhosts: Vec<String>) -> Value {
     )
 }
 
+/// `GET /api/policies` and `GET /api/policies/{vhost}`.
 async fn list_all(
     State(state): State<crate::http::State>,
     caller: Caller,
+    vhost: Option<Path<String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let v = vhosts_of(&state, &caller, None)?;
-    Ok(Json(policies(&state, v)))
-}
-
-async fn list_vhost(
-    State(state): State<crate::http::State>,
-    caller: Caller,
-    Path(vhost): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let v = vhosts_of(&state, &caller, Some(&vhost))?;
+    let v = vhosts_of(&state, &caller, vhost.as_deref().map(String::as_str))?;
     Ok(Json(policies(&state, v)))
 }
 
