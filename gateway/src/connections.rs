@@ -207,15 +207,6 @@ impl Connections {
         self.map.read().values().find(|c| c.name == name).cloned()
     }
 
-    /// One by its engine client's id.
-    pub fn by_engine_id(&self, id: u64) -> Option<Arc<ConnInfo>> {
-        self.map
-            .read()
-            .values()
-            .find(|c| c.engine_id == id)
-            .cloned()
-    }
-
     /// Connections and channels.
     pub fn counts(&self) -> (u64, u64) {
         let m = self.map.read();

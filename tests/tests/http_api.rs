@@ -922,6 +922,78 @@ async fn requeue_dead_letters() {
     );
 }
 
+/// A dead-letter queue larger than one batch (1,000) moves in batches; a
+/// message that stays (the stray one, first in line) stays leased across
+/// batches, so no later batch takes it again and the answer counts it once.
+#[tokio::test]
+async fn requeue_dead_letters_in_batches() {
+    const N: usize = 1_100;
+    let b = Broker::start();
+    let h = admin(&b);
+    h.put("/api/exchanges/%2F/dlx", json!({"type": "fanout"}));
+    h.put("/api/queues/%2F/dlq", json!({}));
+    h.post("/api/bindings/%2F/e/dlx/q/dlq", json!({"routing_key": ""}));
+    // Every message dead-letters at once (length limit 0, drop-head).
+    h.put(
+        "/api/queues/%2F/src",
+        json!({"arguments": {"x-dead-letter-exchange": "dlx", "x-max-length": 0}}),
+    );
+    let conn = connect(&b.url()).await;
+    let ch = confirm_channel(&conn).await;
+    publish_confirmed(&ch, "", "dlq", b"stray", BasicProperties::default()).await;
+    let mut confirms = Vec::with_capacity(N);
+    for i in 0..N {
+        confirms.push(
+            ch.basic_publish(
+                "".into(),
+                "src".into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    for c in confirms {
+        c.await.unwrap();
+    }
+    eventually("the dead letters", Duration::from_secs(30), || {
+        (h.get_json("/api/queues/%2F/dlq")["messages"] == N + 1).then_some(())
+    });
+    // The source again, without its limit, for the letters to go back to.
+    assert_eq!(h.delete("/api/queues/%2F/src").status, 204);
+    h.put("/api/queues/%2F/src", json!({}));
+    let r = h.post("/api/queues/%2F/dlq/requeue-dead-letters", json!({}));
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json(), json!({"moved": N, "kept": 1}));
+    assert_eq!(h.get_json("/api/queues/%2F/src")["messages"], N);
+    assert_eq!(h.get_json("/api/queues/%2F/dlq")["messages"], 1);
+}
+
+/// A get stops once the payloads it took reach 16 MiB, whatever `count`
+/// asks: the answer is built in memory.
+#[tokio::test]
+async fn get_is_bounded_by_bytes() {
+    let b = Broker::start();
+    let h = admin(&b);
+    h.put("/api/queues/%2F/big", json!({}));
+    let conn = connect(&b.url()).await;
+    let ch = confirm_channel(&conn).await;
+    let body = vec![b'x'; 6 << 20];
+    for _ in 0..4 {
+        publish_confirmed(&ch, "", "big", &body, BasicProperties::default()).await;
+    }
+    let got = h.post(
+        "/api/queues/%2F/big/get",
+        json!({"count": 4, "ackmode": "ack_requeue_true", "encoding": "auto"}),
+    );
+    assert_eq!(got.status, 200, "{}", got.text);
+    // 6 + 6 MiB is under the bound, the third reaches it: three of four.
+    assert_eq!(got.json().as_array().unwrap().len(), 3);
+    assert_eq!(h.get_json("/api/queues/%2F/big")["messages"], 4);
+}
+
 /// `/api/connections` shows what clients say about themselves (AMQP
 /// start-ok client properties and `connection_name`, the MQTT client id and
 /// protocol version) and each connection's traffic, which sessions add once

@@ -275,6 +275,15 @@ async fn show_channel(
 
 fn consumers(state: &crate::http::State, vhosts: Vec<String>) -> Value {
     let e = engine(state);
+    // One pass over the connections, then a lookup per consumer (not a
+    // walk over every connection per consumer).
+    let by_engine_id: std::collections::HashMap<u64, _> = state
+        .shared
+        .connections
+        .list()
+        .into_iter()
+        .map(|c| (c.engine_id, c))
+        .collect();
     let mut out = Vec::new();
     for v in vhosts {
         let Some(t) = e.tenant(&v) else { continue };
@@ -283,7 +292,7 @@ fn consumers(state: &crate::http::State, vhosts: Vec<String>) -> Value {
                 continue;
             }
             for c in q.consumers() {
-                let conn = state.shared.connections.by_engine_id(c.connection_id());
+                let conn = by_engine_id.get(&c.connection_id());
                 out.push(json!({
                     "consumer_tag": String::from_utf8_lossy(c.tag()),
                     "exclusive": c.exclusive(),

@@ -409,6 +409,9 @@ fn auto() -> String {
 
 /// The most messages one get takes.
 const MAX_GET: u32 = 10_000;
+/// A get stops taking messages once the payloads it took reach this many
+/// bytes (the answer is built in memory; `count` alone does not bound it).
+const MAX_GET_BYTES: usize = 16 << 20;
 
 async fn get_messages(
     State(state): State<crate::http::State>,
@@ -450,7 +453,11 @@ async fn get_messages(
     let codecs = engine(&state).codecs();
     let now = std::time::Instant::now();
     let mut out = Vec::new();
+    let mut taken_bytes = 0usize;
     for tag in 1..=b.count as u64 {
+        if taken_bytes >= MAX_GET_BYTES {
+            break;
+        }
         let got = c
             .get(&name, GetAck::Lease { scope: 1, tag, now })
             .map_err(|e| match e {
@@ -467,6 +474,7 @@ async fn get_messages(
         if let Some(t) = truncate {
             body = &body[..body.len().min(t)];
         }
+        taken_bytes += body.len();
         let (payload, enc) = match (b.encoding.as_str(), std::str::from_utf8(body)) {
             ("auto", Ok(s)) => (s.to_string(), "string"),
             _ => (
@@ -588,6 +596,9 @@ async fn attempts(
     })))
 }
 
+/// Messages requeue-dead-letters moves per batch (one store barrier each).
+const REQUEUE_BATCH: u64 = 1_000;
+
 /// Weir: moves every ready message of a dead-letter queue back to the
 /// queue it was dead-lettered from (the first `x-death` entry's `queue`),
 /// by publishing a copy to that queue through the default exchange and
@@ -604,72 +615,96 @@ async fn requeue_dead_letters(
     let now = std::time::Instant::now();
     let limit = q.message_count();
     let (mut moved, mut kept) = (0u64, 0u64);
+    // Kept messages stay leased to the end (so no batch takes them again)
+    // and go back at their places then.
     let mut keep_tags = Vec::new();
-    let mut move_tags = Vec::new();
-    let mut barrier = false;
-    for tag in 1..=limit {
-        let got = c
-            .get(&name, GetAck::Lease { scope: 1, tag, now })
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let Some(got) = got else { break };
-        let m = got.message.clone();
-        let source = codecs
-            .decode(m.header_format, &m.properties)
-            .ok()
-            .and_then(|p| source_queue(&p));
-        let Some(source) = source.filter(|s| *s != name && c.tenant().queue_named(s).is_some())
-        else {
-            keep_tags.push(tag);
-            kept += 1;
-            continue;
-        };
-        let route = weir_engine::tenant::RouteInput {
-            exchange: "",
-            routing_key: &source,
-            headers: &NoHeaders,
-        };
-        let r = c.publish(&route, |id| weir_engine::message::Message {
-            id,
-            exchange: m.exchange.clone(),
-            routing_key: m.routing_key.clone(),
-            properties: m.properties.clone(),
-            body: m.body.clone(),
-            header_format: m.header_format,
-            persistent: m.persistent,
-            priority: m.priority,
-            ttl_ms: m.ttl_ms,
-        })?;
-        match r {
-            weir_engine::client::Published::Routed {
-                needs_barrier,
-                refused: false,
-            } => {
-                barrier |= needs_barrier;
-                move_tags.push(tag);
-                moved += 1;
-            }
-            _ => {
+    let mut tag = 0;
+    // In batches: each batch's copies are durable before its originals are
+    // acknowledged, and the runtime thread is given back between batches
+    // (a dead-letter queue of millions must not hold it for seconds).
+    while tag < limit {
+        let end = (tag + REQUEUE_BATCH).min(limit);
+        let mut move_tags = Vec::new();
+        let mut barrier = false;
+        let mut drained = false;
+        while tag < end {
+            tag += 1;
+            let got = c
+                .get(&name, GetAck::Lease { scope: 1, tag, now })
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            let Some(got) = got else {
+                drained = true;
+                break;
+            };
+            let m = got.message.clone();
+            let source = codecs
+                .decode(m.header_format, &m.properties)
+                .ok()
+                .and_then(|p| source_queue(&p));
+            let Some(source) = source.filter(|s| *s != name && c.tenant().queue_named(s).is_some())
+            else {
                 keep_tags.push(tag);
                 kept += 1;
+                continue;
+            };
+            let route = weir_engine::tenant::RouteInput {
+                exchange: "",
+                routing_key: &source,
+                headers: &NoHeaders,
+            };
+            let r = c.publish(&route, |id| weir_engine::message::Message {
+                id,
+                exchange: m.exchange.clone(),
+                routing_key: m.routing_key.clone(),
+                properties: m.properties.clone(),
+                body: m.body.clone(),
+                header_format: m.header_format,
+                persistent: m.persistent,
+                priority: m.priority,
+                ttl_ms: m.ttl_ms,
+            })?;
+            match r {
+                weir_engine::client::Published::Routed {
+                    needs_barrier,
+                    refused: false,
+                } => {
+                    barrier |= needs_barrier;
+                    move_tags.push(tag);
+                    moved += 1;
+                }
+                _ => {
+                    keep_tags.push(tag);
+                    kept += 1;
+                }
             }
         }
-    }
-    // The copies are durable before the originals are acknowledged.
-    if barrier {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        c.durability_barrier(Box::new(move |r| {
-            let _ = tx.send(r);
-        }))
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-        c.commit();
-        match rx.await {
-            Ok(Ok(())) => {}
-            _ => return Err(ApiError::internal("store failed; nothing was acknowledged")),
-        }
-    }
-    for t in move_tags {
-        c.settle(1, t, false, Settle::Ack)
+        // The copies are durable before the originals are acknowledged.
+        if barrier {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            c.durability_barrier(Box::new(move |r| {
+                let _ = tx.send(r);
+            }))
             .map_err(|e| ApiError::internal(e.to_string()))?;
+            c.commit();
+            match rx.await {
+                Ok(Ok(())) => {}
+                _ => {
+                    let done = moved - move_tags.len() as u64;
+                    return Err(ApiError::internal(format!(
+                        "store failed after {done} messages moved; the rest stay where they are"
+                    )));
+                }
+            }
+        }
+        for t in move_tags {
+            c.settle(1, t, false, Settle::Ack)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+        }
+        c.commit();
+        if drained {
+            break;
+        }
+        tokio::task::yield_now().await;
     }
     for t in keep_tags {
         c.settle(1, t, false, Settle::Requeue)

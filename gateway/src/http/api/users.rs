@@ -104,10 +104,11 @@ async fn without_permissions(
     caller.require_admin()?;
     let e = engine(&state);
     let perms = e.permissions().list();
+    let with: std::collections::HashSet<&str> = perms.iter().map(|p| p.user.as_str()).collect();
     Ok(Json(Value::Array(
         e.users()
             .iter()
-            .filter(|u| !perms.iter().any(|p| p.user == u.name))
+            .filter(|u| !with.contains(u.name.as_str()))
             .map(user_json)
             .collect(),
     )))
