@@ -88,12 +88,21 @@ fn a_flood_from_one_source_never_sits_in_front_of_another_sources_login() {
     let gate = LoginGate::new(2);
     let now = Instant::now();
     let (flood, bob, carol) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
-    // 400 logins at once from one address: one runs, the rest wait for
-    // that source's turns.
+    // 400 logins at once from one address: one runs, 256 wait for that
+    // source's turns, the rest are refused at once.
     let first = run(gate.enter(flood, now));
-    let mut queued: Vec<Waiter> = (0..399).map(|_| wait(gate.enter(flood, now))).collect();
+    let mut queued = Vec::new();
+    let mut busy = 0;
+    for _ in 1..400 {
+        match gate.enter(flood, now) {
+            Entry::Wait(w) => queued.push(w),
+            Entry::Busy => busy += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(queued.len(), PER_SOURCE_WAITING);
+    assert_eq!(busy, 399 - PER_SOURCE_WAITING);
     assert_eq!(gate.stats().running, 1, "one verification per source");
-    assert_eq!(gate.stats().waiting, 399);
     // Another address arriving after all of them is served at once.
     let bob_slot = run(gate.enter(bob, now));
     // With both slots busy, a third address waits, but only for a turn:
@@ -106,7 +115,7 @@ fn a_flood_from_one_source_never_sits_in_front_of_another_sources_login() {
         queued.iter_mut().all(|w| w.try_take().is_none()),
         "no flood login got that slot"
     );
-    assert_eq!(gate.stats().waiting, 399);
+    assert_eq!(gate.stats().waiting, PER_SOURCE_WAITING);
     // The flood goes on, one at a time, as slots come back.
     drop(bob_slot);
     let mut next = queued.remove(0);

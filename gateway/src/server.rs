@@ -3,9 +3,7 @@
 
 use crate::config::Config;
 use crate::engine::Engine;
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
