@@ -156,6 +156,7 @@ async fn a_login_flood_from_one_address_does_not_starve_other_users() {
 
     // During the flood: Alice's first login, from another address.
     let (status, body, took) = whoami("127.0.0.2", port, "alice", "alice-pw").await;
+    eprintln!("Alice's first login during the flood: {status} in {took:?}");
     assert_eq!(status, 200, "{body}");
     assert!(
         took < SERVED_WITHIN,
@@ -187,6 +188,7 @@ async fn a_login_flood_from_one_address_does_not_starve_other_users() {
 
     // Right after the flood: Bob's first login from the other address.
     let (status, body, took) = whoami("127.0.0.2", port, "bob", "bob-pw").await;
+    eprintln!("Bob's first login right after the flood: {status} in {took:?}");
     assert_eq!(status, 200, "{body}");
     assert!(
         took < SERVED_WITHIN,
