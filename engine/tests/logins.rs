@@ -110,7 +110,9 @@ fn a_flood_from_one_source_never_sits_in_front_of_another_sources_login() {
     let mut carol_turn = wait(gate.enter(carol, now));
     assert!(carol_turn.try_take().is_none());
     drop(first);
-    let carol_slot = carol_turn.try_take().expect("the new source's turn comes first");
+    let carol_slot = carol_turn
+        .try_take()
+        .expect("the new source's turn comes first");
     assert!(
         queued.iter_mut().all(|w| w.try_take().is_none()),
         "no flood login got that slot"
@@ -260,7 +262,10 @@ fn the_source_table_is_bounded() {
         let from = IpAddr::from((0x0a00_0000u32 + i).to_be_bytes());
         gate.failed(from, now);
         // Sources that only logged in leave nothing behind.
-        drop(run(gate.enter(IpAddr::from((0x0b00_0000u32 + i).to_be_bytes()), now)));
+        drop(run(gate.enter(
+            IpAddr::from((0x0b00_0000u32 + i).to_be_bytes()),
+            now,
+        )));
     }
     let sources = gate.stats().sources;
     assert!(sources <= TABLE_MAX, "{sources}");
@@ -273,5 +278,8 @@ fn the_source_table_is_bounded() {
         );
     }
     assert!(gate.stats().sources <= before + 1);
-    assert!(gate.over_budget(IpAddr::from([0x2001, 0xdb8, 0, 1, 9, 9, 9, 9]), now + DECAY * 100));
+    assert!(gate.over_budget(
+        IpAddr::from([0x2001, 0xdb8, 0, 1, 9, 9, 9, 9]),
+        now + DECAY * 100
+    ));
 }

@@ -452,9 +452,7 @@ impl Broker {
                 alarms: watch::Sender::new(Alarms::default()),
                 partial_content_timeout: (cfg.amqp.partial_content_timeout > 0)
                     .then(|| Duration::from_secs(cfg.amqp.partial_content_timeout)),
-                logins: LoginGate::new(
-                    std::thread::available_parallelism().map_or(2, |n| n.get()),
-                ),
+                logins: LoginGate::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
                 trim_wanted: AtomicBool::new(false),
                 connections: Default::default(),
             }),

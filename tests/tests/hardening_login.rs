@@ -50,7 +50,8 @@ fn b64(s: &str) -> String {
 async fn connect_from(from: &str, port: u16) -> TcpStream {
     let from: IpAddr = from.parse().expect("ip");
     let s = TcpSocket::new_v4().expect("socket");
-    s.bind(SocketAddr::new(from, 0)).expect("bind a loopback address");
+    s.bind(SocketAddr::new(from, 0))
+        .expect("bind a loopback address");
     s.connect(SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .expect("connect")

@@ -494,7 +494,10 @@ impl Session {
                 let (username, principal) = match (mechanism.as_str(), &self.cert_user) {
                     ("EXTERNAL", Some(cn)) => {
                         let p = self.shared.login_certificate(cn, self.peer);
-                        (cn.clone(), p.map_err(|_| self.shared.login_refused(self.peer)))
+                        (
+                            cn.clone(),
+                            p.map_err(|_| self.shared.login_refused(self.peer)),
+                        )
                     }
                     ("EXTERNAL", None) => (username, Err(self.shared.login_refused(self.peer))),
                     _ => {

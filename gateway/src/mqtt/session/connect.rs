@@ -108,7 +108,8 @@ impl Session {
             (tenant, user, r.map(drop).map_err(Some))
         };
         // A certificate refused costs no hash, but counts against the source.
-        let verdict = verdict.map_err(|r| r.unwrap_or_else(|| self.shared.login_refused(self.peer)));
+        let verdict =
+            verdict.map_err(|r| r.unwrap_or_else(|| self.shared.login_refused(self.peer)));
         if let Err(refused) = verdict {
             crate::metrics::auth_failure(Protocol::Mqtt);
             let delay = refused.delay();
