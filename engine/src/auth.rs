@@ -11,9 +11,12 @@
 //!   `password-hash` crate's, and the cache compares with `subtle`.
 //! * [`Authenticator::authenticate`] is slow on purpose (tens of
 //!   milliseconds, ~19 MiB of memory): call it off the async runtime (the
-//!   gateway uses `spawn_blocking`). [`Authenticator::check_cached`] is fast
+//!   gateway uses `spawn_blocking`), holding a turn of
+//!   [`crate::login::LoginGate`], which keeps one source's flood from
+//!   delaying the others. [`Authenticator::check_cached`] is fast
 //!   and answers for logins that already succeeded once, so a client opening
-//!   many connections pays the slow hash once.
+//!   many connections pays the slow hash once, and a known login never waits
+//!   for a turn.
 //!
 //! Plain passwords given in a configuration ([`Credential::Plain`]) are
 //! hashed when the authenticator is built; nothing keeps them.
