@@ -7,6 +7,7 @@
 #
 # Attacks: login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
 #          memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
+#          login-flood
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -28,7 +29,8 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
-     memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim)
+     memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
+     login-flood)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -266,6 +268,27 @@ attack_disk_full() {
   emit disk-full "$out"
 }
 
+# Issue 20 item 5: 400 concurrent wrong-password HTTP logins from 127.0.0.1; how long a new user's
+# first login from 127.0.0.2 takes during the flood and 5 s after it (scripts/abuse-login-flood.py).
+attack_login_flood() {
+  if ! start_broker "$DIR/data" "$DIR/weir.log"; then
+    emit login-flood "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
+  fi
+  local http="" out i
+  for i in $(seq 50); do
+    http=$(grep -a "HTTP listener ready" "$DIR/weir.log" | tail -1 | grep -o '127\.0\.0\.1:[0-9]*' | cut -d: -f2)
+    [ -n "$http" ] && break
+    sleep 0.1
+  done
+  if [ -z "$http" ]; then
+    emit login-flood "skipped: no HTTP listener address in the log"; kill9 "$PID"; return
+  fi
+  out=$(python3 "$ROOT/scripts/abuse-login-flood.py" "$http" 400 30 2>>"$DIR/abuse.err")
+  kill -0 "$PID" 2>/dev/null && out+=" broker=alive" || out+=" broker=dead$(death "$DIR/weir.log")"
+  kill9 "$PID"
+  emit login-flood "$out"
+}
+
 run_attack() {
   case $1 in
     login-arrays)     run_simple "$1" login-nesting --kind arrays --depth 2100 ;;
@@ -285,6 +308,7 @@ run_attack() {
     fanout)           run_simple "$1" fanout --queues 1000,4000,8000 --publishes 200 ;;
     login-rate)       run_simple "$1" login-rate --secs 5 ;;
     trim)             run_simple "$1" trim --count 2100000 --size 256 ;;
+    login-flood)      attack_login_flood ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

@@ -11,9 +11,12 @@
 //!   `password-hash` crate's, and the cache compares with `subtle`.
 //! * [`Authenticator::authenticate`] is slow on purpose (tens of
 //!   milliseconds, ~19 MiB of memory): call it off the async runtime (the
-//!   gateway uses `spawn_blocking`). [`Authenticator::check_cached`] is fast
+//!   gateway uses `spawn_blocking`), holding a turn of
+//!   [`crate::login::LoginGate`], which keeps one source's flood from
+//!   delaying the others. [`Authenticator::check_cached`] is fast
 //!   and answers for logins that already succeeded once, so a client opening
-//!   many connections pays the slow hash once.
+//!   many connections pays the slow hash once, and a known login never waits
+//!   for a turn.
 //!
 //! Plain passwords given in a configuration ([`Credential::Plain`]) are
 //! hashed when the authenticator is built; nothing keeps them.
@@ -27,6 +30,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -138,6 +142,8 @@ pub struct Authenticator {
     /// useless outside this process.
     cache_key: [u8; 32],
     cache: Mutex<HashMap<String, Vec<[u8; 32]>>>,
+    /// Slow verifications run (argon2 hashes), for tests and metrics.
+    verifications: AtomicU64,
 }
 
 impl fmt::Debug for Authenticator {
@@ -245,6 +251,7 @@ impl Authenticator {
             dummy,
             cache_key,
             cache: Mutex::new(HashMap::new()),
+            verifications: AtomicU64::new(0),
         })
     }
 
@@ -280,6 +287,12 @@ impl Authenticator {
     /// Number of configured users.
     pub fn len(&self) -> usize {
         self.users.read().len()
+    }
+
+    /// Slow verifications run so far ([`Self::authenticate`] calls, each one
+    /// argon2 hash): what a login flood cost.
+    pub fn verifications(&self) -> u64 {
+        self.verifications.load(Ordering::Relaxed)
     }
 
     /// Whether no user is configured (every login fails).
@@ -321,6 +334,7 @@ impl Authenticator {
         peer: IpAddr,
     ) -> Result<Principal, AuthFailure> {
         let argon = Argon2::default();
+        self.verifications.fetch_add(1, Ordering::Relaxed);
         let Some(u) = self.users.read().get(user).cloned() else {
             // Same work as a wrong password; the result is always a failure.
             let _ = argon.verify_password(password, &self.dummy);

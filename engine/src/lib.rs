@@ -29,6 +29,7 @@ pub mod definitions;
 pub mod error;
 pub mod exchange;
 pub mod lease;
+pub mod login;
 pub mod message;
 pub mod meta;
 pub mod permissions;

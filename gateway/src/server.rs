@@ -3,19 +3,18 @@
 
 use crate::config::Config;
 use crate::engine::Engine;
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use weir_backend::log::{LogOptions, LogStore};
 use weir_backend::Store;
 use weir_engine::auth::{AuthFailure, Authenticator, Principal};
+use weir_engine::login::{Entry, LoginGate, LoginRefused};
 use weir_protocols::amqp::ServerConfig;
 
 /// What every connection task shares.
@@ -28,9 +27,6 @@ pub struct Shared {
     pub mqtt: crate::mqtt::MqttShared,
     /// Users and their password hashes (every protocol logs in here).
     pub auth: Arc<Authenticator>,
-    /// Slow password verifications running at once: each holds ~19 MiB for
-    /// tens of milliseconds, so a flood of logins queues here instead.
-    verify_slots: Arc<Semaphore>,
     /// How long a delivery may stay unacknowledged (None = forever).
     pub consumer_timeout: Option<Duration>,
     /// Resource alarms (memory, disk), set and cleared by the monitors in
@@ -38,8 +34,10 @@ pub struct Shared {
     pub alarms: watch::Sender<Alarms>,
     /// How long a partly received message may make no progress (None = forever).
     pub partial_content_timeout: Option<Duration>,
-    /// Failed-login delays per source address.
-    pub logins: LoginThrottle,
+    /// Logins per source address: failure budgets and delays, and fair
+    /// turns at the slow password verifications (one per CPU at once: each
+    /// holds ~19 MiB for tens of milliseconds).
+    pub logins: LoginGate,
     /// Set after large frees (purge, delete): the memory monitor trims the
     /// heap on its next tick.
     trim_wanted: AtomicBool,
@@ -49,9 +47,13 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Checks credentials (see [`weir_engine::auth`]). Logins that already
-    /// succeeded are answered from the authenticator's cache; others run the
-    /// slow hash on the blocking pool, never on a runtime worker. The default
+    /// Checks credentials (see [`weir_engine::auth`] and
+    /// [`weir_engine::login`]). A source over its failure budget is refused
+    /// before anything else. Logins that already succeeded are answered
+    /// from the authenticator's cache; others wait for their source's turn
+    /// at a verification slot and run the slow hash on the blocking pool,
+    /// never on a runtime worker. A refusal is recorded against the source
+    /// here and carries the delay to serve before answering. The default
     /// user `guest` is accepted from loopback only unless configured
     /// otherwise, as in RabbitMQ.
     pub async fn login(
@@ -59,30 +61,60 @@ impl Shared {
         user: &str,
         pass: &str,
         peer: SocketAddr,
-    ) -> Result<Principal, AuthFailure> {
+    ) -> Result<Principal, LoginRefused> {
         let ip = peer.ip();
-        if let Some(r) = self.auth.check_cached(user, pass.as_bytes(), ip) {
-            return r;
+        let failed = move |gate: &LoginGate| LoginRefused::Failed {
+            delay: gate.failed(ip, Instant::now()),
+        };
+        let over_budget = move |gate: &LoginGate| {
+            gate.over_budget(ip, Instant::now())
+                .then(|| LoginRefused::OverBudget {
+                    delay: gate.failed(ip, Instant::now()),
+                })
+        };
+        if let Some(refused) = over_budget(&self.logins) {
+            return Err(refused);
         }
-        let permit = self
-            .verify_slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| AuthFailure)?;
-        // Many connections of one client arrive together: all but the first
-        // find the cache filled while they waited for a slot.
         if let Some(r) = self.auth.check_cached(user, pass.as_bytes(), ip) {
-            return r;
+            return r.map_err(|AuthFailure| failed(&self.logins));
         }
-        let (auth, user, pass) = (self.auth.clone(), user.to_owned(), pass.to_owned());
+        let slot = match self.logins.enter(ip, Instant::now()) {
+            Entry::Run(slot) => slot,
+            Entry::Wait(w) => w.wait().await.ok_or(LoginRefused::Busy)?,
+            Entry::Busy => return Err(LoginRefused::Busy),
+        };
+        // While it waited, its source may have run out of budget, or
+        // another connection of the same client may have filled the cache.
+        if let Some(refused) = over_budget(&self.logins) {
+            return Err(refused);
+        }
+        if let Some(r) = self.auth.check_cached(user, pass.as_bytes(), ip) {
+            return r.map_err(|AuthFailure| failed(&self.logins));
+        }
+        let (auth, gate, user, pass) = (
+            self.auth.clone(),
+            self.logins.clone(),
+            user.to_owned(),
+            pass.to_owned(),
+        );
         tokio::task::spawn_blocking(move || {
-            // Held until the hash is done, even if the connection went away.
-            let _permit = permit;
-            auth.authenticate(&user, pass.as_bytes(), ip)
+            let r = auth.authenticate(&user, pass.as_bytes(), ip);
+            // Recorded before the slot goes back, so this source's next
+            // login in line sees the failure when it checks its budget.
+            let r = r.map_err(|AuthFailure| failed(&gate));
+            drop(slot);
+            r
         })
         .await
-        .unwrap_or(Err(AuthFailure))
+        .unwrap_or_else(|_| Err(failed(&self.logins)))
+    }
+
+    /// Records a login refused without a password check (a certificate
+    /// naming no user) against its source; returns the refusal to serve.
+    pub fn login_refused(&self, peer: SocketAddr) -> LoginRefused {
+        LoginRefused::Failed {
+            delay: self.logins.failed(peer.ip(), Instant::now()),
+        }
     }
 
     /// A login by verified client certificate (its subject CN is `user`):
@@ -93,11 +125,6 @@ impl Shared {
         peer: SocketAddr,
     ) -> Result<Principal, AuthFailure> {
         self.auth.known_user(user, peer.ip())
-    }
-
-    /// [`Self::login`], as a yes or no.
-    pub async fn authenticate(&self, user: &str, pass: &str, peer: SocketAddr) -> bool {
-        self.login(user, pass, peer).await.is_ok()
     }
 
     /// Asks the memory monitor to return freed heap memory to the system soon
@@ -130,71 +157,6 @@ impl Alarms {
             (false, true) => "low on disk space",
             (false, false) => "",
         }
-    }
-}
-
-/// First delay after a failed login from an address.
-const LOGIN_DELAY_BASE: Duration = Duration::from_millis(100);
-/// Longest delay: the doubling stops here.
-const LOGIN_DELAY_MAX: Duration = Duration::from_millis(3200);
-/// One remembered failure is forgotten per this much time without failures.
-const LOGIN_DECAY: Duration = Duration::from_secs(10);
-/// Addresses remembered at most (bounded against spoofed or many sources).
-const LOGIN_TABLE_MAX: usize = 16_384;
-
-/// Slows password guessing: each failed login from an address waits before
-/// its refusal, 100 ms doubling per recent failure up to 3.2 s. The delay is
-/// served in the connection's own task, so nobody else waits. Failures decay
-/// (one per 10 s), and the table is bounded.
-#[derive(Default)]
-pub struct LoginThrottle {
-    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
-}
-
-impl LoginThrottle {
-    /// Records a failed login from `ip` and returns how long to wait before
-    /// refusing it.
-    pub fn failed(&self, ip: IpAddr) -> Duration {
-        let key = throttle_key(ip);
-        let now = Instant::now();
-        let mut t = self.failures.lock();
-        if t.len() >= LOGIN_TABLE_MAX && !t.contains_key(&key) {
-            t.retain(|_, (n, at)| decayed(*n, *at, now) > 0);
-            if t.len() >= LOGIN_TABLE_MAX {
-                // Still full of active guessers: forget the oldest half
-                // rather than grow; they start again at the short delay.
-                let mut ats: Vec<Instant> = t.values().map(|(_, at)| *at).collect();
-                ats.sort_unstable();
-                let cut = ats[ats.len() / 2];
-                t.retain(|_, (_, at)| *at > cut);
-            }
-        }
-        let e = t.entry(key).or_insert((0, now));
-        let n = decayed(e.0, e.1, now) + 1;
-        *e = (n, now);
-        let shift = (n - 1).min(16);
-        (LOGIN_DELAY_BASE * (1u32 << shift)).min(LOGIN_DELAY_MAX)
-    }
-}
-
-/// Failures left after decay.
-fn decayed(n: u32, at: Instant, now: Instant) -> u32 {
-    let periods = now.duration_since(at).as_secs() / LOGIN_DECAY.as_secs();
-    n.saturating_sub(periods.min(u32::MAX as u64) as u32)
-}
-
-/// IPv6 clients usually own a whole /64: key them by it, so one client
-/// cannot step around the delay (or flood the table) by changing address.
-fn throttle_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
     }
 }
 
@@ -485,15 +447,12 @@ impl Broker {
                 amqp,
                 mqtt,
                 auth,
-                verify_slots: Arc::new(Semaphore::new(
-                    std::thread::available_parallelism().map_or(2, |n| n.get()),
-                )),
                 consumer_timeout: (cfg.amqp.consumer_timeout > 0)
                     .then(|| Duration::from_secs(cfg.amqp.consumer_timeout)),
                 alarms: watch::Sender::new(Alarms::default()),
                 partial_content_timeout: (cfg.amqp.partial_content_timeout > 0)
                     .then(|| Duration::from_secs(cfg.amqp.partial_content_timeout)),
-                logins: LoginThrottle::default(),
+                logins: LoginGate::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
                 trim_wanted: AtomicBool::new(false),
                 connections: Default::default(),
             }),
@@ -1034,27 +993,5 @@ async fn run_timers(engine: Arc<Engine>) {
             }
             None => engine.timers.changed().await,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn login_delay_grows_and_is_capped() {
-        let t = LoginThrottle::default();
-        let ip: IpAddr = "10.0.0.1".parse().expect("ip");
-        let delays: Vec<u64> = (0..8).map(|_| t.failed(ip).as_millis() as u64).collect();
-        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 3200, 3200]);
-        let other: IpAddr = "10.0.0.2".parse().expect("ip");
-        assert_eq!(t.failed(other), LOGIN_DELAY_BASE);
-    }
-
-    #[test]
-    fn ipv6_clients_are_keyed_by_their_64() {
-        let a: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
-        let b: IpAddr = "2001:db8:1:2::ffff".parse().expect("ip");
-        assert_eq!(throttle_key(a), throttle_key(b));
     }
 }

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument as _;
+use weir_engine::login::LoginRefused;
 use weir_protocols::amqp::methods::{confirm, connection, AMQPClass};
 use weir_protocols::amqp::{reply, Connection, Event, Timeout};
 
@@ -492,37 +493,47 @@ impl Session {
                 // adapter only lets it through when offered).
                 let (username, principal) = match (mechanism.as_str(), &self.cert_user) {
                     ("EXTERNAL", Some(cn)) => {
-                        let p = self.shared.login_certificate(cn, self.peer).ok();
-                        (cn.clone(), p)
+                        let p = self.shared.login_certificate(cn, self.peer);
+                        (
+                            cn.clone(),
+                            p.map_err(|_| self.shared.login_refused(self.peer)),
+                        )
                     }
-                    ("EXTERNAL", None) => (username, None),
+                    ("EXTERNAL", None) => (username, Err(self.shared.login_refused(self.peer))),
                     _ => {
-                        let p = self
-                            .shared
-                            .login(&username, &password, self.peer)
-                            .await
-                            .ok();
+                        let p = self.shared.login(&username, &password, self.peer).await;
                         (username, p)
                     }
                 };
-                if let Some(p) = principal {
-                    tracing::Span::current().record("user", username.as_str());
-                    self.user = username;
-                    self.user_tags = p.tags;
-                    self.conn.accept_login();
-                } else {
-                    // Slow down guessing from this address: the refusal is
-                    // sent after the delay, and this connection's input is
-                    // not interpreted meanwhile (its task keeps running).
-                    crate::metrics::auth_failure(Protocol::Amqp);
-                    let delay = self.shared.logins.failed(self.peer.ip());
-                    tracing::info!(peer = %self.peer, user = %username, %mechanism, delay_ms = delay.as_millis() as u64, "login refused");
-                    self.login_refusal = Some(LoginRefusal {
-                        at: tokio::time::Instant::now() + delay,
-                        text: format!(
-                            "Login was refused using authentication mechanism {mechanism}."
-                        ),
-                    });
+                match principal {
+                    Ok(p) => {
+                        tracing::Span::current().record("user", username.as_str());
+                        self.user = username;
+                        self.user_tags = p.tags;
+                        self.conn.accept_login();
+                    }
+                    Err(refused) => {
+                        // Slow down guessing from this address: the refusal
+                        // is sent after the delay, and this connection's
+                        // input is not interpreted meanwhile (its task keeps
+                        // running).
+                        crate::metrics::auth_failure(Protocol::Amqp);
+                        let delay = refused.delay();
+                        tracing::info!(peer = %self.peer, user = %username, %mechanism, delay_ms = delay.as_millis() as u64, reason = %refused, "login refused");
+                        let text = match refused {
+                            LoginRefused::Failed { .. } => format!(
+                                "Login was refused using authentication mechanism {mechanism}."
+                            ),
+                            // Said, so an operator sees why a right password fails.
+                            _ => format!(
+                                "Login was refused using authentication mechanism {mechanism}: {refused}."
+                            ),
+                        };
+                        self.login_refusal = Some(LoginRefusal {
+                            at: tokio::time::Instant::now() + delay,
+                            text,
+                        });
+                    }
                 }
             }
             Event::OpenVhost { vhost } => match Client::open(&self.engine, &vhost, &self.user) {

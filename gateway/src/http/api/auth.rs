@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+use axum::http::StatusCode;
 use base64::Engine as _;
 
 use crate::http::error::ApiError;
@@ -125,11 +126,19 @@ impl FromRequestParts<super::super::State> for Caller {
             .ok_or_else(|| ApiError::unauthorized("Not_Authorized"))?;
         let principal = match state.shared.login(&user, &pass, peer).await {
             Ok(p) => p,
-            Err(_) => {
+            Err(refused) => {
                 // The same growing delay per address as failed AMQP logins.
-                let delay = state.shared.logins.failed(peer.ip());
-                tokio::time::sleep(delay).await;
-                return Err(ApiError::unauthorized("Not_Authorized"));
+                tokio::time::sleep(refused.delay()).await;
+                return Err(if refused.is_throttled() {
+                    // The source's doing, not these credentials': 429.
+                    ApiError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_requests",
+                        format!("{refused}; retry later"),
+                    )
+                } else {
+                    ApiError::unauthorized("Not_Authorized")
+                });
             }
         };
         if !principal

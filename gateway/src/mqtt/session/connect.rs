@@ -73,7 +73,7 @@ impl Session {
             .cert_user
             .clone()
             .filter(|_| self.shared.mqtt.ssl_cert_login && password.is_empty());
-        let (tenant, user, ok) = if let Some(cn) = cert_user {
+        let (tenant, user, verdict) = if let Some(cn) = cert_user {
             let tenant = match c.username.as_deref().map(|u| u.split_once(':')) {
                 Some(Some((t, u))) if !t.is_empty() && (u.is_empty() || u == cn) => {
                     Some(t.to_string())
@@ -89,11 +89,11 @@ impl Session {
             };
             match tenant {
                 Some(t) => {
-                    let ok = self.shared.login_certificate(&cn, self.peer).is_ok();
-                    (t, cn, ok)
+                    let r = self.shared.login_certificate(&cn, self.peer);
+                    (t, cn, r.map(drop).map_err(|_| None))
                 }
                 // A username naming someone else than the certificate.
-                None => (String::new(), cn, false),
+                None => (String::new(), cn, Err(None)),
             }
         } else {
             let Some(username) = c.username.clone() else {
@@ -104,18 +104,28 @@ impl Session {
                 Some((t, u)) if !t.is_empty() => (t.to_string(), u.to_string()),
                 _ => (DEFAULT_TENANT.to_string(), username.clone()),
             };
-            let ok = self.shared.authenticate(&user, password, self.peer).await;
-            (tenant, user, ok)
+            let r = self.shared.login(&user, password, self.peer).await;
+            (tenant, user, r.map(drop).map_err(Some))
         };
-        if !ok {
+        // A certificate refused costs no hash, but counts against the source.
+        let verdict =
+            verdict.map_err(|r| r.unwrap_or_else(|| self.shared.login_refused(self.peer)));
+        if let Err(refused) = verdict {
             crate::metrics::auth_failure(Protocol::Mqtt);
-            let delay = self.shared.logins.failed(self.peer.ip());
-            tracing::info!(peer = %self.peer, %user, delay_ms = delay.as_millis() as u64, "MQTT login refused");
+            let delay = refused.delay();
+            tracing::info!(peer = %self.peer, %user, delay_ms = delay.as_millis() as u64, reason = %refused, "MQTT login refused");
             tokio::time::sleep(delay).await;
-            self.refuse(
-                ConnectRefusal::BadUserNameOrPassword,
-                "bad user name or password",
-            );
+            // A source over its budget (or with too many logins waiting) is
+            // "not authorized" (0x87, 3.1.1: 5), as a broker refusing by
+            // policy answers: the password was never checked.
+            if refused.is_throttled() {
+                self.refuse(ConnectRefusal::NotAuthorized, &refused.to_string());
+            } else {
+                self.refuse(
+                    ConnectRefusal::BadUserNameOrPassword,
+                    "bad user name or password",
+                );
+            }
             return;
         }
         let limit = self.shared.mqtt.max_connections;
