@@ -46,7 +46,8 @@ mod timers;
 mod topic;
 mod wire;
 
-pub use config::ServerConfig;
+pub use config::{ServerConfig, DEFAULT_MAXIMUM_CONNECT_SIZE};
+pub use wire::{MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES};
 pub use connection::Connection;
 pub use event::*;
 pub use outbound::{OutgoingPublish, SendError};
