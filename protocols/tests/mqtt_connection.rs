@@ -1852,7 +1852,10 @@ fn a_connect_larger_than_the_login_bound_is_refused_at_its_fixed_header() {
     let mut p = Peer::new(config.clone());
     assert_eq!(p.c.packet_limit(), 4096, "before login: the CONNECT bound");
     let events = p.feed(&bytes[..16]);
-    assert_eq!(refused5(&mut p, events), v5::ConnectReturnCode::PacketTooLarge);
+    assert_eq!(
+        refused5(&mut p, events),
+        v5::ConnectReturnCode::PacketTooLarge
+    );
     assert!(p.input.is_empty(), "nothing of it kept");
 
     // 3.1.1: closed without an answer.
@@ -1905,7 +1908,10 @@ fn user_properties_are_bounded_in_count_and_bytes() {
     assert_eq!(c.user_properties.len(), MAX_USER_PROPERTIES);
     let mut p = Peer::new(config());
     let events = p.feed(&enc(|b| with_props(MAX_USER_PROPERTIES + 1).write(b)));
-    assert_eq!(refused5(&mut p, events), v5::ConnectReturnCode::PacketTooLarge);
+    assert_eq!(
+        refused5(&mut p, events),
+        v5::ConnectReturnCode::PacketTooLarge
+    );
 
     // A will with many empty user properties (3.3 million of them cost
     // ~150 MB before this bound): CONNACK 0x95.
@@ -1923,7 +1929,10 @@ fn user_properties_are_bounded_in_count_and_bytes() {
     c.last_will = Some(will);
     let mut p = Peer::new(config());
     let events = p.feed(&enc(|b| c.write(b)));
-    assert_eq!(refused5(&mut p, events), v5::ConnectReturnCode::PacketTooLarge);
+    assert_eq!(
+        refused5(&mut p, events),
+        v5::ConnectReturnCode::PacketTooLarge
+    );
 
     // PUBLISH: by count, and by bytes (few properties, long values).
     let mut p = open5();

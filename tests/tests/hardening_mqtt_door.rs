@@ -95,7 +95,9 @@ async fn read_packet(s: &mut (impl AsyncReadExt + Unpin), wait: Duration) -> Opt
 async fn fresh_clients_are_served(broker: &mut Broker, what: &str) {
     let start = Instant::now();
     let mqtt = tokio::time::timeout(Duration::from_secs(1), async {
-        let mut s = TcpStream::connect(("127.0.0.1", broker.mqtt_port())).await.ok()?;
+        let mut s = TcpStream::connect(("127.0.0.1", broker.mqtt_port()))
+            .await
+            .ok()?;
         let mut body = [&string(b"MQTT")[..], &[4, 0xC2, 0, 30]].concat();
         body.extend(string(b"fresh"));
         body.extend(string(b"guest"));
@@ -113,7 +115,10 @@ async fn fresh_clients_are_served(broker: &mut Broker, what: &str) {
     let addr = broker.addr();
     let start = Instant::now();
     let amqp = tokio::time::timeout(Duration::from_secs(1), async move {
-        RawClient::connect(addr).await.handshake("guest", "guest", "/").await
+        RawClient::connect(addr)
+            .await
+            .handshake("guest", "guest", "/")
+            .await
     })
     .await;
     assert!(
@@ -167,10 +172,13 @@ async fn a_16_mib_connect_before_login_is_refused_at_its_header_over_tcp() {
     let clients: Vec<_> = (0..8)
         .map(|_| {
             tokio::spawn(async move {
-                let s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+                let s = TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .expect("connect");
                 let (mut rd, mut wr) = s.into_split();
                 let answer = tokio::spawn(async move { read_packet(&mut rd, ANSWER * 3).await });
-                let sent = write_flood(&mut wr, &big_connect_head(SIXTEEN_MIB), SIXTEEN_MIB - 1).await;
+                let sent =
+                    write_flood(&mut wr, &big_connect_head(SIXTEEN_MIB), SIXTEEN_MIB - 1).await;
                 (sent, answer, wr)
             })
         })
@@ -201,7 +209,9 @@ async fn a_16_mib_connect_before_login_is_refused_at_its_header_over_tcp() {
 
 /// An upgraded MQTT-over-WebSocket connection (raw: frames by hand).
 async fn ws_connect(port: u16) -> TcpStream {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     let req = format!(
         "GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n\
          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
@@ -216,7 +226,11 @@ async fn ws_connect(port: u16) -> TcpStream {
             .expect("upgrade answer");
         resp.push(b);
     }
-    assert!(resp.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&resp));
+    assert!(
+        resp.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
     s
 }
 
@@ -313,14 +327,20 @@ async fn sockets_that_never_log_in_are_bounded_by_the_connection_limit() {
     let extra = 20;
     let mut socks = Vec::new();
     for _ in 0..2 + 256 + extra {
-        socks.push(TcpStream::connect(("127.0.0.1", port)).await.expect("connect"));
+        socks.push(
+            TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect"),
+        );
     }
     let mut closed = 0;
     let deadline = Instant::now() + Duration::from_secs(3);
     for s in &mut socks {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut b = [0u8; 1];
-        if let Ok(r) = tokio::time::timeout(left.max(Duration::from_millis(1)), s.read(&mut b)).await {
+        if let Ok(r) =
+            tokio::time::timeout(left.max(Duration::from_millis(1)), s.read(&mut b)).await
+        {
             // EOF or reset: closed by the broker.
             if matches!(r, Ok(0) | Err(_)) {
                 closed += 1;
@@ -335,7 +355,9 @@ async fn sockets_that_never_log_in_are_bounded_by_the_connection_limit() {
     drop(socks);
     let served = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
-            let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+            let mut s = TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
             let _ = s.write_all(&connect5("after", None)).await;
             if let Some((0x20, b)) = read_packet(&mut s, Duration::from_secs(1)).await {
                 return b;
@@ -343,7 +365,10 @@ async fn sockets_that_never_log_in_are_bounded_by_the_connection_limit() {
         }
     })
     .await;
-    assert!(matches!(&served, Ok(b) if b.get(1) == Some(&0)), "{served:?}");
+    assert!(
+        matches!(&served, Ok(b) if b.get(1) == Some(&0)),
+        "{served:?}"
+    );
     assert!(broker.is_running());
 }
 
@@ -353,9 +378,13 @@ async fn user_properties_in_a_will_and_a_publish_are_bounded() {
     let port = broker.mqtt_port();
     // A will with 1,000 empty user properties (5 KB; 3.3 million of them
     // cost ~150 MB): CONNACK 0x95.
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     let will = empty_user_props(1_000);
-    s.write_all(&connect5("will-props", Some(&will))).await.expect("send");
+    s.write_all(&connect5("will-props", Some(&will)))
+        .await
+        .expect("send");
     let answer = read_packet(&mut s, ANSWER).await;
     assert!(
         matches!(&answer, Some((0x20, b)) if b.get(1) == Some(&0x95)),
@@ -364,10 +393,17 @@ async fn user_properties_in_a_will_and_a_publish_are_bounded() {
 
     // A PUBLISH with 100,000 empty user properties after login: DISCONNECT
     // 0x95.
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    s.write_all(&connect5("pub-props", None)).await.expect("send");
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(&connect5("pub-props", None))
+        .await
+        .expect("send");
     let answer = read_packet(&mut s, ANSWER).await;
-    assert!(matches!(&answer, Some((0x20, b)) if b.get(1) == Some(&0)), "{answer:?}");
+    assert!(
+        matches!(&answer, Some((0x20, b)) if b.get(1) == Some(&0)),
+        "{answer:?}"
+    );
     let props = empty_user_props(100_000);
     let mut body = string(b"t");
     body.extend(varint(props.len()));

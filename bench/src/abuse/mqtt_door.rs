@@ -195,7 +195,13 @@ async fn prelogin_client(addr: SocketAddr, ws: bool, end: Instant) -> Outcome {
     if ws {
         head.extend(ws_header(2, SIXTEEN_MIB));
     }
-    let mqtt_head = [&[0x10][..], &varint(SIXTEEN_MIB - 5), &string(b"MQTT"), &[5]].concat();
+    let mqtt_head = [
+        &[0x10][..],
+        &varint(SIXTEEN_MIB - 5),
+        &string(b"MQTT"),
+        &[5],
+    ]
+    .concat();
     let total = head.len() + SIXTEEN_MIB - 1;
     head.extend(mqtt_head);
     let chunk = vec![0u8; 64 * 1024];
@@ -298,7 +304,11 @@ pub async fn will_props(mqtt: SocketAddr, props: usize) -> Result<String> {
     let probe = MqttProbe::start(mqtt);
     let will_props = [38u8, 0, 0, 0, 0].repeat(props);
     // Clean start, will QoS 0, user name and password.
-    let mut body = [&string(b"MQTT")[..], &[5, 0x02 | 0x04 | 0x80 | 0x40, 0, 30, 0]].concat();
+    let mut body = [
+        &string(b"MQTT")[..],
+        &[5, 0x02 | 0x04 | 0x80 | 0x40, 0, 30, 0],
+    ]
+    .concat();
     body.extend(string(b"will-props"));
     body.extend(varint(will_props.len()));
     body.extend(will_props);

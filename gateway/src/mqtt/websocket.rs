@@ -253,8 +253,17 @@ pub async fn serve_stream<S>(
     });
     let (rd, wr) = tokio::io::split(session_end);
     // The pipe buffers nothing that needs a flush.
-    super::session::serve_inner(rd, wr, peer, cert_user, false, Some(opened), shared, shutdown)
-        .await;
+    super::session::serve_inner(
+        rd,
+        wr,
+        peer,
+        cert_user,
+        false,
+        Some(opened),
+        shared,
+        shutdown,
+    )
+    .await;
     // The session dropped its pipe end: the pump sees EOF and closes.
     let _ = pump.await;
 }

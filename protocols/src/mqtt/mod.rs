@@ -47,9 +47,9 @@ mod topic;
 mod wire;
 
 pub use config::{ServerConfig, DEFAULT_MAXIMUM_CONNECT_SIZE};
-pub use wire::{MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES};
 pub use connection::Connection;
 pub use event::*;
 pub use outbound::{OutgoingPublish, SendError};
 pub use timers::Timeout;
 pub use topic::{matches, validate_filter, validate_topic, SharedFilter, TopicError};
+pub use wire::{MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES};
