@@ -39,9 +39,10 @@ fn string(s: &[u8]) -> Vec<u8> {
     [&(s.len() as u16).to_be_bytes()[..], s].concat()
 }
 
-/// A 3.1.1 CONNECT, guest/guest, clean session.
-fn connect311(client_id: &str) -> Vec<u8> {
-    let mut body = [&string(b"MQTT")[..], &[4, 0xC2, 0, 30]].concat();
+/// A 3.1.1 CONNECT, guest/guest, clean session, keep-alive `keep_alive`
+/// seconds (0: none).
+fn connect311(client_id: &str, keep_alive: u16) -> Vec<u8> {
+    let mut body = [&string(b"MQTT")[..], &[4, 0xC2], &keep_alive.to_be_bytes()].concat();
     body.extend(string(client_id.as_bytes()));
     body.extend(string(b"guest"));
     body.extend(string(b"guest"));
@@ -93,7 +94,7 @@ impl MqttProbe {
                 let t0 = Instant::now();
                 let round = tokio::time::timeout(Duration::from_secs(30), async {
                     let mut s = TcpStream::connect(addr).await.ok()?;
-                    s.write_all(&connect311(&format!("probe-{n}"))).await.ok()?;
+                    s.write_all(&connect311(&format!("probe-{n}"), 30)).await.ok()?;
                     read_packet(&mut s).await
                 })
                 .await;
@@ -159,80 +160,90 @@ fn ws_header(opcode: u8, len: usize) -> Vec<u8> {
     h
 }
 
-/// How one pre-login client ended.
+/// What one pre-login client saw over its rounds.
 #[derive(Debug, Default)]
 struct Outcome {
     sent: usize,
-    /// The first byte the broker sent (0x20 CONNACK, 0x88 WebSocket close).
-    answer: Option<u8>,
-    /// The broker closed the connection.
-    closed: bool,
+    rounds: u64,
+    /// Rounds the broker ended (answer or close) before `end`.
+    closed: u64,
+    /// First bytes the broker sent (0x20 CONNACK, 0x88 WebSocket close).
+    answers: Vec<u8>,
 }
 
-/// One client: announces a 16 MiB CONNECT (over WebSocket: in a 16 MiB
-/// binary message), sends all of it but the last byte, holds until `end`.
+/// One client, until `end`: announces a 16 MiB CONNECT (over WebSocket: in
+/// a 16 MiB binary message), sends all of it but the last byte and holds;
+/// when the broker closes the connection, it comes back 1 s later (so
+/// what it holds stays held, as an attacker would).
 async fn prelogin_client(addr: SocketAddr, ws: bool, end: Instant) -> Outcome {
     let mut out = Outcome::default();
-    let s = if ws {
-        ws_upgrade(addr).await.ok()
-    } else {
-        TcpStream::connect(addr).await.ok()
-    };
-    let Some(s) = s else {
-        out.closed = true;
-        return out;
-    };
-    let (mut rd, mut wr) = s.into_split();
-    let reader = tokio::spawn(async move {
-        let mut b = [0u8; 64];
-        match tokio::time::timeout_at(end.into(), rd.read(&mut b)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => (None, true),
-            Ok(Ok(_)) => (Some(b[0]), true),
-            Err(_) => (None, false),
+    while Instant::now() < end {
+        let s = if ws {
+            ws_upgrade(addr).await.ok()
+        } else {
+            TcpStream::connect(addr).await.ok()
+        };
+        let Some(s) = s else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        out.rounds += 1;
+        let (mut rd, mut wr) = s.into_split();
+        let mut head = Vec::new();
+        if ws {
+            head.extend(ws_header(2, SIXTEEN_MIB));
         }
-    });
-    let mut head = Vec::new();
-    if ws {
-        head.extend(ws_header(2, SIXTEEN_MIB));
-    }
-    let mqtt_head = [
-        &[0x10][..],
-        &varint(SIXTEEN_MIB - 5),
-        &string(b"MQTT"),
-        &[5],
-    ]
-    .concat();
-    let total = head.len() + SIXTEEN_MIB - 1;
-    head.extend(mqtt_head);
-    let chunk = vec![0u8; 64 * 1024];
-    let writer = async {
-        if wr.write_all(&head).await.is_err() {
-            return 0;
-        }
-        let mut sent = head.len();
-        while sent < total {
-            let n = chunk.len().min(total - sent);
-            if wr.write_all(&chunk[..n]).await.is_err() {
-                break;
+        let total = head.len() + SIXTEEN_MIB - 1;
+        head.extend([&[0x10][..], &varint(SIXTEEN_MIB - 5), &string(b"MQTT"), &[5]].concat());
+        let chunk = vec![0u8; 64 * 1024];
+        let mut sent = 0;
+        let writer = async {
+            if wr.write_all(&head).await.is_err() {
+                return std::future::pending().await;
             }
-            sent += n;
+            sent = head.len();
+            while sent < total {
+                let n = chunk.len().min(total - sent);
+                if wr.write_all(&chunk[..n]).await.is_err() {
+                    break;
+                }
+                sent += n;
+            }
+            // All sent: hold until the broker answers or `end`.
+            std::future::pending::<()>().await
+        };
+        let reader = async {
+            let mut b = [0u8; 64];
+            match rd.read(&mut b).await {
+                Ok(0) | Err(_) => None,
+                Ok(_) => Some(b[0]),
+            }
+        };
+        let ended = tokio::time::timeout_at(end.into(), async {
+            tokio::select! {
+                a = reader => a,
+                () = writer => None,
+            }
+        })
+        .await;
+        out.sent += sent;
+        if let Ok(answer) = ended {
+            out.closed += 1;
+            if let Some(a) = answer {
+                if !out.answers.contains(&a) {
+                    out.answers.push(a);
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        sent
-    };
-    out.sent = tokio::time::timeout_at(end.into(), writer)
-        .await
-        .unwrap_or(0);
-    if let Ok((answer, closed)) = reader.await {
-        out.answer = answer;
-        out.closed = closed;
     }
-    drop(wr);
     out
 }
 
 /// `clients` clients that never log in, half over TCP (`mqtt`), half over
 /// WebSocket (`ws`), each sending a 16 MiB CONNECT but its last byte and
-/// holding for `secs`, while a confirmed AMQP publisher (one message in
+/// holding, again and again for `secs` (`tcp_closed=A/B`: of B rounds
+/// the broker ended A), while a confirmed AMQP publisher (one message in
 /// flight) counts its confirms.
 pub async fn prelogin(
     t: &Target,
@@ -265,29 +276,26 @@ pub async fn prelogin(
     )
     .await;
     let mut line = format!("clients={clients} confirms_in_{secs}s={}", publish.acked);
-    let (mut sent, mut tcp_refused, mut ws_refused, mut answers) = (0usize, 0, 0, Vec::new());
+    let (mut sent, mut answers) = (0usize, Vec::new());
+    let (mut tcp, mut ws) = ((0u64, 0u64), (0u64, 0u64));
     for task in tasks {
         let (ws_client, o) = task.await.ctx("client task")?;
         sent += o.sent;
-        if o.closed {
-            if ws_client {
-                ws_refused += 1;
-            } else {
-                tcp_refused += 1;
-            }
-        }
-        if let Some(a) = o.answer {
-            answers.push(a);
-        }
+        let r = if ws_client { &mut ws } else { &mut tcp };
+        r.0 += o.closed;
+        r.1 += o.rounds;
+        answers.extend(o.answers);
     }
     answers.sort_unstable();
     answers.dedup();
     let answers: Vec<String> = answers.iter().map(|a| format!("{a:#04x}")).collect();
     line.push_str(&format!(
-        " sent_mb={} tcp_closed={tcp_refused}/{} ws_closed={ws_refused}/{} answers={}",
+        " sent_mb={} tcp_closed={}/{} ws_closed={}/{} answers={}",
         sent >> 20,
-        clients.div_ceil(2),
-        clients / 2,
+        tcp.0,
+        tcp.1,
+        ws.0,
+        ws.1,
         if answers.is_empty() {
             "none".to_string()
         } else {
@@ -346,7 +354,8 @@ pub async fn will_props(mqtt: SocketAddr, props: usize) -> Result<String> {
 pub async fn ping_flood(mqtt: SocketAddr, ws: SocketAddr, pings: u64, secs: u64) -> Result<String> {
     let probe = MqttProbe::start(mqtt);
     let mut s = ws_upgrade(ws).await?;
-    let connect = connect311("pinger");
+    // No keep-alive: only the pings are measured, not an MQTT timeout.
+    let connect = connect311("pinger", 0);
     s.write_all(&[ws_header(2, connect.len()), connect].concat())
         .await
         .ctx("CONNECT")?;
