@@ -94,7 +94,9 @@ impl MqttProbe {
                 let t0 = Instant::now();
                 let round = tokio::time::timeout(Duration::from_secs(30), async {
                     let mut s = TcpStream::connect(addr).await.ok()?;
-                    s.write_all(&connect311(&format!("probe-{n}"), 30)).await.ok()?;
+                    s.write_all(&connect311(&format!("probe-{n}"), 30))
+                        .await
+                        .ok()?;
                     read_packet(&mut s).await
                 })
                 .await;
@@ -194,7 +196,15 @@ async fn prelogin_client(addr: SocketAddr, ws: bool, end: Instant) -> Outcome {
             head.extend(ws_header(2, SIXTEEN_MIB));
         }
         let total = head.len() + SIXTEEN_MIB - 1;
-        head.extend([&[0x10][..], &varint(SIXTEEN_MIB - 5), &string(b"MQTT"), &[5]].concat());
+        head.extend(
+            [
+                &[0x10][..],
+                &varint(SIXTEEN_MIB - 5),
+                &string(b"MQTT"),
+                &[5],
+            ]
+            .concat(),
+        );
         let chunk = vec![0u8; 64 * 1024];
         let mut sent = 0;
         let writer = async {
