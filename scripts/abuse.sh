@@ -8,6 +8,7 @@
 # Attacks: login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
 #          memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
 #          login-flood
+#          mqtt-prelogin mqtt-will-props ws-ping-flood (issue 20: MQTT before login, WebSocket pongs)
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -30,7 +31,8 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
      memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
-     login-flood)
+     login-flood
+     mqtt-prelogin mqtt-will-props ws-ping-flood)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -145,6 +147,35 @@ run_simple() {
   fi
   local out
   out=$(abuse --pid "$PID" "$@")
+  sleep 0.5
+  if ! kill -0 "$PID" 2>/dev/null; then
+    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
+  fi
+  kill9 "$PID"
+  emit "$name" "$out"
+}
+
+# The address the running broker's LISTENER logged ("MQTT listener ready addr=…"), within 5 s.
+listener() {
+  local a i
+  for i in $(seq 50); do
+    a=$(sed -e 's/\x1b\[[0-9;]*m//g' "$DIR/weir.log" | grep -a "$1 listener ready" | tail -1 |
+      grep -o 'addr=[0-9.:]*' | cut -d= -f2)
+    [ -n "$a" ] && { echo "$a"; return; }
+    sleep 0.1
+  done
+}
+
+# run_mqtt NAME SUBCOMMAND [ARGS...]: run_simple for the MQTT attacks of issue 20; in ARGS, @MQTT
+# and @WS stand for the broker's MQTT and MQTT-over-WebSocket listeners.
+run_mqtt() {
+  local name=$1 a args=() mqtt ws out; shift
+  if ! start_broker "$DIR/data" "$DIR/weir.log"; then
+    emit "$name" "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
+  fi
+  mqtt=$(listener MQTT) ws=$(listener "MQTT WebSocket")
+  for a in "$@"; do a=${a/@MQTT/$mqtt}; args+=("${a/@WS/$ws}"); done
+  out=$(abuse --pid "$PID" "${args[@]}")
   sleep 0.5
   if ! kill -0 "$PID" 2>/dev/null; then
     out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
@@ -309,6 +340,9 @@ run_attack() {
     login-rate)       run_simple "$1" login-rate --secs 5 ;;
     trim)             run_simple "$1" trim --count 2100000 --size 256 ;;
     login-flood)      attack_login_flood ;;
+    mqtt-prelogin)    run_mqtt "$1" mqtt-prelogin --mqtt @MQTT --ws @WS --clients 80 --secs 40 ;;
+    mqtt-will-props)  run_mqtt "$1" mqtt-will-props --mqtt @MQTT --props 3300000 ;;
+    ws-ping-flood)    run_mqtt "$1" ws-ping-flood --mqtt @MQTT --ws @WS --pings 16000000 --secs 60 ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

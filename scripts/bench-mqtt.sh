@@ -198,7 +198,9 @@ EOF
       ;;
     weir)
       [ "$WEIR_STATUS" = built ] || return 1
-      "${WEIR_BIN:-$ROOT/target/release/weir}" --data-dir "$BROKER_DIR" --fsync true \
+      # Room for every bench connection above the default MQTT connection limit (10,000).
+      printf '[mqtt]\nmax_connections = %d\n' $((CONNECTIONS + 1000)) >"$BROKER_DIR/weir.toml"
+      "${WEIR_BIN:-$ROOT/target/release/weir}" --config "$BROKER_DIR/weir.toml" --data-dir "$BROKER_DIR" --fsync true \
         --amqp-listen "127.0.0.1:$(free_port)" --mqtt-listen "127.0.0.1:$PORT" --mqtt-ws-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$blog" 2>&1 &
       BROKER_PID=$!
       ;;

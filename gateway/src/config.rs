@@ -322,8 +322,15 @@ pub struct MqttConfig {
     /// QoS 1/2 publishes a client may have unacknowledged towards the
     /// broker (CONNACK receive maximum; more: 0x93).
     pub receive_maximum: u16,
-    /// Most MQTT connections at once (0 = no limit; more: CONNACK 0x97).
+    /// Most MQTT clients logged in at once (0 = no limit; more: CONNACK
+    /// 0x97, 3.1.1 return code 3). Sockets still before their CONNACK
+    /// count too: beyond this plus [`crate::mqtt::LOGIN_HEADROOM`] open
+    /// MQTT sockets a new one is closed at once.
     pub max_connections: usize,
+    /// Largest CONNECT accepted, bytes: what a client that has not logged
+    /// in may make the broker buffer (larger: CONNACK 0x95 on MQTT 5, the
+    /// connection closed on 3.1.1; over WebSocket, close 1009).
+    pub max_connect_size: u32,
     /// Most messages queued for one session (0 = no limit); beyond it the
     /// oldest are dropped.
     pub max_queued_messages: u64,
@@ -359,7 +366,8 @@ impl Default for MqttConfig {
             ws_listen: SocketAddr::from(([0, 0, 0, 0], 8083)),
             max_packet_size: 16 << 20,
             receive_maximum: 1024,
-            max_connections: 0,
+            max_connections: DEFAULT_MQTT_MAX_CONNECTIONS,
+            max_connect_size: weir_protocols::mqtt::DEFAULT_MAXIMUM_CONNECT_SIZE,
             max_queued_messages: 1_000_000,
             max_topic_levels: 32,
             max_session_expiry: 0,
@@ -373,6 +381,10 @@ impl Default for MqttConfig {
         }
     }
 }
+
+/// `[mqtt] max_connections` by default: an IoT fleet's worth, well under a
+/// common file-descriptor limit (raise both together).
+pub const DEFAULT_MQTT_MAX_CONNECTIONS: usize = 10_000;
 
 /// Where AMQPS listens when `[tls]` is configured and `amqp.tls_listen` is not.
 pub const AMQPS_DEFAULT_LISTEN: SocketAddr =
@@ -2017,5 +2029,22 @@ mod tests {
         }
         assert!(Cli::try_parse_from(["weir", "hash-password"]).is_ok());
         assert!(Cli::try_parse_from(["weir", "repair", "--data-dir", "/x"]).is_ok());
+    }
+
+    #[test]
+    fn mqtt_connections_and_connect_size_are_bounded_by_default() {
+        let cfg = load(&[], &[]).expect("defaults");
+        assert_eq!(cfg.mqtt.max_connections, DEFAULT_MQTT_MAX_CONNECTIONS);
+        assert!(cfg.mqtt.max_connections > 0, "a limit, not 0 = none");
+        assert_eq!(cfg.mqtt.max_connect_size, 8 * 1024);
+        let path = file(
+            "mqtt-door",
+            "[mqtt]\nmax_connections = 0\nmax_connect_size = 65536\n",
+        );
+        let cfg = load(&["--config", path.to_str().expect("utf-8")], &[]).expect("accepted");
+        assert_eq!(
+            (cfg.mqtt.max_connections, cfg.mqtt.max_connect_size),
+            (0, 65536)
+        );
     }
 }

@@ -239,6 +239,17 @@ async fn serve_tls(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
+    // An MQTT socket counts from its accept, before the TLS handshake.
+    let _slot = match protocol {
+        TlsProtocol::Amqp => None,
+        TlsProtocol::Mqtt | TlsProtocol::MqttWs => match shared.mqtt.admit() {
+            Some(s) => Some(s),
+            None => {
+                tracing::debug!(%peer, "too many MQTT connections: closed");
+                return;
+            }
+        },
+    };
     let (stream, identity) = match crate::tls::accept(acceptor, tcp).await {
         Ok(s) => s,
         Err(e) => {
@@ -429,6 +440,7 @@ impl Broker {
                         .min(u64::from(u32::MAX)) as u32,
                 ),
                 receive_maximum: m.receive_maximum.max(1),
+                maximum_connect_size: m.max_connect_size.max(256),
                 topic_alias_maximum: m.topic_alias_maximum,
                 max_topic_levels: m.max_topic_levels.max(1),
                 server_keep_alive: (m.server_keep_alive > 0).then_some(m.server_keep_alive),
@@ -436,6 +448,7 @@ impl Broker {
             },
             registry: Default::default(),
             max_connections: m.max_connections,
+            open: Default::default(),
             max_queued_messages: m.max_queued_messages,
             max_session_expiry_secs: m.max_session_expiry,
             ssl_cert_login: m.ssl_cert_login,

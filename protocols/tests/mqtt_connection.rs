@@ -1818,3 +1818,147 @@ fn idle_connection_is_small() {
     let p = Connection::new(ServerConfig::default(), t0());
     assert_eq!(p.out.capacity(), 0, "out is allocated on first write");
 }
+
+// ------------------------------------------- before login, properties (issue 20)
+
+/// `n` empty user properties.
+fn user_props(n: usize) -> Vec<(String, String)> {
+    vec![(String::new(), String::new()); n]
+}
+
+/// The MQTT 5 CONNACK code the server wrote, the connection finished.
+fn refused5(p: &mut Peer, events: Vec<Event>) -> v5::ConnectReturnCode {
+    let (reason, text) = expect_closed(events);
+    assert_eq!(reason, reason::PACKET_TOO_LARGE, "{text}");
+    assert!(p.c.is_finished());
+    match p.out5().as_slice() {
+        [v5::Packet::ConnAck(a)] => a.code,
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_connect_larger_than_the_login_bound_is_refused_at_its_fixed_header() {
+    let config = ServerConfig {
+        maximum_packet_size: 16 << 20,
+        maximum_connect_size: 4096,
+        ..ServerConfig::default()
+    };
+    // The first bytes of an MQTT 5 CONNECT announcing 1 MiB: refused with
+    // CONNACK 0x95 before its body is buffered (the packet size would do).
+    let mut big = connect5("x", None);
+    big.set_login("u", &"p".repeat(1 << 20));
+    let bytes = enc(|b| big.write(b));
+    let mut p = Peer::new(config.clone());
+    assert_eq!(p.c.packet_limit(), 4096, "before login: the CONNECT bound");
+    let events = p.feed(&bytes[..16]);
+    assert_eq!(
+        refused5(&mut p, events),
+        v5::ConnectReturnCode::PacketTooLarge
+    );
+    assert!(p.input.is_empty(), "nothing of it kept");
+
+    // 3.1.1: closed without an answer.
+    let mut big4 = connect4("x", true, 0);
+    big4.set_login("u", &"p".repeat(5000));
+    let mut p = Peer::new(config.clone());
+    let events = p.feed(&enc(|b| big4.write(b))[..8]);
+    assert_closed4(&mut p, events, reason::PACKET_TOO_LARGE);
+
+    // A CONNECT within the bound is read; once open, packets up to the
+    // packet size are.
+    let mut ok = connect5("x", None);
+    ok.set_login("u", &"p".repeat(4000));
+    let (mut p, _) = open5_with(config, ok);
+    assert_eq!(p.c.packet_limit(), 16 << 20);
+    let publish = v5::Publish::new("t", mqttbytes::QoS::AtMostOnce, vec![7u8; 100_000]);
+    let ev = one_publish(p.feed(&enc(|b| publish.write(b))));
+    assert_eq!(ev.payload.len(), 100_000);
+}
+
+#[test]
+fn the_connect_bound_is_at_most_the_packet_size() {
+    let config = ServerConfig {
+        maximum_packet_size: 1000,
+        maximum_connect_size: 8192,
+        ..ServerConfig::default()
+    };
+    assert_eq!(Connection::new(config, t0()).packet_limit(), 1000);
+}
+
+#[test]
+fn user_properties_are_bounded_in_count_and_bytes() {
+    use weir_protocols::mqtt::{MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES};
+    let config = || ServerConfig {
+        maximum_connect_size: 1 << 20,
+        ..ServerConfig::default()
+    };
+    // CONNECT: as many as allowed pass, one more is CONNACK 0x95.
+    let with_props = |n| {
+        connect5(
+            "x",
+            Some(v5::ConnectProperties {
+                user_properties: user_props(n),
+                ..connect_props()
+            }),
+        )
+    };
+    let mut p = Peer::new(config());
+    let c = expect_connect(p.feed(&enc(|b| with_props(MAX_USER_PROPERTIES).write(b))));
+    assert_eq!(c.user_properties.len(), MAX_USER_PROPERTIES);
+    let mut p = Peer::new(config());
+    let events = p.feed(&enc(|b| with_props(MAX_USER_PROPERTIES + 1).write(b)));
+    assert_eq!(
+        refused5(&mut p, events),
+        v5::ConnectReturnCode::PacketTooLarge
+    );
+
+    // A will with many empty user properties (3.3 million of them cost
+    // ~150 MB before this bound): CONNACK 0x95.
+    let mut c = connect5("x", None);
+    let mut will = v5::LastWill::new("w", "bye", mqttbytes::QoS::AtMostOnce, false);
+    will.properties = Some(v5::WillProperties {
+        delay_interval: None,
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        content_type: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: user_props(100_000),
+    });
+    c.last_will = Some(will);
+    let mut p = Peer::new(config());
+    let events = p.feed(&enc(|b| c.write(b)));
+    assert_eq!(
+        refused5(&mut p, events),
+        v5::ConnectReturnCode::PacketTooLarge
+    );
+
+    // PUBLISH: by count, and by bytes (few properties, long values).
+    let mut p = open5();
+    let props = v5::PublishProperties {
+        user_properties: user_props(MAX_USER_PROPERTIES + 1),
+        ..pub_props()
+    };
+    let events = p.feed(&publish5("t", mqttbytes::QoS::AtMostOnce, 0, Some(props)));
+    assert_disconnected5(&mut p, events, reason::PACKET_TOO_LARGE);
+    let mut p = open5();
+    let long = "v".repeat(MAX_USER_PROPERTY_BYTES / 2);
+    let props = v5::PublishProperties {
+        user_properties: vec![("a".into(), long.clone()), ("b".into(), long)],
+        ..pub_props()
+    };
+    let events = p.feed(&publish5("t", mqttbytes::QoS::AtMostOnce, 0, Some(props)));
+    assert_disconnected5(&mut p, events, reason::PACKET_TOO_LARGE);
+
+    // SUBSCRIBE.
+    let mut p = open5();
+    let mut s = v5::Subscribe::new("t/#", mqttbytes::QoS::AtLeastOnce);
+    s.pkid = 1;
+    s.properties = Some(v5::SubscribeProperties {
+        id: None,
+        user_properties: user_props(MAX_USER_PROPERTIES + 1),
+    });
+    let events = p.feed(&enc(|b| s.write(b)));
+    assert_disconnected5(&mut p, events, reason::PACKET_TOO_LARGE);
+}

@@ -15,6 +15,7 @@ mod conn;
 
 mod attacks;
 mod monitor;
+mod mqtt_door;
 mod ops;
 mod raw;
 
@@ -164,6 +165,39 @@ enum Attack {
         #[arg(long, default_value_t = 256)]
         size: usize,
     },
+    /// Issue 20, 2: CLIENTS MQTT clients (half TCP, half WebSocket) each send a 16 MiB CONNECT
+    /// but its last byte, for SECS seconds, while a confirmed AMQP publisher counts confirms.
+    MqttPrelogin {
+        /// The MQTT listener.
+        #[arg(long)]
+        mqtt: SocketAddr,
+        /// The MQTT WebSocket listener.
+        #[arg(long)]
+        ws: SocketAddr,
+        #[arg(long, default_value_t = 80)]
+        clients: usize,
+        #[arg(long, default_value_t = 40)]
+        secs: u64,
+    },
+    /// Issue 20, 2: an MQTT 5 CONNECT whose will carries PROPS empty user properties.
+    MqttWillProps {
+        #[arg(long)]
+        mqtt: SocketAddr,
+        #[arg(long, default_value_t = 3_300_000)]
+        props: usize,
+    },
+    /// Issue 20, 6: a logged-in MQTT WebSocket client sends PINGS pings and never reads.
+    WsPingFlood {
+        #[arg(long)]
+        mqtt: SocketAddr,
+        #[arg(long)]
+        ws: SocketAddr,
+        #[arg(long, default_value_t = 16_000_000)]
+        pings: u64,
+        /// Stop sending after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+    },
 }
 
 fn flip(file: &std::path::Path, offset: u64) -> Result<String> {
@@ -280,6 +314,19 @@ async fn run(args: Args) -> Result<String> {
             Attack::Trim { count, size } => {
                 attacks::trim(&target, *count, *size, rss.as_ref()).await
             }
+            Attack::MqttPrelogin {
+                mqtt,
+                ws,
+                clients,
+                secs,
+            } => mqtt_door::prelogin(&target, *mqtt, *ws, *clients, *secs).await,
+            Attack::MqttWillProps { mqtt, props } => mqtt_door::will_props(*mqtt, *props).await,
+            Attack::WsPingFlood {
+                mqtt,
+                ws,
+                pings,
+                secs,
+            } => mqtt_door::ping_flood(*mqtt, *ws, *pings, *secs).await,
             Attack::Flip { .. } => unreachable!("handled above"),
         }
     };

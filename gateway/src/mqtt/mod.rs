@@ -12,7 +12,14 @@ pub mod registry;
 pub mod session;
 pub mod websocket;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use weir_protocols::mqtt::ServerConfig;
+
+/// MQTT sockets that may be open beyond `max_connections`: room for
+/// clients over the limit to be told so (CONNACK 0x97) rather than cut
+/// off. Each costs at most the CONNECT size for the CONNECT timeout.
+pub const LOGIN_HEADROOM: usize = 256;
 
 /// What every MQTT connection shares.
 pub struct MqttShared {
@@ -20,8 +27,10 @@ pub struct MqttShared {
     pub server: ServerConfig,
     /// Connected client ids and delayed wills.
     pub registry: registry::Registry,
-    /// Most MQTT connections at once (0 = no limit).
+    /// Most MQTT clients logged in at once (0 = no limit).
     pub max_connections: usize,
+    /// MQTT sockets open (TCP, WebSocket, TLS), logged in or not.
+    pub open: Arc<AtomicUsize>,
     /// Most messages queued per session (0 = no limit); beyond it the
     /// oldest are dropped.
     pub max_queued_messages: u64,
@@ -30,4 +39,27 @@ pub struct MqttShared {
     /// Over TLS, a verified client certificate's CN logs in without a
     /// password (`mqtt.ssl_cert_login`).
     pub ssl_cert_login: bool,
+}
+
+impl MqttShared {
+    /// A slot for a new MQTT socket, or `None` (close it at once) when
+    /// `max_connections` + [`LOGIN_HEADROOM`] are open: what clients that
+    /// never log in can hold is bounded. Released when the slot drops.
+    pub fn admit(&self) -> Option<OpenSlot> {
+        let n = self.open.fetch_add(1, Ordering::Relaxed);
+        let slot = OpenSlot(self.open.clone());
+        if self.max_connections > 0 && n >= self.max_connections.saturating_add(LOGIN_HEADROOM) {
+            return None;
+        }
+        Some(slot)
+    }
+}
+
+/// One open MQTT socket, counted in [`MqttShared::open`] while held.
+pub struct OpenSlot(Arc<AtomicUsize>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }

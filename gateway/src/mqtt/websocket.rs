@@ -3,17 +3,28 @@
 //! byte stream, which a pump copies to and from an in-memory pipe the
 //! ordinary session reads and writes. Packets may span frames and frames
 //! may hold several packets: the session's adapter sees only bytes.
+//!
+//! Two bounds sit below the adapter, where tungstenite buffers: a whole
+//! WebSocket message is read before the session sees a byte of it, so
+//! until CONNACK success the socket yields at most [`PRE_LOGIN_SLACK`]
+//! bytes beyond the largest CONNECT (upgrade request included; more:
+//! close 1009); and answers to pings wait in a bounded write buffer,
+//! further pongs to a client that does not read being coalesced into one.
 
 use crate::server::Shared;
 use futures_util::{SinkExt, StreamExt};
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 
 /// The path MQTT clients connect to.
@@ -24,6 +35,78 @@ const SUBPROTOCOL: &str = "mqtt";
 const PIPE: usize = 64 * 1024;
 /// How long the HTTP upgrade may take.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a close frame may take to go out.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Bytes read before login beyond the largest CONNECT: the upgrade request
+/// (a browser's, cookies and all) and the frames' headers.
+const PRE_LOGIN_SLACK: usize = 16 * 1024;
+/// Pongs (and a close) waiting for a client that does not read, beyond one
+/// frame of session output: past it further pongs replace the last one.
+const CONTROL_BACKLOG: usize = 16 * 1024;
+
+/// The socket under tungstenite: until `opened` is set, reads stop with an
+/// error once `budget` bytes were read (tungstenite would otherwise buffer
+/// a message of any configured size from a client that never logs in).
+struct PreLogin<S> {
+    inner: S,
+    budget: usize,
+    opened: Arc<AtomicBool>,
+    /// `opened` was seen set: no more counting.
+    open: bool,
+    /// The budget ran out (to tell the client with close 1009).
+    exceeded: Arc<AtomicBool>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for PreLogin<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.open && this.opened.load(Ordering::Acquire) {
+            this.open = true;
+        }
+        if this.open {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        }
+        if this.budget == 0 {
+            this.exceeded.store(true, Ordering::Relaxed);
+            return Poll::Ready(Err(std::io::Error::other(
+                "more bytes than a CONNECT before login",
+            )));
+        }
+        // Read into at most `budget` bytes of `buf` (zeroed first: only
+        // before login, a few KB).
+        let want = buf.remaining().min(this.budget);
+        let mut limited = ReadBuf::new(buf.initialize_unfilled_to(want));
+        let r = Pin::new(&mut this.inner).poll_read(cx, &mut limited);
+        let n = limited.filled().len();
+        if let Poll::Ready(Ok(())) = r {
+            buf.advance(n);
+            this.budget -= n;
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for PreLogin<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
 
 /// Checks the upgrade request: path `/mqtt`, and subprotocol `mqtt` when
 /// the client offers subprotocols (it is echoed back).
@@ -64,6 +147,10 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) {
+    let Some(_slot) = shared.mqtt.admit() else {
+        tracing::debug!(%peer, "too many MQTT connections: closed");
+        return;
+    };
     let _ = stream.set_nodelay(true);
     serve_stream(stream, peer, None, shared, shutdown).await;
 }
@@ -85,6 +172,21 @@ pub async fn serve_stream<S>(
     let max = shared.mqtt.server.maximum_packet_size as usize + 16;
     config.max_message_size = Some(max);
     config.max_frame_size = Some(max);
+    // Output is written at once (the pump flushes each frame anyway), and
+    // what waits for a client that does not read is one frame of session
+    // output plus a bounded backlog of pongs: tungstenite queues a pong per
+    // ping otherwise, without a limit.
+    config.write_buffer_size = 0;
+    config.max_write_buffer_size = PIPE + 16 + CONTROL_BACKLOG;
+    let opened = Arc::new(AtomicBool::new(false));
+    let exceeded = Arc::new(AtomicBool::new(false));
+    let stream = PreLogin {
+        inner: stream,
+        budget: shared.mqtt.server.maximum_connect_size as usize + PRE_LOGIN_SLACK,
+        opened: opened.clone(),
+        open: false,
+        exceeded: exceeded.clone(),
+    };
     let upgrade =
         tokio_tungstenite::accept_hdr_async_with_config(stream, check_request, Some(config));
     let ws = match tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade).await {
@@ -119,33 +221,49 @@ pub async fn serve_stream<S>(
         }
         let _ = pipe_wr.shutdown().await;
     };
-    // Bytes from the session → binary frames out.
-    let outbound = async move {
-        let mut buf = vec![0u8; PIPE];
-        loop {
-            match pipe_rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let frame = Message::Binary(bytes::Bytes::copy_from_slice(&buf[..n]));
-                    if ws_tx.send(frame).await.is_err() {
-                        break;
+    // Either direction ending ends the pump (a client that closed needs
+    // no more output; a finished session, no more input), then a close
+    // frame goes out: 1009 when the client sent too much before login.
+    let pump = tokio::spawn(async move {
+        // Bytes from the session → binary frames out.
+        let outbound = async {
+            let mut buf = vec![0u8; PIPE];
+            loop {
+                match pipe_rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let frame = Message::Binary(bytes::Bytes::copy_from_slice(&buf[..n]));
+                        if ws_tx.send(frame).await.is_err() {
+                            break;
+                        }
                     }
                 }
             }
-        }
-        let _ = ws_tx.close().await;
-    };
-    // Either direction ending ends the pump (a client that closed needs
-    // no more output; a finished session, no more input).
-    let pump = tokio::spawn(async move {
+        };
         tokio::select! {
             () = inbound => {}
             () = outbound => {}
         }
+        let close = exceeded.load(Ordering::Relaxed).then(|| CloseFrame {
+            code: CloseCode::Size,
+            reason: "more than a CONNECT before login".into(),
+        });
+        // Bounded: a client that does not read gets no more time.
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, ws_tx.send(Message::Close(close))).await;
     });
     let (rd, wr) = tokio::io::split(session_end);
     // The pipe buffers nothing that needs a flush.
-    super::session::serve_inner(rd, wr, peer, cert_user, false, shared, shutdown).await;
+    super::session::serve_inner(
+        rd,
+        wr,
+        peer,
+        cert_user,
+        false,
+        Some(opened),
+        shared,
+        shutdown,
+    )
+    .await;
     // The session dropped its pipe end: the pump sees EOF and closes.
     let _ = pump.await;
 }

@@ -3,6 +3,10 @@
 use super::event::QoS;
 use std::time::Duration;
 
+/// [`ServerConfig::maximum_connect_size`] by default: room for a client
+/// id, a user name, a token-sized password (a JWT) and a small will.
+pub const DEFAULT_MAXIMUM_CONNECT_SIZE: u32 = 8 * 1024;
+
 /// Limits and identity the server offers (from the configuration).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -11,6 +15,11 @@ pub struct ServerConfig {
     /// on MQTT 5, the connection closed on 3.1.1). Checked as soon as the
     /// fixed header arrived, before the body is buffered.
     pub maximum_packet_size: u32,
+    /// Largest CONNECT accepted, fixed header included: what a client may
+    /// make the server buffer before it logged in (larger: CONNACK 0x95 on
+    /// MQTT 5, the connection closed on 3.1.1; checked at the fixed header,
+    /// so a larger one is never buffered). At most `maximum_packet_size`.
+    pub maximum_connect_size: u32,
     /// QoS 1/2 publishes a client may have unacknowledged towards us
     /// (CONNACK receive maximum; more: 0x93). MQTT 5 only: 3.1.1 has no
     /// such limit on the wire, so the session paces a 3.1.1 client by
@@ -39,6 +48,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             maximum_packet_size: 1 << 20,
+            maximum_connect_size: DEFAULT_MAXIMUM_CONNECT_SIZE,
             receive_maximum: 1024,
             topic_alias_maximum: 64,
             max_topic_levels: 32,

@@ -145,6 +145,20 @@ impl Connection {
         self.keep_alive
     }
 
+    /// The largest packet accepted now, fixed header included: before the
+    /// CONNECT is read [`ServerConfig::maximum_connect_size`] (what an
+    /// unauthenticated client can make the server hold), then
+    /// [`ServerConfig::maximum_packet_size`]. A larger packet is refused at
+    /// its fixed header; a session need not buffer more than this (plus
+    /// what follows it in one read).
+    pub fn packet_limit(&self) -> usize {
+        let max = self.config.maximum_packet_size;
+        match self.phase {
+            Phase::AwaitingConnect => self.config.maximum_connect_size.min(max) as usize,
+            _ => max as usize,
+        }
+    }
+
     /// Whether CONNACK success was sent and the connection is not over.
     pub fn is_open(&self) -> bool {
         self.phase == Phase::Open
@@ -186,15 +200,18 @@ impl Connection {
                     continue;
                 }
             };
-            let max = self.config.maximum_packet_size as usize;
+            let max = self.packet_limit();
             if header.total() > max {
-                if self.phase == Phase::AwaitingConnect {
+                let what = if self.phase == Phase::AwaitingConnect {
                     self.peek_version(input, &header);
-                }
+                    "CONNECT"
+                } else {
+                    "packet"
+                };
                 input.clear();
                 self.fail(Fault::new(
                     reason::PACKET_TOO_LARGE,
-                    format!("packet of {} bytes, the maximum is {max}", header.total()),
+                    format!("{what} of {} bytes, the maximum is {max}", header.total()),
                 ));
                 continue;
             }

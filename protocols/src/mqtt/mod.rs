@@ -46,9 +46,10 @@ mod timers;
 mod topic;
 mod wire;
 
-pub use config::ServerConfig;
+pub use config::{ServerConfig, DEFAULT_MAXIMUM_CONNECT_SIZE};
 pub use connection::Connection;
 pub use event::*;
 pub use outbound::{OutgoingPublish, SendError};
 pub use timers::Timeout;
 pub use topic::{matches, validate_filter, validate_topic, SharedFilter, TopicError};
+pub use wire::{MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES};

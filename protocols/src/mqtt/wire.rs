@@ -50,6 +50,15 @@ pub(super) mod kind {
     pub const AUTH: u8 = 15;
 }
 
+/// Most user properties in one property block (MQTT 5 allows as many as
+/// the packet holds: 3.3 million empty ones fit 16 MiB, each a pair of
+/// strings in memory, ten times its 5 bytes on the wire). More: 0x95.
+pub const MAX_USER_PROPERTIES: usize = 128;
+/// Most bytes of user property names and values in one property block
+/// (more: 0x95). Every other property occurs at most once per block and
+/// is at most 64 KiB, so this bounds what a block can make us hold.
+pub const MAX_USER_PROPERTY_BYTES: usize = 16 * 1024;
+
 /// Largest remaining length a 4-byte variable byte integer can hold.
 pub(super) const MAX_VARINT: u32 = 268_435_455;
 
@@ -379,7 +388,10 @@ impl Value<'_> {
 /// Walks a property block (length, then properties) at the reader's
 /// position, calling `f` for each property. Unknown identifiers and
 /// truncated values are malformed; a property not in `allowed`, a repeated
-/// one (but user properties) and a flag outside 0/1 are protocol errors.
+/// one (but user properties) and a flag outside 0/1 are protocol errors;
+/// more than [`MAX_USER_PROPERTIES`] user properties or
+/// [`MAX_USER_PROPERTY_BYTES`] of them is 0x95 (packet too large), found
+/// before `f` sees one too many.
 pub(super) fn props<'a>(
     r: &mut Reader<'a>,
     allowed: &[u8],
@@ -392,6 +404,7 @@ pub(super) fn props<'a>(
         .map_err(|_| Fault::malformed(format!("{what}: property length past the packet end")))?;
     let mut p = Reader::new(block);
     let mut seen = 0u64;
+    let (mut users, mut user_bytes) = (0usize, 0usize);
     while !p.is_empty() {
         let id = p.varint()?;
         let Ok(id) = u8::try_from(id) else {
@@ -425,7 +438,19 @@ pub(super) fn props<'a>(
             prop::CORRELATION_DATA | prop::AUTH_DATA => Value::Bin(p.binary()?),
             prop::USER_PROPERTY => {
                 let k = p.string()?;
-                Value::Pair(k, p.string()?)
+                let v = p.string()?;
+                users += 1;
+                user_bytes += k.len() + v.len();
+                if users > MAX_USER_PROPERTIES || user_bytes > MAX_USER_PROPERTY_BYTES {
+                    return Err(Fault::new(
+                        reason::PACKET_TOO_LARGE,
+                        format!(
+                            "{what}: more than {MAX_USER_PROPERTIES} user properties \
+                             or {MAX_USER_PROPERTY_BYTES} bytes of them"
+                        ),
+                    ));
+                }
+                Value::Pair(k, v)
             }
             _ => return Err(Fault::malformed(format!("{what}: unknown property {id}"))),
         };
@@ -562,6 +587,40 @@ mod tests {
         })
         .unwrap();
         assert_eq!((n, r.remaining()), (2, 1));
+    }
+
+    #[test]
+    fn user_properties_are_bounded() {
+        // `n` user properties with `len`-byte names and empty values.
+        let block = |n: usize, len: usize| {
+            let mut body = BytesMut::new();
+            for _ in 0..n {
+                body.put_u8(prop::USER_PROPERTY);
+                body.put_u16(len as u16);
+                body.put_bytes(b'k', len);
+                body.put_u16(0);
+            }
+            let mut b = BytesMut::new();
+            put_varint(&mut b, body.len());
+            b.extend_from_slice(&body);
+            b
+        };
+        let walk = |b: &[u8]| {
+            let mut seen = 0;
+            let r = props(&mut Reader::new(b), prop::PUBLISH, "t", |_, _| {
+                seen += 1;
+                Ok(())
+            });
+            (r, seen)
+        };
+        assert_eq!(walk(&block(MAX_USER_PROPERTIES, 0)).0, Ok(()));
+        let (r, seen) = walk(&block(MAX_USER_PROPERTIES + 1, 0));
+        assert_eq!(r.unwrap_err().code, reason::PACKET_TOO_LARGE);
+        assert_eq!(seen, MAX_USER_PROPERTIES, "refused before the one too many");
+        let per = MAX_USER_PROPERTY_BYTES / 8;
+        assert_eq!(walk(&block(8, per)).0, Ok(()));
+        let (r, _) = walk(&block(9, per));
+        assert_eq!(r.unwrap_err().code, reason::PACKET_TOO_LARGE);
     }
 
     #[test]

@@ -131,6 +131,10 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) {
+    let Some(_slot) = shared.mqtt.admit() else {
+        tracing::debug!(%peer, "too many MQTT connections: closed");
+        return;
+    };
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
     serve_io(rd, wr, peer, shared, shutdown).await;
@@ -202,7 +206,7 @@ pub async fn serve_io<R, W>(
     R: ReadReady,
     W: AsyncWrite + Unpin,
 {
-    serve_inner(rd, wr, peer, None, false, shared, shutdown).await;
+    serve_inner(rd, wr, peer, None, false, None, shared, shutdown).await;
 }
 
 /// [`serve_io`] for a TLS connection (the halves of a
@@ -222,17 +226,20 @@ pub async fn serve_tls<R, W>(
 {
     // A TLS writer may keep encrypted bytes it took when the socket was
     // full: they are flushed once the output is written.
-    serve_inner(rd, wr, peer, cert_user, true, shared, shutdown).await;
+    serve_inner(rd, wr, peer, cert_user, true, None, shared, shutdown).await;
 }
 
 /// [`serve_io`] and [`serve_tls`]: `flush_writes` when the writer may keep
-/// bytes it took (TLS).
+/// bytes it took (TLS); `opened` is set once CONNACK success is written
+/// (the WebSocket pump then stops bounding what it reads).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_inner<R, W>(
     rd: R,
     wr: W,
     peer: SocketAddr,
     cert_user: Option<String>,
     flush_writes: bool,
+    opened: Option<Arc<std::sync::atomic::AtomicBool>>,
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) where
@@ -277,6 +284,7 @@ pub(crate) async fn serve_inner<R, W>(
         publish_will: false,
         metrics: None,
         pre_open: Default::default(),
+        opened,
     };
     // One span per connection; `client_id`, `user` and `vhost` are filled
     // in at CONNECT. At debug level, unlike AMQP's: an enabled span keeps
@@ -376,6 +384,8 @@ pub(crate) struct Session {
     metrics: Option<Box<ConnMetrics>>,
     /// Traffic before CONNECT was accepted, until there are metrics.
     pre_open: crate::metrics::PreOpen,
+    /// Set (and dropped) once CONNACK success is out (see `serve_inner`).
+    opened: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Resolves when `client`'s outbox is notified; never without a client.
@@ -476,6 +486,11 @@ impl Session {
                 tokio::task::consume_budget().await;
             }
             self.end_batch();
+            if self.opened.is_some() && self.conn.is_open() {
+                if let Some(f) = self.opened.take() {
+                    f.store(true, Ordering::Release);
+                }
+            }
             if self.gate.is_none() {
                 self.gate = self
                     .client
@@ -532,7 +547,10 @@ impl Session {
             }
             if input.capacity() > 0 && input.capacity() - input.len() < READ_BUF_IDLE / 2 {
                 let busy = input.capacity() >= READ_BUF_IDLE || !input.is_empty();
-                input.reserve(if busy { READ_BUF_BUSY } else { READ_BUF_IDLE });
+                // Before login the adapter takes only a small CONNECT: no
+                // larger buffer for a client nobody knows yet.
+                let busy_size = READ_BUF_BUSY.min(self.conn.packet_limit());
+                input.reserve(if busy { busy_size } else { READ_BUF_IDLE });
             }
             tokio::select! {
                 r = read_some(&mut rd, &mut input), if want_read => match r {
