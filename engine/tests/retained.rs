@@ -472,7 +472,7 @@ fn retained_messages_survive_a_restart_of_the_log_store() {
 
 /// Engine over a store that already knows tenant `other` (as a restart
 /// would find it).
-fn engine_with_other() -> (Engine, MemStore) {
+fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
     let store = MemStore::new();
     let other = weir_engine::meta::tenant_key("other");
     store
@@ -537,7 +537,11 @@ fn the_trie_finds_what_a_scan_of_every_topic_finds() {
         }
     }
     for f in &filters {
-        let mut expected: Vec<&String> = all.iter().filter(|tp| topic_matches(f, tp)).collect();
+        let mut expected: Vec<String> = all
+            .iter()
+            .filter(|tp| topic_matches(f, tp))
+            .cloned()
+            .collect();
         expected.sort();
         let mut got: Vec<String> = t.retained(f, NOW).iter().map(|m| m.topic.clone()).collect();
         got.sort();
