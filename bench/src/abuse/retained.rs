@@ -187,13 +187,14 @@ fn topic_of(body: &[u8]) -> Option<&[u8]> {
     body.get(2..2 + n)
 }
 
-/// Retains `count` 100-byte messages on `abuse/r/<i>` (QoS 0, pipelined), then `abuse-end` with
-/// QoS 1: its PUBACK says every one before it was handled.
+/// Retains `count` - 1 100-byte messages on `abuse/r/<i>` (QoS 0, pipelined), then `abuse-end`
+/// with QoS 1: `count` in all (the default per-tenant bound is 100,000), and its PUBACK says every
+/// one before it was handled.
 async fn fill(addr: SocketAddr, count: u64) -> Result<Duration> {
     let t = Instant::now();
     let mut m = Mqtt::connect(addr, "abuse-filler", "guest").await?;
     let mut out = Vec::with_capacity(256 * 1024);
-    for i in 0..count {
+    for i in 0..count.saturating_sub(1) {
         publish(&mut out, &format!("abuse/r/{i}"), 0, 0, true, &[b'x'; 100]);
         if out.len() > 128 * 1024 {
             m.send(&out).await?;
@@ -300,7 +301,7 @@ pub async fn sub_dup(addr: SocketAddr, retained: u64, copies: usize, limit: Dura
     Ok(format!(
         "retained={retained} fill_ms={} copies={copies} received={received} per_message={:.1} complete={} took_ms={} {}",
         fill_time.as_millis(),
-        received as f64 / retained.max(1) as f64,
+        received as f64 / retained.saturating_sub(1).max(1) as f64,
         if complete { "yes" } else { "no" },
         t.elapsed().as_millis(),
         probe.finish()
@@ -323,7 +324,7 @@ pub async fn sub_wildcards(
     let mut tasks = Vec::new();
     for s in 0..subscribers {
         let list: Vec<String> = (0..filters)
-            .map(|i| format!("+/r/{}", (s * filters + i) as u64 % retained.max(1)))
+            .map(|i| format!("+/r/{}", (s * filters + i) as u64 % retained.saturating_sub(1).max(1)))
             .collect();
         tasks.push(tokio::spawn(async move {
             let mut m = Mqtt::connect(addr, &format!("abuse-wild-{s}"), "guest").await?;
