@@ -598,10 +598,7 @@ impl Retained {
             .map(|m| m.size())
             .sum();
         let mut keys: Vec<Vec<u8>> = expired.iter().map(|t| key(tenant, t)).collect();
-        let old = inner
-            .get(topic)
-            .filter(|m| !m.is_expired(now_ms))
-            .cloned();
+        let old = inner.get(topic).filter(|m| !m.is_expired(now_ms)).cloned();
         let clear = body.is_empty() || expires_at_ms.is_some_and(|at| at < now_ms);
         let new = (!clear).then(|| RetainedMessage {
             topic: topic.to_owned(),
@@ -758,7 +755,8 @@ impl Tenant {
         let mut cursor = RetainedCursor::new(filter);
         let mut out = Vec::new();
         while !cursor.is_done() {
-            self.retained.next(&mut cursor, usize::MAX, now_ms, &mut out);
+            self.retained
+                .next(&mut cursor, usize::MAX, now_ms, &mut out);
         }
         out
     }

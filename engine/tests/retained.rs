@@ -553,7 +553,10 @@ fn the_trie_finds_what_a_scan_of_every_topic_finds() {
         while !cursor.is_done() {
             let before = stepped.len();
             t.retained_next(&mut cursor, 1, NOW, &mut stepped);
-            assert!(stepped.len() - before <= 1, "filter {f}: at most max per step");
+            assert!(
+                stepped.len() - before <= 1,
+                "filter {f}: at most max per step"
+            );
             steps += 1;
             assert!(steps <= all.len() + 2, "filter {f}: the walk ends");
         }
@@ -696,7 +699,10 @@ fn the_bytes_are_budgeted_per_tenant_under_the_total() {
     let err = o
         .retain("c", header(1), Bytes::from_static(b"0"), None, NOW)
         .expect_err("51 bytes in all is over the total");
-    assert!(matches!(err, RetainError::TooManyBytes { limit: 50 }), "{err}");
+    assert!(
+        matches!(err, RetainError::TooManyBytes { limit: 50 }),
+        "{err}"
+    );
     // Exactly at the tenant's budget is fine; shrinking and clearing always are.
     assert!(clear(&o, "b"));
     set(&t, "c", "0123");

@@ -62,8 +62,12 @@ impl Mqtt5 {
             clean_start: true,
             properties: Some(props),
         };
-        c.send(Packet::Connect(connect, None, Some(Login::new(user, "guest"))))
-            .await;
+        c.send(Packet::Connect(
+            connect,
+            None,
+            Some(Login::new(user, "guest")),
+        ))
+        .await;
         match c.read().await {
             Packet::ConnAck(a) => (c, a.code),
             p => panic!("expected CONNACK, got {p:?}"),
@@ -110,7 +114,13 @@ impl Mqtt5 {
     }
 
     /// A QoS 1 publish and its PUBACK's reason.
-    async fn publish_qos1(&mut self, pkid: u16, topic: &str, payload: Vec<u8>, retain: bool) -> PubAckReason {
+    async fn publish_qos1(
+        &mut self,
+        pkid: u16,
+        topic: &str,
+        payload: Vec<u8>,
+        retain: bool,
+    ) -> PubAckReason {
         let mut p = Publish::new(topic, QoS::AtLeastOnce, payload, None);
         p.pkid = pkid;
         p.retain = retain;
@@ -216,7 +226,7 @@ async fn a_filter_repeated_in_one_subscribe_sends_each_retained_message_once() {
                     "{topic} received twice (after {} distinct)",
                     seen.len()
                 );
-                if seen.len() % 2000 == 0 {
+                if seen.len().is_multiple_of(2000) {
                     peak = peak.max(broker_rss(&broker));
                 }
             }

@@ -326,9 +326,7 @@ async fn run(args: Args) -> Result<String> {
                 retained,
                 copies,
                 limit,
-            } => {
-                retained::sub_dup(*mqtt, *retained, *copies, Duration::from_secs(*limit)).await
-            }
+            } => retained::sub_dup(*mqtt, *retained, *copies, Duration::from_secs(*limit)).await,
             Attack::MqttSubWildcards {
                 mqtt,
                 retained,

@@ -225,8 +225,12 @@ impl MqttProbe {
         let rounds = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(AtomicU64::new(0));
         let thread = {
-            let (stop, max_us, rounds, failures) =
-                (stop.clone(), max_us.clone(), rounds.clone(), failures.clone());
+            let (stop, max_us, rounds, failures) = (
+                stop.clone(),
+                max_us.clone(),
+                rounds.clone(),
+                failures.clone(),
+            );
             std::thread::spawn(move || {
                 let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -277,7 +281,12 @@ impl MqttProbe {
 
 /// `mqtt-sub-dup`: one SUBSCRIBE with `copies` × `#`, then one with `abuse-end` (whose retained
 /// message comes after the first subscription's); counts what arrives before it, within `limit`.
-pub async fn sub_dup(addr: SocketAddr, retained: u64, copies: usize, limit: Duration) -> Result<String> {
+pub async fn sub_dup(
+    addr: SocketAddr,
+    retained: u64,
+    copies: usize,
+    limit: Duration,
+) -> Result<String> {
     let fill_time = fill(addr, retained).await?;
     let probe = MqttProbe::start(addr, Duration::from_secs(30));
     let mut m = Mqtt::connect(addr, "abuse-dup", "guest").await?;
@@ -324,7 +333,12 @@ pub async fn sub_wildcards(
     let mut tasks = Vec::new();
     for s in 0..subscribers {
         let list: Vec<String> = (0..filters)
-            .map(|i| format!("+/r/{}", (s * filters + i) as u64 % retained.saturating_sub(1).max(1)))
+            .map(|i| {
+                format!(
+                    "+/r/{}",
+                    (s * filters + i) as u64 % retained.saturating_sub(1).max(1)
+                )
+            })
             .collect();
         tasks.push(tokio::spawn(async move {
             let mut m = Mqtt::connect(addr, &format!("abuse-wild-{s}"), "guest").await?;
@@ -398,7 +412,7 @@ pub async fn budget(addr: SocketAddr, user: &str, size: usize, max: u16) -> Resu
     Ok(format!(
         "size={size} a_accepted={a_accepted} a_refused={} a_mb={} b_accepted={b_accepted}/3 b_last=0x{b_code:02x} {}",
         a_refused.map_or_else(|| "never".into(), |c| format!("0x{c:02x}")),
-        a_accepted as usize * size >> 20,
+        (a_accepted as usize * size) >> 20,
         probe.finish()
     ))
 }

@@ -40,7 +40,11 @@ impl Session {
             if !self.has_room_for(&f) {
                 tracing::debug!(peer = %self.peer, filter = %f.filter, "MQTT subscribe over the session's subscription limit");
                 let v5 = self.conn.version() == Some(weir_protocols::mqtt::Version::V5);
-                codes.push(if v5 { QUOTA_EXCEEDED } else { UNSPECIFIED_ERROR });
+                codes.push(if v5 {
+                    QUOTA_EXCEEDED
+                } else {
+                    UNSPECIFIED_ERROR
+                });
                 continue;
             }
             let sub = Subscription {
@@ -273,5 +277,6 @@ pub(super) struct RetainedSend {
     pub(super) cursor: RetainedCursor,
     pub(super) qos: weir_protocols::mqtt::QoS,
     pub(super) subscription_id: Option<u32>,
-    pub(super) found: std::collections::VecDeque<std::sync::Arc<crate::engine::retained::RetainedMessage>>,
+    pub(super) found:
+        std::collections::VecDeque<std::sync::Arc<crate::engine::retained::RetainedMessage>>,
 }
