@@ -9,6 +9,7 @@
 #          memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
 #          login-flood
 #          mqtt-prelogin mqtt-will-props ws-ping-flood (issue 20: MQTT before login, WebSocket pongs)
+#          mqtt-sub-dup mqtt-sub-wildcards retained-budget
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -19,6 +20,7 @@
 #   DISK_FREE_LIMIT  passed as --disk-free-limit when the broker has that flag (default 128MB)
 #   DISK_MB          size of the tmpfs for disk-full (default 400)
 #   BIND_COUNT       binds in the bind-burst write (default 20000; the issue also tried 100000)
+#   RETAINED         retained messages set up by mqtt-sub-dup and mqtt-sub-wildcards (default 100000)
 #   WEIR_REPAIR      how to run the repair subcommand, the data dir appended
 #                    (default "repair --data-dir"; used only if `weir repair --help` succeeds)
 #
@@ -32,7 +34,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
      memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
      login-flood
-     mqtt-prelogin mqtt-will-props ws-ping-flood)
+     mqtt-prelogin mqtt-will-props ws-ping-flood
+     mqtt-sub-dup mqtt-sub-wildcards retained-budget)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -320,6 +323,46 @@ attack_login_flood() {
   emit login-flood "$out"
 }
 
+# The running broker's MQTT address, from its log ("MQTT listener ready addr=…").
+mqtt_addr() {
+  sed -e 's/\x1b\[[0-9;]*m//g' "$DIR/weir.log" | grep -a "MQTT listener ready" | tail -1 |
+    grep -o 'addr=[0-9.]*:[0-9]*' | cut -d= -f2
+}
+
+# Issue 20 #6/#7: retained messages and subscriptions (MQTT). The broker's MQTT port is chosen at
+# start, so the client is told it from the log; retained-budget needs tenants a and b (a file).
+attack_retained() {
+  local name=$1; shift
+  local extra=()
+  if [ "$name" = retained-budget ]; then
+    cat >"$DIR/weir.toml" <<'TOML'
+[[tenants]]
+name = "a"
+[[tenants]]
+name = "b"
+[[auth.users]]
+name = "u"
+password = "guest"
+permissions = [
+  { vhost = "a", configure = ".*", write = ".*", read = ".*" },
+  { vhost = "b", configure = ".*", write = ".*", read = ".*" },
+]
+TOML
+    extra=(--config "$DIR/weir.toml")
+  fi
+  if ! start_broker "$DIR/data" "$DIR/weir.log" "${extra[@]}"; then
+    emit "$name" "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
+  fi
+  local out
+  out=$(abuse --pid "$PID" "$@" --mqtt "$(mqtt_addr)")
+  sleep 0.5
+  if ! kill -0 "$PID" 2>/dev/null; then
+    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
+  fi
+  kill9 "$PID"
+  emit "$name" "$out"
+}
+
 run_attack() {
   case $1 in
     login-arrays)     run_simple "$1" login-nesting --kind arrays --depth 2100 ;;
@@ -343,6 +386,10 @@ run_attack() {
     mqtt-prelogin)    run_mqtt "$1" mqtt-prelogin --mqtt @MQTT --ws @WS --clients 80 --secs 40 ;;
     mqtt-will-props)  run_mqtt "$1" mqtt-will-props --mqtt @MQTT --props 3300000 ;;
     ws-ping-flood)    run_mqtt "$1" ws-ping-flood --mqtt @MQTT --ws @WS --pings 16000000 --secs 60 ;;
+    mqtt-sub-dup)     attack_retained "$1" mqtt-sub-dup --retained "${RETAINED:-100000}" --copies 60 --limit 90 ;;
+    mqtt-sub-wildcards) attack_retained "$1" mqtt-sub-wildcards --retained "${RETAINED:-100000}" \
+                        --filters 1000 --subscribers 2 --limit 120 ;;
+    retained-budget)  attack_retained "$1" retained-budget --size 600000 --max 200 ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

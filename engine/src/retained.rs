@@ -11,10 +11,12 @@
 //!   The store keeps its metadata map in memory and checkpoints it whole,
 //!   so a retained body costs its size twice in memory (here and in the
 //!   store's map) and is rewritten with every checkpoint: hence the bounds.
-//! * **Bounded** ([`RetainedLimits`]): retained messages per tenant, and
-//!   bytes (topic + header + body) over every tenant. A retained publish
-//!   that would pass either is refused with [`RetainError::TooManyMessages`]
-//!   or [`RetainError::TooManyBytes`] (MQTT 5: 0x97 quota exceeded, see
+//! * **Bounded** ([`RetainedLimits`]): retained messages and bytes (topic +
+//!   header + body) per tenant, and bytes over every tenant as a ceiling, so
+//!   one tenant filling its budget leaves the others theirs. A retained
+//!   publish that would pass one is refused with
+//!   [`RetainError::TooManyMessages`], [`RetainError::TenantBytes`] or
+//!   [`RetainError::TooManyBytes`] (MQTT 5: 0x97 quota exceeded, see
 //!   [`RetainError::is_quota_exceeded`]); replacing a message by one no
 //!   larger, and clearing, are always allowed, so a tenant over a lowered
 //!   bound can still shrink.
@@ -23,9 +25,13 @@
 //!   from memory and the store by the next retained publish of its tenant
 //!   or by [`crate::Engine::sweep_retained`] (the gateway calls it
 //!   periodically), and at restart.
-//! * **Lookup** by MQTT topic filter ([`topic_matches`], with MQTT's
-//!   `$`-topic rule); a filter with a literal first level only scans the
-//!   topics under it.
+//! * **Indexed** by topic level (a trie: a set or clear costs its topic's
+//!   levels, not the number of topics) and **looked up lazily** by MQTT
+//!   topic filter ([`topic_matches`]'s rules, `$`-topic rule included): a
+//!   [`RetainedCursor`] walks the trie in bounded steps
+//!   ([`Tenant::retained_next`]), each visiting at most [`STEP_NODES`]
+//!   nodes under the tenant's lock, so a subscriber takes retained messages
+//!   as its window allows and a wide filter never holds a thread long.
 //!
 //! The engine never depends on the protocol crates (`engine/tests/layers.rs`),
 //! so the MQTT filter match is implemented here, on plain strings.
@@ -35,7 +41,9 @@ use crate::properties::{HeaderFormat, MessageHeader};
 use crate::{DurableWait, Engine, Tenant};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
+use std::collections::btree_map::Range;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::Op;
@@ -51,16 +59,19 @@ const VALUE_VERSION: u8 = 1;
 pub struct RetainedLimits {
     /// Retained messages per tenant.
     pub max_messages_per_tenant: usize,
+    /// Bytes (topic + header + body) of one tenant's retained messages.
+    pub max_bytes_per_tenant: u64,
     /// Bytes (topic + header + body) of every tenant's retained messages
-    /// together.
+    /// together: the ceiling over the tenants' own budgets.
     pub max_total_bytes: u64,
 }
 
 impl Default for RetainedLimits {
-    /// 100,000 per tenant, 64 MiB in total.
+    /// 100,000 and 16 MiB per tenant, 64 MiB in total.
     fn default() -> Self {
         RetainedLimits {
             max_messages_per_tenant: 100_000,
+            max_bytes_per_tenant: 16 << 20,
             max_total_bytes: 64 << 20,
         }
     }
@@ -110,6 +121,15 @@ pub enum RetainError {
         /// The bound.
         limit: u64,
     },
+    /// It would take the tenant's retained messages over
+    /// [`RetainedLimits::max_bytes_per_tenant`].
+    #[error("retained messages of vhost '{tenant}' would exceed their limit of {limit} bytes")]
+    TenantBytes {
+        /// The tenant.
+        tenant: String,
+        /// The bound.
+        limit: u64,
+    },
     /// The store failed (or the broker is shutting down).
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -121,7 +141,9 @@ impl RetainError {
     pub fn is_quota_exceeded(&self) -> bool {
         matches!(
             self,
-            RetainError::TooManyMessages { .. } | RetainError::TooManyBytes { .. }
+            RetainError::TooManyMessages { .. }
+                | RetainError::TooManyBytes { .. }
+                | RetainError::TenantBytes { .. }
         )
     }
 }
@@ -170,15 +192,33 @@ impl RetainedBudget {
     }
 }
 
+/// Trie nodes a [`Tenant::retained_next`] step visits at most (under the
+/// tenant's lock): a wide filter over many topics is walked in steps of
+/// this many, the caller serving others in between.
+pub const STEP_NODES: usize = 4096;
+
 /// A tenant's retained messages.
 #[derive(Debug, Default)]
 pub(crate) struct Retained {
     inner: Mutex<Inner>,
 }
 
+/// One topic level of the trie: the message of the topic ending here, and
+/// the levels below, in order.
+#[derive(Debug, Default)]
+struct Node {
+    message: Option<Arc<RetainedMessage>>,
+    children: BTreeMap<Box<str>, Node>,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    by_topic: BTreeMap<String, Arc<RetainedMessage>>,
+    /// By topic level; the root stands for no level (no topic ends there).
+    root: Node,
+    /// Messages in the trie.
+    count: usize,
+    /// Their bytes ([`RetainedMessage::size`]), this tenant's budget.
+    bytes: u64,
     /// (deadline, topic) of the ones that expire, earliest first.
     expiry: BTreeSet<(u64, String)>,
 }
@@ -193,21 +233,213 @@ impl Inner {
             .collect()
     }
 
+    fn get(&self, topic: &str) -> Option<&Arc<RetainedMessage>> {
+        let mut node = &self.root;
+        for level in topic.split('/') {
+            node = node.children.get(level)?;
+        }
+        node.message.as_ref()
+    }
+
+    /// Sets `m`'s topic to `m`; returns the message it replaced. Costs the
+    /// topic's levels.
     fn insert(&mut self, m: Arc<RetainedMessage>) -> Option<Arc<RetainedMessage>> {
         let old = self.remove(&m.topic);
         if let Some(at) = m.expires_at_ms {
             self.expiry.insert((at, m.topic.clone()));
         }
-        self.by_topic.insert(m.topic.clone(), m);
+        let mut node = &mut self.root;
+        for level in m.topic.split('/') {
+            node = node.children.entry(level.into()).or_default();
+        }
+        self.count += 1;
+        self.bytes += m.size();
+        node.message = Some(m);
         old
     }
 
+    /// Removes `topic`'s message, and the levels left with nothing under
+    /// them. Iterative (a topic may have many levels): one walk down to
+    /// take the message, one to cut the empty branch off where it starts.
     fn remove(&mut self, topic: &str) -> Option<Arc<RetainedMessage>> {
-        let old = self.by_topic.remove(topic)?;
+        let levels: Vec<&str> = topic.split('/').collect();
+        let mut node = &mut self.root;
+        // The deepest node that stays (the root, or one holding a message
+        // or another branch), and which of its children leads down.
+        let mut keep = (0, levels[0]);
+        for (depth, level) in levels.iter().enumerate() {
+            node = node.children.get_mut(*level)?;
+            let last = depth + 1 == levels.len();
+            if !last && (node.message.is_some() || node.children.len() > 1) {
+                keep = (depth + 1, levels[depth + 1]);
+            }
+        }
+        let old = node.message.take()?;
+        if node.children.is_empty() {
+            let mut at = &mut self.root;
+            for level in &levels[..keep.0] {
+                at = at.children.get_mut(*level)?;
+            }
+            at.children.remove(keep.1);
+        }
         if let Some(at) = old.expires_at_ms {
             self.expiry.remove(&(at, old.topic.clone()));
         }
+        self.count -= 1;
+        self.bytes = self.bytes.saturating_sub(old.size());
         Some(old)
+    }
+
+    /// One step of `cursor`'s walk: appends the live messages matching its
+    /// filter after its position, in trie order, until `max` are found, the
+    /// walk ends, or [`STEP_NODES`] nodes were visited. Iterative, with one
+    /// frame per level of the path walked (a filter may have many levels).
+    fn step(
+        &self,
+        cursor: &mut RetainedCursor,
+        max: usize,
+        now_ms: u64,
+        out: &mut impl Extend<Arc<RetainedMessage>>,
+    ) {
+        if cursor.done {
+            return;
+        }
+        let max = max.max(1);
+        let filter: Vec<&str> = cursor.filter.split('/').collect();
+        let after_owned = cursor.after.take();
+        let resuming = after_owned.is_some();
+        let after: &[Box<str>] = after_owned.as_deref().unwrap_or(&[]);
+        // A filter starting with a wildcard never matches a `$` topic.
+        let wild_root = matches!(filter[0], "+" | "#");
+        let mut stack = vec![Frame {
+            level: "",
+            fi: 0,
+            on_path: resuming,
+            children: candidates(&self.root, &filter, 0, after, 0, resuming),
+        }];
+        let (mut visited, mut found) = (0, 0);
+        while let Some(top) = stack.last_mut() {
+            let (fi, on_path) = (top.fi, top.on_path);
+            let Some((level, node)) = top.children.as_mut().and_then(Iterator::next) else {
+                stack.pop();
+                continue;
+            };
+            visited += 1;
+            let parent_depth = stack.len() - 1;
+            if parent_depth == 0 && wild_root && level.starts_with('$') {
+                if visited >= STEP_NODES {
+                    cursor.after = Some(vec![level.clone()]);
+                    return;
+                }
+                continue;
+            }
+            let depth = parent_depth + 1;
+            // On the cursor's path (never before it: the range starts at
+            // its level): done already, unless it is a descendant.
+            let on_cursor_path = on_path && **level == *after[parent_depth];
+            let is_cursor = on_cursor_path && depth == after.len();
+            let child_fi = if filter[fi] == "#" { fi } else { fi + 1 };
+            if !on_cursor_path && (child_fi == filter.len() || filter[child_fi] == "#") {
+                if let Some(m) = node.message.as_ref().filter(|m| !m.is_expired(now_ms)) {
+                    out.extend(std::iter::once(m.clone()));
+                    found += 1;
+                }
+            }
+            let child_on_path = on_cursor_path && !is_cursor;
+            stack.push(Frame {
+                level,
+                fi: child_fi,
+                on_path: child_on_path,
+                children: candidates(node, &filter, child_fi, after, depth, child_on_path),
+            });
+            if found >= max || visited >= STEP_NODES {
+                // Everything up to this node is done.
+                cursor.after = Some(stack[1..].iter().map(|f| f.level.into()).collect());
+                return;
+            }
+        }
+        cursor.done = true;
+    }
+}
+
+/// A node on the path a cursor step walks.
+struct Frame<'a> {
+    /// Its topic level.
+    level: &'a str,
+    /// The filter level its children are matched against.
+    fi: usize,
+    /// It is a strict prefix of the cursor's position: its children before
+    /// the cursor's level there are done.
+    on_path: bool,
+    /// Its children still to visit (None: none can match).
+    children: Option<Range<'a, Box<str>, Node>>,
+}
+
+/// The children of `node` (at `depth`) that filter level `fi` may match:
+/// one for a literal level, all of them (in order) for a wildcard, none
+/// past the filter's end; from the cursor's level on when `on_path`.
+fn candidates<'a>(
+    node: &'a Node,
+    filter: &[&str],
+    fi: usize,
+    after: &[Box<str>],
+    depth: usize,
+    on_path: bool,
+) -> Option<Range<'a, Box<str>, Node>> {
+    let level = *filter.get(fi)?;
+    let from: Option<&str> = if on_path {
+        after.get(depth).map(|l| &**l)
+    } else {
+        None
+    };
+    match level {
+        "+" | "#" => {
+            let lower = from.map_or(Bound::Unbounded, Bound::Included);
+            Some(node.children.range::<str, _>((lower, Bound::Unbounded)))
+        }
+        literal => {
+            if from.is_some_and(|f| literal < f) {
+                return None;
+            }
+            Some(
+                node.children
+                    .range::<str, _>((Bound::Included(literal), Bound::Included(literal))),
+            )
+        }
+    }
+}
+
+/// Where a lookup of retained messages by MQTT topic filter stands: made
+/// by [`RetainedCursor::new`], advanced by [`Tenant::retained_next`] until
+/// [`RetainedCursor::is_done`]. It holds the topic levels of the last node
+/// visited, not a reference into the index: a message set or cleared
+/// between steps is found or not as its topic falls after or before that.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetainedCursor {
+    filter: String,
+    after: Option<Vec<Box<str>>>,
+    done: bool,
+}
+
+impl RetainedCursor {
+    /// A lookup of the retained messages matching `filter` (valid, without
+    /// a `$share/group/` prefix), from the first.
+    pub fn new(filter: &str) -> Self {
+        RetainedCursor {
+            filter: filter.to_owned(),
+            after: None,
+            done: false,
+        }
+    }
+
+    /// The filter looked up.
+    pub fn filter(&self) -> &str {
+        &self.filter
+    }
+
+    /// Every matching message was returned.
+    pub fn is_done(&self) -> bool {
+        self.done
     }
 }
 
@@ -342,23 +574,6 @@ pub fn topic_matches(filter: &str, topic: &str) -> bool {
     }
 }
 
-/// The levels of `filter` before its first wildcard, each followed by `/`,
-/// and whether that wildcard is a `#` (None: no wildcard at all).
-fn literal_prefix(filter: &str) -> Option<(String, bool)> {
-    let mut prefix = String::new();
-    for level in filter.split('/') {
-        match level {
-            "+" => return Some((prefix, false)),
-            "#" => return Some((prefix, true)),
-            l => {
-                prefix.push_str(l);
-                prefix.push('/');
-            }
-        }
-    }
-    None
-}
-
 impl Retained {
     /// Sets (non-empty `body`) or clears (empty) `topic`'s retained message.
     #[allow(clippy::too_many_arguments)]
@@ -379,15 +594,11 @@ impl Retained {
         let expired = inner.expired(now_ms);
         let mut freed: u64 = expired
             .iter()
-            .filter_map(|t| inner.by_topic.get(t))
+            .filter_map(|t| inner.get(t))
             .map(|m| m.size())
             .sum();
         let mut keys: Vec<Vec<u8>> = expired.iter().map(|t| key(tenant, t)).collect();
-        let old = inner
-            .by_topic
-            .get(topic)
-            .filter(|m| !m.is_expired(now_ms))
-            .cloned();
+        let old = inner.get(topic).filter(|m| !m.is_expired(now_ms)).cloned();
         let clear = body.is_empty() || expires_at_ms.is_some_and(|at| at < now_ms);
         let new = (!clear).then(|| RetainedMessage {
             topic: topic.to_owned(),
@@ -406,13 +617,24 @@ impl Retained {
         }
         let added = new.as_ref().map_or(0, RetainedMessage::size);
         if new.is_some() && old.is_none() && limits.max_messages_per_tenant != 0 {
-            let live = inner.by_topic.len() - expired.len();
+            let live = inner.count - expired.len();
             if live >= limits.max_messages_per_tenant {
                 return Err(RetainError::TooManyMessages {
                     tenant: tenant.to_owned(),
                     limit: limits.max_messages_per_tenant,
                 });
             }
+        }
+        // The tenant's own budget, then the ceiling over every tenant.
+        let tenant_limit = limits.max_bytes_per_tenant;
+        if tenant_limit != 0
+            && added > freed
+            && inner.bytes.saturating_sub(freed).saturating_add(added) > tenant_limit
+        {
+            return Err(RetainError::TenantBytes {
+                tenant: tenant.to_owned(),
+                limit: tenant_limit,
+            });
         }
         budget.apply(added, freed, limits.max_total_bytes)?;
         let put = new.as_ref().map(|m| (key(tenant, topic), encode_value(m)));
@@ -442,39 +664,15 @@ impl Retained {
         Ok((old.is_some() || put.is_some()).then_some(wait))
     }
 
-    /// The unexpired retained messages matching `filter`, by topic.
-    fn matching(&self, filter: &str, now_ms: u64) -> Vec<Arc<RetainedMessage>> {
-        let inner = self.inner.lock();
-        let live = |m: &&Arc<RetainedMessage>| !m.is_expired(now_ms);
-        let Some((prefix, hash)) = literal_prefix(filter) else {
-            return inner
-                .by_topic
-                .get(filter)
-                .filter(live)
-                .cloned()
-                .into_iter()
-                .collect();
-        };
-        let mut out = Vec::new();
-        // `a/#` matches `a` itself, which sorts before the range of `a/`.
-        if hash && !prefix.is_empty() {
-            let parent = &prefix[..prefix.len() - 1];
-            out.extend(inner.by_topic.get(parent).filter(live).cloned());
-        }
-        out.extend(
-            inner
-                .by_topic
-                .range::<str, _>((
-                    std::ops::Bound::Included(prefix.as_str()),
-                    std::ops::Bound::Unbounded,
-                ))
-                .take_while(|(t, _)| t.starts_with(&prefix))
-                .filter(|(t, _)| topic_matches(filter, t))
-                .map(|(_, m)| m)
-                .filter(live)
-                .cloned(),
-        );
-        out
+    /// One step of `cursor` (see [`Inner::step`]).
+    fn next(
+        &self,
+        cursor: &mut RetainedCursor,
+        max: usize,
+        now_ms: u64,
+        out: &mut impl Extend<Arc<RetainedMessage>>,
+    ) {
+        self.inner.lock().step(cursor, max, now_ms, out);
     }
 
     /// Removes the messages expired at `now_ms` (from the store too,
@@ -511,7 +709,11 @@ impl Retained {
     }
 
     fn len(&self) -> usize {
-        self.inner.lock().by_topic.len()
+        self.inner.lock().count
+    }
+
+    fn bytes(&self) -> u64 {
+        self.inner.lock().bytes
     }
 }
 
@@ -544,16 +746,45 @@ impl Tenant {
         )
     }
 
-    /// The retained messages whose topic matches MQTT filter `filter`
-    /// (see [`topic_matches`]) and that have not expired at `now_ms`,
-    /// ordered by topic.
+    /// Every retained message whose topic matches MQTT filter `filter`
+    /// (see [`topic_matches`]) and that has not expired at `now_ms`, in
+    /// trie order (by topic level by level). All at once, in as many steps
+    /// as it takes: for tests and small sets; a subscriber's session takes
+    /// them with [`Self::retained_next`] as its window allows.
     pub fn retained(&self, filter: &str, now_ms: u64) -> Vec<Arc<RetainedMessage>> {
-        self.retained.matching(filter, now_ms)
+        let mut cursor = RetainedCursor::new(filter);
+        let mut out = Vec::new();
+        while !cursor.is_done() {
+            self.retained
+                .next(&mut cursor, usize::MAX, now_ms, &mut out);
+        }
+        out
+    }
+
+    /// One step of a lookup: appends to `out` at most `max` more retained
+    /// messages matching `cursor`'s filter (unexpired at `now_ms`, in trie
+    /// order), visiting at most [`STEP_NODES`] index nodes under the
+    /// tenant's lock, so it may append none before the cursor is done.
+    pub fn retained_next(
+        &self,
+        cursor: &mut RetainedCursor,
+        max: usize,
+        now_ms: u64,
+        out: &mut impl Extend<Arc<RetainedMessage>>,
+    ) {
+        self.retained.next(cursor, max, now_ms, out);
     }
 
     /// Retained messages held (expired ones not swept yet included).
     pub fn retained_count(&self) -> usize {
         self.retained.len()
+    }
+
+    /// Bytes ([`RetainedMessage::size`]) this tenant's retained messages
+    /// take (expired ones not swept yet included), counted against
+    /// [`RetainedLimits::max_bytes_per_tenant`].
+    pub fn retained_bytes(&self) -> u64 {
+        self.retained.bytes()
     }
 
     /// Removes this tenant's retained messages expired at `now_ms`.
@@ -603,15 +834,6 @@ mod tests {
         for (f, t) in no {
             assert!(!topic_matches(f, t), "{f} should not match {t}");
         }
-    }
-
-    #[test]
-    fn literal_prefix_stops_at_the_first_wildcard() {
-        assert_eq!(literal_prefix("a/b"), None);
-        assert_eq!(literal_prefix("a/b/+/c"), Some(("a/b/".into(), false)));
-        assert_eq!(literal_prefix("a/#"), Some(("a/".into(), true)));
-        assert_eq!(literal_prefix("#"), Some((String::new(), true)));
-        assert_eq!(literal_prefix("+/x"), Some((String::new(), false)));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Retained messages (MQTT), in process: set, replace and clear; lookup by
-//! filter with wildcards and the `$`-topic rule; the bounds; expiry; the
-//! durability wait; and recovery after a restart, on the in-memory store
-//! and on the real log store in a temp dir.
+//! filter with wildcards and the `$`-topic rule (the topic trie against a
+//! scan of every topic; lookups in bounded steps); the bounds, per tenant
+//! and over all; expiry; the durability wait; and recovery after a
+//! restart, on the in-memory store and on the real log store in a temp dir.
 
 use bytes::Bytes;
 use std::sync::Arc;
@@ -10,7 +11,9 @@ use weir_backend::testing::MemStore;
 use weir_backend::{Op, Store};
 use weir_engine::message::now_ms;
 use weir_engine::properties::{HeaderFormat, MessageHeader};
-use weir_engine::retained::{RetainError, RetainedLimits, RetainedMessage};
+use weir_engine::retained::{
+    topic_matches, RetainError, RetainedCursor, RetainedLimits, RetainedMessage, STEP_NODES,
+};
 use weir_engine::{DurableWait, Engine, Tenant, DEFAULT_TENANT};
 
 const NOW: u64 = 1_000_000;
@@ -181,6 +184,7 @@ fn the_message_count_is_bounded_per_tenant() {
     let e = Engine::open(store).expect("engine");
     e.set_retained_limits(RetainedLimits {
         max_messages_per_tenant: 2,
+        max_bytes_per_tenant: 0,
         max_total_bytes: 0,
     });
     let t = tenant(&e);
@@ -222,6 +226,7 @@ fn the_bytes_are_bounded_over_every_tenant() {
     // Each message below: 1 topic byte + 1 header byte + body.
     e.set_retained_limits(RetainedLimits {
         max_messages_per_tenant: 0,
+        max_bytes_per_tenant: 0,
         max_total_bytes: 30,
     });
     let t = tenant(&e);
@@ -266,6 +271,7 @@ fn the_bytes_are_bounded_over_every_tenant() {
     set(&t, "a", "0123456789");
     e.set_retained_limits(RetainedLimits {
         max_messages_per_tenant: 0,
+        max_bytes_per_tenant: 0,
         max_total_bytes: 5,
     });
     set(&t, "a", "012345678");
@@ -278,6 +284,7 @@ fn expired_messages_are_not_found_and_are_swept() {
     let e = Engine::open(store.clone()).expect("engine");
     e.set_retained_limits(RetainedLimits {
         max_messages_per_tenant: 2,
+        max_bytes_per_tenant: 0,
         max_total_bytes: 0,
     });
     let t = tenant(&e);
@@ -461,4 +468,254 @@ fn retained_messages_survive_a_restart_of_the_log_store() {
         drop(e);
         store.close().expect("close");
     }
+}
+
+/// Engine over a store that already knows tenant `other` (as a restart
+/// would find it).
+fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
+    let store = MemStore::new();
+    let other = weir_engine::meta::tenant_key("other");
+    store
+        .append(
+            &[Op::PutMeta {
+                key: &other,
+                value: b"{}",
+            }],
+            &mut Vec::new(),
+            None,
+        )
+        .expect("append");
+    (Engine::open(store.clone()).expect("engine"), store)
+}
+
+/// Every topic of 1 to 3 levels over a small alphabet (empty levels, `$`
+/// levels, a character sorting before `/`), and every filter over the same
+/// levels and the wildcards: the trie finds exactly what a scan of every
+/// topic with `topic_matches` finds, also when walked one message per step.
+#[test]
+fn the_trie_finds_what_a_scan_of_every_topic_finds() {
+    let e = Engine::open(MemStore::new()).expect("engine");
+    let t = tenant(&e);
+    let levels = ["", "a", "b", "a-b", "$s"];
+    let mut all: Vec<String> = Vec::new();
+    let mut paths: Vec<Vec<&str>> = levels.iter().map(|l| vec![*l]).collect();
+    for _ in 0..2 {
+        let deeper: Vec<Vec<&str>> = paths
+            .iter()
+            .filter(|p| p.len() == paths.iter().map(Vec::len).max().unwrap_or(0))
+            .flat_map(|p| {
+                levels.iter().map(move |l| {
+                    let mut q = p.clone();
+                    q.push(l);
+                    q
+                })
+            })
+            .collect();
+        paths.extend(deeper);
+    }
+    for p in &paths {
+        let topic = p.join("/");
+        // MQTT topic names are never empty.
+        if topic.is_empty() {
+            continue;
+        }
+        set(&t, &topic, &topic);
+        all.push(topic);
+    }
+    assert_eq!(t.retained_count(), all.len());
+    let filter_levels = ["", "a", "a-b", "$s", "+"];
+    let mut filters: Vec<String> = vec!["#".into()];
+    for a in filter_levels {
+        filters.push(a.into());
+        filters.push(format!("{a}/#"));
+        for b in filter_levels {
+            filters.push(format!("{a}/{b}"));
+            filters.push(format!("{a}/{b}/#"));
+            for c in filter_levels {
+                filters.push(format!("{a}/{b}/{c}"));
+            }
+        }
+    }
+    for f in &filters {
+        let mut expected: Vec<String> = all
+            .iter()
+            .filter(|tp| topic_matches(f, tp))
+            .cloned()
+            .collect();
+        expected.sort();
+        let mut got: Vec<String> = t.retained(f, NOW).iter().map(|m| m.topic.clone()).collect();
+        got.sort();
+        assert_eq!(got, expected, "filter {f}");
+        // One per step: the cursor resumes where it stopped.
+        let mut cursor = RetainedCursor::new(f);
+        let mut stepped: Vec<Arc<RetainedMessage>> = Vec::new();
+        let mut steps = 0;
+        while !cursor.is_done() {
+            let before = stepped.len();
+            t.retained_next(&mut cursor, 1, NOW, &mut stepped);
+            assert!(
+                stepped.len() - before <= 1,
+                "filter {f}: at most max per step"
+            );
+            steps += 1;
+            assert!(steps <= all.len() + 2, "filter {f}: the walk ends");
+        }
+        let mut stepped: Vec<String> = stepped.iter().map(|m| m.topic.clone()).collect();
+        stepped.sort();
+        assert_eq!(stepped, expected, "filter {f}, one per step");
+    }
+}
+
+/// A filter that matches nothing among many topics is walked in steps of
+/// at most `STEP_NODES` index nodes (the caller serves others between
+/// them); a literal filter level goes straight to its branch.
+#[test]
+fn lookups_visit_a_bounded_number_of_nodes_per_step() {
+    let (e, _store) = engine_with_other();
+    let t = tenant(&e);
+    let n = 3 * STEP_NODES;
+    for i in 0..n {
+        let w = t
+            .retain(
+                &format!("r/{i}"),
+                header(1),
+                Bytes::from_static(b"v"),
+                None,
+                NOW,
+            )
+            .expect("retain")
+            .expect("wait");
+        durable(w);
+    }
+    // `+/+/x`: every `r/<i>` has to be looked at for an `x` below it.
+    let mut cursor = RetainedCursor::new("+/+/x");
+    let mut out: Vec<Arc<RetainedMessage>> = Vec::new();
+    let mut steps = 0;
+    while !cursor.is_done() {
+        t.retained_next(&mut cursor, usize::MAX, NOW, &mut out);
+        steps += 1;
+    }
+    assert!(out.is_empty());
+    assert!(
+        (3..=5).contains(&steps),
+        "{n} topics in steps of {STEP_NODES} nodes: {steps} steps"
+    );
+    // A literal level is looked up, not scanned: one step.
+    for f in ["+/17", "r/17", "+/17/#", "r/+/x"] {
+        let mut cursor = RetainedCursor::new(f);
+        let mut out: Vec<Arc<RetainedMessage>> = Vec::new();
+        if f == "r/+/x" {
+            // (a scan under `r`: more than one step)
+            while !cursor.is_done() {
+                t.retained_next(&mut cursor, usize::MAX, NOW, &mut out);
+            }
+            assert!(out.is_empty());
+            continue;
+        }
+        t.retained_next(&mut cursor, usize::MAX, NOW, &mut out);
+        assert!(cursor.is_done(), "{f} in one step");
+        assert_eq!(out.len(), 1, "{f}");
+        assert_eq!(out[0].topic, "r/17");
+    }
+    // Everything, a batch at a time: each once.
+    let mut cursor = RetainedCursor::new("#");
+    let mut out: Vec<Arc<RetainedMessage>> = Vec::new();
+    while !cursor.is_done() {
+        let before = out.len();
+        t.retained_next(&mut cursor, 100, NOW, &mut out);
+        assert!(out.len() - before <= 100);
+    }
+    let mut topics: Vec<String> = out.iter().map(|m| m.topic.clone()).collect();
+    topics.sort();
+    topics.dedup();
+    assert_eq!(topics.len(), n, "every message exactly once");
+    // Another tenant's lookup sees only its own.
+    let o = e.tenant("other").expect("other tenant");
+    assert!(o.retained("#", NOW).is_empty());
+}
+
+/// A cursor holds a position, not a reference: messages set after it are
+/// found, cleared ones are not, and none twice.
+#[test]
+fn a_cursor_sees_changes_made_between_its_steps() {
+    let e = Engine::open(MemStore::new()).expect("engine");
+    let t = tenant(&e);
+    for topic in ["d/1", "d/2", "d/3", "d/3/x"] {
+        set(&t, topic, "v");
+    }
+    let mut cursor = RetainedCursor::new("d/#");
+    let mut out: Vec<Arc<RetainedMessage>> = Vec::new();
+    t.retained_next(&mut cursor, 1, NOW, &mut out);
+    assert_eq!(out[0].topic, "d/1");
+    // Before the cursor, after it, and the one it stands on.
+    set(&t, "d/0", "new, before");
+    set(&t, "d/9", "new, after");
+    assert!(clear(&t, "d/2"));
+    set(&t, "d/1", "replaced");
+    while !cursor.is_done() {
+        t.retained_next(&mut cursor, 1, NOW, &mut out);
+    }
+    let topics: Vec<&str> = out.iter().map(|m| m.topic.as_str()).collect();
+    assert_eq!(topics, ["d/1", "d/3", "d/3/x", "d/9"]);
+    // Clearing a topic with levels under it keeps them; clearing those
+    // removes the branch.
+    assert!(clear(&t, "d/3"));
+    assert_eq!(topics_at(&t, "d/3/#", NOW), ["d/3/x"]);
+    assert!(clear(&t, "d/3/x"));
+    assert!(topics_at(&t, "d/3/#", NOW).is_empty());
+    assert_eq!(topics_at(&t, "d/#", NOW), ["d/0", "d/1", "d/9"]);
+}
+
+/// Bytes are budgeted per tenant, with the total over every tenant as a
+/// ceiling: one tenant at its budget leaves the others theirs.
+#[test]
+fn the_bytes_are_budgeted_per_tenant_under_the_total() {
+    let (e, store) = engine_with_other();
+    // Each message: 1 topic byte + 1 header byte + body.
+    e.set_retained_limits(RetainedLimits {
+        max_messages_per_tenant: 0,
+        max_bytes_per_tenant: 30,
+        max_total_bytes: 50,
+    });
+    let t = tenant(&e);
+    let o = e.tenant("other").expect("other tenant");
+    set(&t, "a", "0123456789"); // 12
+    set(&t, "b", "0123456789"); // 24
+    let err = t
+        .retain("c", header(1), Bytes::from_static(b"0123456789"), None, NOW)
+        .expect_err("36 bytes is over the tenant's budget");
+    assert!(
+        matches!(&err, RetainError::TenantBytes { tenant, limit: 30 } if tenant == DEFAULT_TENANT),
+        "{err}"
+    );
+    assert!(err.is_quota_exceeded());
+    assert_eq!(t.retained_bytes(), 24, "a refusal takes nothing");
+    // The other tenant has its own budget...
+    set(&o, "a", "0123456789");
+    set(&o, "b", "0123456789");
+    assert_eq!(o.retained_bytes(), 24);
+    assert_eq!(e.retained_bytes(), 48);
+    // ...under the ceiling over both.
+    let err = o
+        .retain("c", header(1), Bytes::from_static(b"0"), None, NOW)
+        .expect_err("51 bytes in all is over the total");
+    assert!(
+        matches!(err, RetainError::TooManyBytes { limit: 50 }),
+        "{err}"
+    );
+    // Exactly at the tenant's budget is fine; shrinking and clearing always are.
+    assert!(clear(&o, "b"));
+    set(&t, "c", "0123");
+    assert_eq!(t.retained_bytes(), 30);
+    set(&t, "a", "0");
+    assert!(clear(&t, "b"));
+    assert_eq!(t.retained_bytes(), 3 + 6);
+    assert_eq!(e.retained_bytes(), 9 + 12);
+    // Counted again at recovery, per tenant.
+    drop((t, o));
+    drop(e);
+    let e = Engine::open(store.reopen()).expect("reopen");
+    assert_eq!(tenant(&e).retained_bytes(), 9);
+    assert_eq!(e.tenant("other").expect("other").retained_bytes(), 12);
+    assert_eq!(e.retained_bytes(), 21);
 }

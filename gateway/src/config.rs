@@ -348,6 +348,12 @@ pub struct MqttConfig {
     pub max_retained_per_tenant: usize,
     /// Bytes of retained messages kept in all (0 = no limit; more: 0x97).
     pub max_retained_bytes: u64,
+    /// Bytes of retained messages kept per tenant, within
+    /// `max_retained_bytes` (0 = no limit; more: 0x97).
+    pub max_retained_bytes_per_tenant: u64,
+    /// Most subscriptions of one session (0 = no limit; more: SUBACK 0x97,
+    /// 3.1.1: 0x80).
+    pub max_subscriptions: usize,
     /// MQTT over TLS listen address (only with `[tls]`; default
     /// [`MQTTS_DEFAULT_LISTEN`]).
     pub tls_listen: Option<SocketAddr>,
@@ -375,6 +381,8 @@ impl Default for MqttConfig {
             server_keep_alive: 0,
             max_retained_per_tenant: 100_000,
             max_retained_bytes: 64 << 20,
+            max_retained_bytes_per_tenant: 16 << 20,
+            max_subscriptions: 1000,
             tls_listen: None,
             wss_listen: None,
             ssl_cert_login: false,

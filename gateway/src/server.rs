@@ -427,6 +427,7 @@ impl Broker {
         let m = &cfg.mqtt;
         engine.set_retained_limits(weir_engine::retained::RetainedLimits {
             max_messages_per_tenant: m.max_retained_per_tenant,
+            max_bytes_per_tenant: m.max_retained_bytes_per_tenant,
             max_total_bytes: m.max_retained_bytes,
         });
         let mqtt_defaults = weir_protocols::mqtt::ServerConfig::default();
@@ -452,6 +453,7 @@ impl Broker {
             max_queued_messages: m.max_queued_messages,
             max_session_expiry_secs: m.max_session_expiry,
             ssl_cert_login: m.ssl_cert_login,
+            max_subscriptions: m.max_subscriptions,
         };
         let auth = engine.authenticator().clone();
         Ok(Broker {

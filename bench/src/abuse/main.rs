@@ -18,6 +18,7 @@ mod monitor;
 mod mqtt_door;
 mod ops;
 mod raw;
+mod retained;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::SocketAddr;
@@ -198,6 +199,46 @@ enum Attack {
         #[arg(long, default_value_t = 60)]
         secs: u64,
     },
+    /// Issue 20 #6: RETAINED retained messages, then one MQTT SUBSCRIBE with COPIES × the same `#`.
+    MqttSubDup {
+        /// The broker's MQTT listener.
+        #[arg(long)]
+        mqtt: SocketAddr,
+        #[arg(long, default_value_t = 100_000)]
+        retained: u64,
+        #[arg(long, default_value_t = 60)]
+        copies: usize,
+        /// Seconds to read the retained messages for.
+        #[arg(long, default_value_t = 60)]
+        limit: u64,
+    },
+    /// Issue 20 #6: RETAINED retained messages, then SUBSCRIBERS MQTT SUBSCRIBEs of FILTERS
+    /// wildcard filters each.
+    MqttSubWildcards {
+        #[arg(long)]
+        mqtt: SocketAddr,
+        #[arg(long, default_value_t = 100_000)]
+        retained: u64,
+        #[arg(long, default_value_t = 1000)]
+        filters: usize,
+        #[arg(long, default_value_t = 2)]
+        subscribers: usize,
+        /// Seconds to wait for each SUBACK and its retained messages.
+        #[arg(long, default_value_t = 90)]
+        limit: u64,
+    },
+    /// Issue 20 #7: tenant `a` retains SIZE-byte messages until refused, then tenant `b` tries.
+    RetainedBudget {
+        #[arg(long)]
+        mqtt: SocketAddr,
+        /// A user with every permission on tenants `a` and `b` (password `guest`).
+        #[arg(long, default_value = "u")]
+        user: String,
+        #[arg(long, default_value_t = 600_000)]
+        size: usize,
+        #[arg(long, default_value_t = 200)]
+        max: u16,
+    },
 }
 
 fn flip(file: &std::path::Path, offset: u64) -> Result<String> {
@@ -327,6 +368,34 @@ async fn run(args: Args) -> Result<String> {
                 pings,
                 secs,
             } => mqtt_door::ping_flood(*mqtt, *ws, *pings, *secs).await,
+            Attack::MqttSubDup {
+                mqtt,
+                retained,
+                copies,
+                limit,
+            } => retained::sub_dup(*mqtt, *retained, *copies, Duration::from_secs(*limit)).await,
+            Attack::MqttSubWildcards {
+                mqtt,
+                retained,
+                filters,
+                subscribers,
+                limit,
+            } => {
+                retained::sub_wildcards(
+                    *mqtt,
+                    *retained,
+                    *filters,
+                    *subscribers,
+                    Duration::from_secs(*limit),
+                )
+                .await
+            }
+            Attack::RetainedBudget {
+                mqtt,
+                user,
+                size,
+                max,
+            } => retained::budget(*mqtt, user, *size, *max).await,
             Attack::Flip { .. } => unreachable!("handled above"),
         }
     };

@@ -39,6 +39,8 @@ pub struct MqttShared {
     /// Over TLS, a verified client certificate's CN logs in without a
     /// password (`mqtt.ssl_cert_login`).
     pub ssl_cert_login: bool,
+    /// Most subscriptions of one session (0 = no limit).
+    pub max_subscriptions: usize,
 }
 
 impl MqttShared {

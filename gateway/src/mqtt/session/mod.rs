@@ -266,6 +266,7 @@ pub(crate) async fn serve_inner<R, W>(
         subscriptions: Vec::new(),
         shared_subs: HashMap::new(),
         retained_out: VecDeque::new(),
+        retained_yield: false,
         acks: VecDeque::new(),
         durable: Arc::new(AtomicU64::new(0)),
         barriers_sent: 0,
@@ -342,8 +343,11 @@ pub(crate) struct Session {
     subscriptions: Vec<Subscription>,
     /// Shared subscriptions: consumer tag → (queue, subscription).
     shared_subs: HashMap<Vec<u8>, (String, Subscription)>,
-    /// Retained messages owed to new subscriptions.
-    retained_out: VecDeque<weir_protocols::mqtt::OutgoingPublish>,
+    /// Retained messages owed to new subscriptions, a cursor each.
+    retained_out: VecDeque<subscriptions::RetainedSend>,
+    /// Retained lookups stopped for their step budget: come back after
+    /// giving the thread to others.
+    retained_yield: bool,
     /// Answers to the client's QoS 1/2 publishes, in arrival order.
     acks: VecDeque<PendingAck>,
     /// The highest store barrier completed, set by the store's waiters
@@ -597,6 +601,7 @@ impl Session {
                     }
                 },
                 _ = notified(self.client.as_ref()) => {}
+                () = tokio::task::yield_now(), if self.retained_yield => {}
                 () = &mut timer, if armed.is_some() => {
                     armed = None;
                     fired = true;

@@ -236,19 +236,74 @@ fn settle_unsent(
     let _ = client.settle(SCOPE, tag, false, Settle::Ack);
 }
 
+/// Retained messages looked up per step for one subscription: a few more
+/// than a window usually has room for, few enough to hold.
+const RETAINED_BATCH: usize = 32;
+/// Lookup steps (each at most `STEP_NODES` index nodes) per turn of the
+/// session loop; with more to do, the task yields and comes back.
+const RETAINED_STEPS: usize = 4;
+
 impl Session {
-    /// Retained messages owed to new subscriptions, sent before queued
-    /// deliveries and within the client's receive maximum. Not leased: an
-    /// ack only frees the packet id.
+    /// Retained messages owed to new subscriptions, in subscription order,
+    /// sent before queued deliveries and within the client's receive
+    /// maximum and the output high water: each subscription's cursor is
+    /// walked only as far as they allow, so nothing is queued beyond the
+    /// client's window. Not leased: an ack only frees the packet id. Sets
+    /// `retained_yield` when it stopped for its step budget, not for the
+    /// client.
     fn write_retained(&mut self) {
-        while let Some(p) = self.retained_out.front() {
-            if self.conn.out.len() >= DELIVERY_HIGH_WATER
-                || (p.qos > QoS::AtMostOnce && !self.conn.can_send())
-            {
+        self.retained_yield = false;
+        if self.retained_out.is_empty() {
+            return;
+        }
+        let Some(client) = self.client.as_ref() else {
+            return;
+        };
+        let tenant = client.tenant().clone();
+        let codecs = self.engine.codecs();
+        let now = now_ms();
+        let mut steps = 0;
+        while let Some(r) = self.retained_out.front_mut() {
+            if self.conn.out.len() >= DELIVERY_HIGH_WATER {
                 return;
             }
-            let Some(p) = self.retained_out.pop_front() else {
+            let Some(m) = r.found.front() else {
+                if r.cursor.is_done() {
+                    self.retained_out.pop_front();
+                    continue;
+                }
+                if r.qos > QoS::AtMostOnce && !self.conn.can_send() {
+                    return;
+                }
+                if steps == RETAINED_STEPS {
+                    self.retained_yield = true;
+                    return;
+                }
+                steps += 1;
+                tenant.retained_next(&mut r.cursor, RETAINED_BATCH, now, &mut r.found);
+                continue;
+            };
+            let out = match convert::outbound_retained(m, &codecs, now) {
+                Ok(o) if !o.expired => o,
+                _ => {
+                    r.found.pop_front();
+                    continue;
+                }
+            };
+            let qos = out.qos.min(r.qos);
+            if qos > QoS::AtMostOnce && !self.conn.can_send() {
                 return;
+            }
+            r.found.pop_front();
+            let p = OutgoingPublish {
+                topic: out.topic,
+                payload: out.payload,
+                qos,
+                retain: true,
+                dup: false,
+                packet_id: None,
+                properties: out.properties,
+                subscription_ids: r.subscription_id.into_iter().collect(),
             };
             match self.conn.publish(p) {
                 Ok(Some(packet_id)) => {

@@ -6,12 +6,12 @@
 use super::connect::{binding_arguments, TOPIC_EXCHANGE};
 use super::{AckKind, Session, Subscription, SCOPE};
 use crate::engine::client::SubscribeOptions;
-use crate::engine::message::now_ms;
 use crate::engine::meta::DestinationKind;
+use crate::engine::retained::RetainedCursor;
 use crate::engine::tenant::QueueDeclare;
 use crate::mqtt::convert;
 use serde_json::Value;
-use weir_protocols::mqtt::{OutgoingPublish, SubscribeFilter};
+use weir_protocols::mqtt::SubscribeFilter;
 
 const UNSPECIFIED_ERROR: u8 = 0x80;
 /// v5 "Not authorized" (3.1.1 has only 0x80, which the adapter sends).
@@ -35,6 +35,16 @@ impl Session {
         for f in filters {
             if let Some(code) = f.invalid {
                 codes.push(code);
+                continue;
+            }
+            if !self.has_room_for(&f) {
+                tracing::debug!(peer = %self.peer, filter = %f.filter, "MQTT subscribe over the session's subscription limit");
+                let v5 = self.conn.version() == Some(weir_protocols::mqtt::Version::V5);
+                codes.push(if v5 {
+                    QUOTA_EXCEEDED
+                } else {
+                    UNSPECIFIED_ERROR
+                });
                 continue;
             }
             let sub = Subscription {
@@ -73,6 +83,23 @@ impl Session {
         // SUBACK once they are on disk.
         let durable = self.session_expiry_secs > 0;
         self.queue_ack(packet_id, AckKind::Subscribed(codes), 0, durable);
+    }
+
+    /// Whether `f` fits the session's subscription limit
+    /// (`mqtt.max_subscriptions`): a filter it has already replaces its
+    /// subscription and always fits.
+    fn has_room_for(&self, f: &SubscribeFilter) -> bool {
+        let max = self.shared.mqtt.max_subscriptions;
+        if max == 0 || self.subscriptions.len() + self.shared_subs.len() < max {
+            return true;
+        }
+        match &f.shared {
+            Some(s) => {
+                let tag = format!("share:{}:{}", s.group, s.filter).into_bytes();
+                self.shared_subs.contains_key(&tag)
+            }
+            None => self.subscriptions.iter().any(|s| s.filter == f.filter),
+        }
     }
 
     /// A subscription on the session queue: bound, or re-bound with new
@@ -207,6 +234,8 @@ impl Session {
             return false;
         };
         let old = self.subscriptions.remove(i);
+        // Its retained messages not sent yet are not owed any more.
+        self.retained_out.retain(|r| r.cursor.filter() != filter);
         let queue = self.queue();
         if let Some(c) = self.client.as_mut() {
             let _ = c.unbind(
@@ -220,32 +249,34 @@ impl Session {
         true
     }
 
-    /// Queues the retained messages matching a new subscription (sent by
-    /// `write_retained` with the retain flag, at most at the
-    /// subscription's QoS).
+    /// Owes the client the retained messages matching a new subscription:
+    /// a cursor over the tenant's retained messages, walked by
+    /// `write_retained` as the client's window allows (sent with the retain
+    /// flag, at most at the subscription's QoS). The same filter again
+    /// (repeated in one SUBSCRIBE, or subscribed again before its retained
+    /// messages went out) replaces the cursor: they are sent once.
     fn send_retained(&mut self, sub: &Subscription) {
-        let Some(client) = self.client.as_ref() else {
+        if self.client.is_none() {
             return;
-        };
-        let now = now_ms();
-        let codecs = self.engine.codecs();
-        for r in client.tenant().retained(&sub.filter, now) {
-            let Ok(out) = convert::outbound_retained(&r, &codecs, now) else {
-                continue;
-            };
-            if out.expired {
-                continue;
-            }
-            self.retained_out.push_back(OutgoingPublish {
-                topic: out.topic,
-                payload: out.payload,
-                qos: out.qos.min(sub.qos),
-                retain: true,
-                dup: false,
-                packet_id: None,
-                properties: out.properties,
-                subscription_ids: sub.subscription_id.into_iter().collect(),
-            });
         }
+        self.retained_out
+            .retain(|r| r.cursor.filter() != sub.filter.as_str());
+        self.retained_out.push_back(RetainedSend {
+            cursor: RetainedCursor::new(&sub.filter),
+            qos: sub.qos,
+            subscription_id: sub.subscription_id,
+            found: std::collections::VecDeque::new(),
+        });
     }
+}
+
+/// Retained messages owed to one subscription: where the lookup stands,
+/// and the few it found that are not sent yet (references to the tenant's
+/// copies, at most one step's worth).
+pub(super) struct RetainedSend {
+    pub(super) cursor: RetainedCursor,
+    pub(super) qos: weir_protocols::mqtt::QoS,
+    pub(super) subscription_id: Option<u32>,
+    pub(super) found:
+        std::collections::VecDeque<std::sync::Arc<crate::engine::retained::RetainedMessage>>,
 }
