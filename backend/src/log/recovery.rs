@@ -11,8 +11,37 @@ use std::fs::OpenOptions;
 use std::path::Path;
 
 /// The error for damage at `buf[off..end]` of segment `seg`.
-fn damage(path: &Path, seg: SegmentId, buf: &[u8], off: usize, end: usize) -> StoreError {
-    StoreError::Damaged(Box::new(damage_info(path, seg, buf, off, end)))
+fn damage(
+    path: &Path,
+    seg: SegmentId,
+    buf: &[u8],
+    off: usize,
+    end: usize,
+    recorded_end: u64,
+) -> StoreError {
+    let mut d = damage_info(path, seg, buf, off, end);
+    extend_to_recorded_end(&mut d, buf.len(), recorded_end);
+    StoreError::Damaged(Box::new(d))
+}
+
+/// A damaged range reaching the end of a file shorter than its recorded end
+/// also covers the missing bytes: one damage, not two. Returns whether it
+/// did.
+pub(crate) fn extend_to_recorded_end(
+    d: &mut crate::Damage,
+    file_len: usize,
+    recorded_end: u64,
+) -> bool {
+    let (end, file_len) = (d.offset + d.len, file_len as u64);
+    if end != file_len || recorded_end <= file_len {
+        return false;
+    }
+    d.len = recorded_end - d.offset;
+    d.lost.push(crate::LostRecord::Unreadable {
+        offset: file_len,
+        len: recorded_end - file_len,
+    });
+    true
 }
 
 /// Describes the damage at `buf[off..end]` of segment `seg`.
@@ -172,11 +201,11 @@ pub(crate) fn recover(
                     // Unconfirmed: the last round was never fsynced.
                     scan::Item::TornTail => break,
                     scan::Item::Damaged { end } => {
-                        return Err(damage(&path, seg, &buf, off, end));
+                        return Err(damage(&path, seg, &buf, off, end, recorded_end));
                     }
                     // next_item applies the same check as above.
                     scan::Item::Record { len } => {
-                        return Err(damage(&path, seg, &buf, off, off + len));
+                        return Err(damage(&path, seg, &buf, off, off + len, recorded_end));
                     }
                 },
             };

@@ -61,6 +61,7 @@ pub fn repair(dir: &Path) -> Result<RepairReport, StoreError> {
         let mut damaged = false;
         // Bytes cut below the recorded end: it moves down by as much.
         let mut cut_below_end = 0u64;
+        let mut missing_reported = false;
         let mut off = segment::HEADER_LEN;
         while off < buf.len() {
             match scan::next_item(&buf, off, head, recorded_end) {
@@ -69,10 +70,14 @@ pub fn repair(dir: &Path) -> Result<RepairReport, StoreError> {
                     off += len;
                 }
                 Item::Damaged { end } => {
-                    let d = super::recovery::damage_info(&path, seg, &buf, off, end);
+                    let mut d = super::recovery::damage_info(&path, seg, &buf, off, end);
+                    if super::recovery::extend_to_recorded_end(&mut d, buf.len(), recorded_end) {
+                        // The missing bytes are part of this damage.
+                        missing_reported = true;
+                    }
+                    let (from, to) = (off as u64, off as u64 + d.len);
+                    cut_below_end += to.min(recorded_end) - from.min(recorded_end);
                     note(dir, &mut report, d, &buf[off..end])?;
-                    cut_below_end +=
-                        (end as u64).min(recorded_end) - (off as u64).min(recorded_end);
                     damaged = true;
                     off = end;
                 }
@@ -83,7 +88,8 @@ pub fn repair(dir: &Path) -> Result<RepairReport, StoreError> {
                 }
             }
         }
-        if let Some(d) = super::recovery::missing_tail(&path, seg, off, recorded_end) {
+        let missing = super::recovery::missing_tail(&path, seg, off, recorded_end);
+        if let Some(d) = missing.filter(|_| !missing_reported) {
             // Nothing left to quarantine: the record of the loss is the report.
             cut_below_end += d.len;
             note(dir, &mut report, d, &[])?;

@@ -270,6 +270,48 @@ mod tests {
     }
 
     #[test]
+    fn below_the_recorded_end_nothing_is_torn() {
+        let (buf, starts) = segment(4);
+        let end = buf.len() as u64;
+        // A flipped bit in the last record of a cleanly closed segment (its
+        // whole length recorded): damage, in every byte of the record.
+        for i in starts[3]..buf.len() {
+            let mut b = buf.clone();
+            b[i] ^= 0x20;
+            let items = walk_to(&b, true, end);
+            assert_eq!(
+                items[3],
+                (starts[3], Item::Damaged { end: buf.len() }),
+                "flip at {i}"
+            );
+            // Recorded only up to the record before it: a torn tail.
+            assert_eq!(
+                walk_to(&b, true, starts[3] as u64)[3],
+                (starts[3], Item::TornTail)
+            );
+        }
+        // Cut inside the last record, below the recorded end: damage.
+        let cut = &buf[..starts[3] + 10];
+        assert_eq!(
+            walk_to(cut, true, end)[3],
+            (starts[3], Item::Damaged { end: cut.len() })
+        );
+        // Zeros where fsynced records were: damage up to the recorded end,
+        // then the clean end of the preallocated rest.
+        let mut z = buf.clone();
+        z[starts[2]..].fill(0);
+        z.resize(buf.len() + 512, 0);
+        let items = walk_to(&z, true, end);
+        assert_eq!(items[2], (starts[2], Item::Damaged { end: buf.len() }));
+        assert_eq!(items[3], (buf.len(), Item::CleanEnd));
+        // A torn write past the recorded end is still a torn tail.
+        let mut t = buf.clone();
+        t.extend_from_slice(&buf[starts[1]..starts[1] + 30]);
+        let items = walk_to(&t, true, end);
+        assert_eq!(items[4], (buf.len(), Item::TornTail));
+    }
+
+    #[test]
     fn damage_is_described_by_its_readable_header() {
         let (mut buf, starts) = segment(3);
         // A payload bit (in the body): checksum fails, header readable.

@@ -338,6 +338,12 @@ mod tests {
             };
             assert_eq!(check_header(&t), want, "cut {cut}");
         }
+        // The recorded end does not change the classification.
+        assert_eq!(recorded_end(&seg), 0);
+        set_recorded_end(&mut seg, 0x0102_0304);
+        assert_eq!(recorded_end(&seg), 0x0102_0304);
+        assert_eq!(check_header(&seg), HeaderCheck::Valid);
+        assert_eq!(recorded_end(&h[..13]), 0, "short buffer");
         let mut newer = h.to_vec();
         newer[8] = 7;
         assert_eq!(check_header(&newer), HeaderCheck::Version(7));
