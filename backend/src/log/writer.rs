@@ -103,10 +103,12 @@ pub(crate) fn run(shared: Arc<Shared>) {
             // close() report it rather than claim a clean flush.
             tracing::error!(error = %e, segment = c.id, "sealing the head segment at close");
             shared.state.lock().failed = true;
-        } else if shared.opts.sync {
+        } else if shared.opts.sync && !shared.state.lock().failed {
             // The clean-shutdown mark: the whole segment is durable, so at
             // the next open a bad record anywhere in it is damage, not a
             // torn tail. Synced again so it holds after a power cut too.
+            // (Not after a failed write or fsync: the kernel may have
+            // dropped pages that this sync then does not cover.)
             c.synced_end = c.end;
             c.record_synced_end();
             if let Err(e) = c.file.sync_data() {
