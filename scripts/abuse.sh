@@ -6,6 +6,7 @@
 #   WEIR_BIN=/path/to/weir scripts/abuse.sh topic-backtrack disk-full
 #
 # Attacks: login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
+#          corruption-last-record
 #          memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
 #          login-flood
 #          mqtt-prelogin mqtt-will-props ws-ping-flood (issue 20: MQTT before login, WebSocket pongs)
@@ -35,7 +36,8 @@ ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-proc
      memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
      login-flood
      mqtt-prelogin mqtt-will-props ws-ping-flood
-     mqtt-sub-dup mqtt-sub-wildcards retained-budget)
+     mqtt-sub-dup mqtt-sub-wildcards retained-budget
+     corruption-last-record)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -226,6 +228,50 @@ attack_corruption() {
   emit corruption "$out"
 }
 
+# Issue 20, item 8: the same 48 confirmed messages, but a clean stop (SIGTERM) and one bit flipped
+# inside the LAST record of the head segment (100 bytes before its end, in the last body). Before, that
+# record passed for an unconfirmed torn tail and was dropped with a WARN (and repair found nothing).
+attack_corruption_last_record() {
+  local name=corruption-last-record q=abuse.durable D=$DIR/data L=$DIR/weir.log out pub confirmed seg at rec
+  start_broker "$D" "$L" || { emit $name "skipped: broker did not start"; return; }
+  pub=$(abuse --probe false publish --queue "$q" --count 48 --size 1000)
+  confirmed=$(val confirmed "$pub")
+  stop "$PID"
+  seg=$(ls "$D"/log/*.seg 2>/dev/null | sort | tail -1)
+  [ -n "$seg" ] || { emit $name "skipped: no segment file in $D/log"; return; }
+  at=$(( $(stat -c %s "$seg") - 100 ))
+  abuse flip --file "$seg" --offset "$at" >/dev/null
+  out="confirmed=$confirmed stop=sigterm flip=$(basename "$seg")@$at(last record)"
+  if start_broker "$D" "$L"; then
+    rec=$(count "$q")
+    out+=" restart=started recovered=$rec lost=$(lost "$confirmed" "$rec")"
+    local warn
+    warn=$(grep -aiE "torn|corrupt|truncat|checksum|crc" "$L" | tail -1)
+    [ -n "$warn" ] && out+=" log=\"$(quote "$warn")\""
+    if "$WEIR_BIN" repair --help >/dev/null 2>&1; then
+      stop "$PID"
+      # shellcheck disable=SC2086 # WEIR_REPAIR is a list of words
+      out+=" repair_after=\"$(quote "$("$WEIR_BIN" ${WEIR_REPAIR:-repair --data-dir} "$D" 2>&1 | tail -1)")\""
+    else
+      kill9 "$PID"
+    fi
+  else
+    out+=" restart=refused reason=\"$(quote "$(grep -aiE "error|corrupt" "$L" | tail -1)")\""
+    local rep
+    # shellcheck disable=SC2086 # WEIR_REPAIR is a list of words
+    rep=$("$WEIR_BIN" ${WEIR_REPAIR:-repair --data-dir} "$D" 2>&1 | tail -1)
+    out+=" repair=\"$(quote "$rep")\""
+    if start_broker "$D" "$L"; then
+      rec=$(count "$q")
+      out+=" after_repair=started recovered=$rec lost=$(lost "$confirmed" "$rec")"
+      kill9 "$PID"
+    else
+      out+=" after_repair=refused"
+    fi
+  fi
+  emit $name "$out"
+}
+
 # A second broker started on the data dir of a first one that is taking confirmed publishes; then
 # the second is killed, the first stopped, and the first restarted: confirmed messages missing.
 # (Before the data-dir lock, the second one's recovery truncates the first one's head segment at
@@ -370,6 +416,7 @@ run_attack() {
     topic-backtrack)  run_simple "$1" topic-backtrack --words 30,32 --limit 20 ;;
     bind-burst)       run_simple "$1" bind-burst --count "${BIND_COUNT:-20000}" --limit 45 ;;
     corruption)       attack_corruption ;;
+    corruption-last-record) attack_corruption_last_record ;;
     second-process)   attack_second_process ;;
     disk-full)        attack_disk_full ;;
     memory-64k)       run_simple "$1" publish --queue abuse.mem --durable false --persistent false \

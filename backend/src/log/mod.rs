@@ -53,14 +53,17 @@ pub mod fuzzing {
     /// segment header when `data` has one, else at offset 0 (so mutated
     /// records are reached either way).
     pub fn recover_tail(data: &[u8]) {
-        let start = match super::segment::check_header(data) {
-            super::segment::HeaderCheck::Valid => super::segment::HEADER_LEN,
-            _ => 0,
+        let (start, recorded_end) = match super::segment::check_header(data) {
+            super::segment::HeaderCheck::Valid => (
+                super::segment::HEADER_LEN,
+                super::segment::recorded_end(data),
+            ),
+            _ => (0, 0),
         };
         for head in [true, false] {
             let mut off = start;
             while off < data.len() {
-                match super::scan::next_item(data, off, head) {
+                match super::scan::next_item(data, off, head, recorded_end) {
                     super::scan::Item::Record { len } => {
                         assert!(len > 0 && off + len <= data.len());
                         off += len;

@@ -11,8 +11,37 @@ use std::fs::OpenOptions;
 use std::path::Path;
 
 /// The error for damage at `buf[off..end]` of segment `seg`.
-fn damage(path: &Path, seg: SegmentId, buf: &[u8], off: usize, end: usize) -> StoreError {
-    StoreError::Damaged(Box::new(damage_info(path, seg, buf, off, end)))
+fn damage(
+    path: &Path,
+    seg: SegmentId,
+    buf: &[u8],
+    off: usize,
+    end: usize,
+    recorded_end: u64,
+) -> StoreError {
+    let mut d = damage_info(path, seg, buf, off, end);
+    extend_to_recorded_end(&mut d, buf.len(), recorded_end);
+    StoreError::Damaged(Box::new(d))
+}
+
+/// A damaged range reaching the end of a file shorter than its recorded end
+/// also covers the missing bytes: one damage, not two. Returns whether it
+/// did.
+pub(crate) fn extend_to_recorded_end(
+    d: &mut crate::Damage,
+    file_len: usize,
+    recorded_end: u64,
+) -> bool {
+    let (end, file_len) = (d.offset + d.len, file_len as u64);
+    if end != file_len || recorded_end <= file_len {
+        return false;
+    }
+    d.len = recorded_end - d.offset;
+    d.lost.push(crate::LostRecord::Unreadable {
+        offset: file_len,
+        len: recorded_end - file_len,
+    });
+    true
 }
 
 /// Describes the damage at `buf[off..end]` of segment `seg`.
@@ -31,6 +60,32 @@ pub(crate) fn damage_info(
         reason: scan::reason(&buf[off..end]),
         lost: scan::describe(&buf[off..end], off as u64),
     }
+}
+
+/// The damage of segment `seg` whose data ends at `end`, short of the
+/// durable end its header records: fsynced bytes are missing (the file was
+/// cut, or a flipped bit in the header misrecords its end). `None` when
+/// nothing is missing.
+pub(crate) fn missing_tail(
+    path: &Path,
+    seg: SegmentId,
+    end: usize,
+    recorded_end: u64,
+) -> Option<crate::Damage> {
+    let end = end as u64;
+    (end < recorded_end).then(|| crate::Damage {
+        file: path.to_path_buf(),
+        segment: seg,
+        offset: end,
+        len: recorded_end - end,
+        reason: format!(
+            "the segment ends at byte {end}, before the durable end {recorded_end} its header records"
+        ),
+        lost: vec![crate::LostRecord::Unreadable {
+            offset: end,
+            len: recorded_end - end,
+        }],
+    })
 }
 
 /// A live message during the scan.
@@ -69,7 +124,7 @@ pub(crate) struct RecoveryOutput {
 }
 
 /// Reads the checkpoint and scans `<dir>/log`. Truncates a torn tail of the
-/// last segment; fails on damage anywhere else.
+/// last segment (past its recorded end); fails on damage anywhere else.
 pub(crate) fn recover(
     dir: &Path,
     log_dir: &Path,
@@ -124,6 +179,8 @@ pub(crate) fn recover(
             }
             check => return Err(format_error(dir, &path, seg, check)),
         }
+        // Below it every byte was fsynced: damage there is never a torn tail.
+        let recorded_end = segment::recorded_end(&buf);
         let mut off = segment::HEADER_LEN;
         let mut zero_tail = false;
         while off < buf.len() {
@@ -134,7 +191,7 @@ pub(crate) fn recover(
                 .and_then(|(payload, len)| Some((record::decode_payload(payload).ok()?, len)));
             let (rec, len) = match valid {
                 Some(ok) => ok,
-                None => match scan::next_item(&buf, off, last) {
+                None => match scan::next_item(&buf, off, last, recorded_end) {
                     scan::Item::CleanEnd => {
                         // The preallocated, never-written rest of the head
                         // segment: a clean end, not a torn record.
@@ -144,11 +201,11 @@ pub(crate) fn recover(
                     // Unconfirmed: the last round was never fsynced.
                     scan::Item::TornTail => break,
                     scan::Item::Damaged { end } => {
-                        return Err(damage(&path, seg, &buf, off, end));
+                        return Err(damage(&path, seg, &buf, off, end, recorded_end));
                     }
                     // next_item applies the same check as above.
                     scan::Item::Record { len } => {
-                        return Err(damage(&path, seg, &buf, off, off + len));
+                        return Err(damage(&path, seg, &buf, off, off + len, recorded_end));
                     }
                 },
             };
@@ -244,6 +301,9 @@ pub(crate) fn recover(
             }
             off += len;
         }
+        if let Some(d) = missing_tail(&path, seg, off, recorded_end) {
+            return Err(StoreError::Damaged(Box::new(d)));
+        }
         if zero_tail && keep_zero_tail {
             // Disk full and no reserve: the preallocated rest of the last
             // segment is the only space we are sure to have, so appends
@@ -275,6 +335,7 @@ pub(crate) fn recover(
                 segment = seg,
                 offset = off,
                 bytes = dropped,
+                recorded_end,
                 "truncating torn or corrupt tail of the last log segment"
             );
             let f = OpenOptions::new()
@@ -297,6 +358,16 @@ pub(crate) fn recover(
                 .map_err(|e| StoreError::io(format!("opening {}", path.display()), e))?;
             f.sync_data()
                 .map_err(|e| StoreError::io(format!("fsync {}", path.display()), e))?;
+        }
+        if last && sync && off as u64 > recorded_end {
+            // Everything up to `off` is now durable (synced above) and was
+            // recovered: if the next run crashes before it starts a new
+            // segment, damage below `off` must not pass for a torn tail.
+            OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| segment::record_end(&f, off as u64))
+                .map_err(|e| StoreError::io(format!("writing {}", path.display()), e))?;
         }
         info.size = off as u64;
         segments.insert(seg, info);

@@ -56,35 +56,62 @@ pub fn repair(dir: &Path) -> Result<RepairReport, StoreError> {
             // another format or without a valid header is not repaired.
             check => return Err(super::recovery::format_error(dir, &path, seg, check)),
         }
+        let recorded_end = segment::recorded_end(&buf);
         let mut keep: Vec<u8> = buf[..segment::HEADER_LEN].to_vec();
         let mut damaged = false;
+        // Bytes cut below the recorded end: it moves down by as much.
+        let mut cut_below_end = 0u64;
+        let mut missing_reported = false;
         let mut off = segment::HEADER_LEN;
         while off < buf.len() {
-            match scan::next_item(&buf, off, head) {
+            match scan::next_item(&buf, off, head, recorded_end) {
                 Item::Record { len } => {
                     keep.extend_from_slice(&buf[off..off + len]);
                     off += len;
                 }
                 Item::Damaged { end } => {
-                    let qfile = quarantine(dir, seg, off, &buf[off..end])?;
-                    let d = super::recovery::damage_info(&path, seg, &buf, off, end);
-                    tracing::warn!(damage = %d, quarantine = %qfile.display(), "quarantined");
-                    report.damages.push(d);
-                    report.quarantined.push(qfile);
+                    let mut d = super::recovery::damage_info(&path, seg, &buf, off, end);
+                    if super::recovery::extend_to_recorded_end(&mut d, buf.len(), recorded_end) {
+                        // The missing bytes are part of this damage.
+                        missing_reported = true;
+                    }
+                    let (from, to) = (off as u64, off as u64 + d.len);
+                    cut_below_end += to.min(recorded_end) - from.min(recorded_end);
+                    note(dir, &mut report, d, &buf[off..end])?;
                     damaged = true;
                     off = end;
                 }
                 Item::TornTail | Item::CleanEnd => {
                     keep.extend_from_slice(&buf[off..]);
+                    off = buf.len();
                     break;
                 }
             }
         }
+        let missing = super::recovery::missing_tail(&path, seg, off, recorded_end);
+        if let Some(d) = missing.filter(|_| !missing_reported) {
+            // Nothing left to quarantine: the record of the loss is the report.
+            cut_below_end += d.len;
+            note(dir, &mut report, d, &[])?;
+            damaged = true;
+        }
         if damaged {
+            if recorded_end != 0 {
+                segment::set_recorded_end(&mut keep, recorded_end - cut_below_end);
+            }
             replace_file(&log_dir, &path, &keep)?;
         }
     }
     Ok(report)
+}
+
+/// Quarantines the damaged `bytes` and adds `d` to the report.
+fn note(dir: &Path, report: &mut RepairReport, d: Damage, bytes: &[u8]) -> Result<(), StoreError> {
+    let qfile = quarantine(dir, d.segment, d.offset as usize, bytes)?;
+    tracing::warn!(damage = %d, quarantine = %qfile.display(), "quarantined");
+    report.damages.push(d);
+    report.quarantined.push(qfile);
+    Ok(())
 }
 
 /// Copies a damaged range into `quarantine/<segment>-<offset>-<len>.bin`,

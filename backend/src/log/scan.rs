@@ -2,10 +2,15 @@
 //!
 //! A crash mid-write can only damage the end of the data written to the head
 //! segment: a partial or invalid last record, followed by nothing valid (with
-//! preallocated segments: followed only by zeros). Everything else, a bad
-//! record with valid records after it, or any damage in a sealed segment
-//! (sealed segments are fsynced before their successor exists), may hold
-//! confirmed data and is reported as corruption, never truncated silently.
+//! preallocated segments: followed only by zeros), and only past the
+//! segment's *recorded end* (`segment.rs`), below which everything was
+//! fsynced: a clean shutdown records the segment's whole length there, and
+//! the writer records its fsynced end about once a second. Everything else,
+//! a bad record with valid records after it, a bad record or zeros below the
+//! recorded end, a segment shorter than its recorded end, or any damage in a
+//! sealed segment (sealed segments are fsynced before their successor
+//! exists), may hold confirmed data and is reported as corruption, never
+//! truncated silently.
 
 use super::record::{self, Record};
 use crate::{LostRecord, MessageId};
@@ -15,14 +20,15 @@ use crate::{LostRecord, MessageId};
 pub(crate) enum Item {
     /// A valid record of `len` bytes (framing included).
     Record { len: usize },
-    /// Damage up to `end` (exclusive), where the next valid record starts or
-    /// the segment ends.
+    /// Damage up to `end` (exclusive), where the next valid record starts,
+    /// the recorded end is, or the segment ends.
     Damaged { end: usize },
     /// A partial or invalid record with nothing valid after it, at the end of
-    /// the head segment: an unconfirmed torn write.
+    /// the head segment and at or past its recorded end: an unconfirmed torn
+    /// write.
     TornTail,
-    /// Only zeros from here on in the head segment: its preallocated,
-    /// never-written rest. A clean end.
+    /// Only zeros from here on in the head segment, at or past its recorded
+    /// end: its preallocated, never-written rest. A clean end.
     CleanEnd,
 }
 
@@ -35,11 +41,14 @@ pub(crate) fn valid_record(buf: &[u8]) -> Option<usize> {
 }
 
 /// Classifies what starts at `off` (< `buf.len()`) of a segment whose bytes
-/// are `buf`; `head` says whether it is the last (head) segment.
-pub(crate) fn next_item(buf: &[u8], off: usize, head: bool) -> Item {
+/// are `buf`; `head` says whether it is the last (head) segment, and
+/// `recorded_end` is the durable end its header records (0: none).
+pub(crate) fn next_item(buf: &[u8], off: usize, head: bool, recorded_end: u64) -> Item {
     debug_assert!(off < buf.len());
     let rest = &buf[off..];
-    if head && rest.iter().all(|b| *b == 0) {
+    // Below the recorded end every byte was fsynced: nothing there is torn.
+    let may_be_torn = head && off as u64 >= recorded_end;
+    if may_be_torn && rest.iter().all(|b| *b == 0) {
         return Item::CleanEnd;
     }
     if let Some(len) = valid_record(rest) {
@@ -53,8 +62,14 @@ pub(crate) fn next_item(buf: &[u8], off: usize, head: bool) -> Item {
             return Item::Damaged { end: next };
         }
     }
-    if head {
+    if may_be_torn {
         Item::TornTail
+    } else if head {
+        // What lies past the recorded end may still be an unconfirmed torn
+        // write: the next call classifies it.
+        Item::Damaged {
+            end: usize::try_from(recorded_end).map_or(buf.len(), |e| e.min(buf.len())),
+        }
     } else {
         Item::Damaged { end: buf.len() }
     }
@@ -167,10 +182,15 @@ mod tests {
 
     /// Walks a whole segment the way recovery does.
     fn walk(buf: &[u8], head: bool) -> Vec<(usize, Item)> {
+        walk_to(buf, head, 0)
+    }
+
+    /// The same, for a segment whose header records `recorded_end`.
+    fn walk_to(buf: &[u8], head: bool, recorded_end: u64) -> Vec<(usize, Item)> {
         let mut out = Vec::new();
         let mut off = 0;
         while off < buf.len() {
-            let item = next_item(buf, off, head);
+            let item = next_item(buf, off, head, recorded_end);
             out.push((off, item));
             off = match item {
                 Item::Record { len } => off + len,
@@ -247,6 +267,48 @@ mod tests {
         assert_eq!(items[2], (starts[2], Item::Damaged { end: buf.len() }));
         // The same bytes at the end of the head segment: a torn tail.
         assert_eq!(walk(&buf, true)[2], (starts[2], Item::TornTail));
+    }
+
+    #[test]
+    fn below_the_recorded_end_nothing_is_torn() {
+        let (buf, starts) = segment(4);
+        let end = buf.len() as u64;
+        // A flipped bit in the last record of a cleanly closed segment (its
+        // whole length recorded): damage, in every byte of the record.
+        for i in starts[3]..buf.len() {
+            let mut b = buf.clone();
+            b[i] ^= 0x20;
+            let items = walk_to(&b, true, end);
+            assert_eq!(
+                items[3],
+                (starts[3], Item::Damaged { end: buf.len() }),
+                "flip at {i}"
+            );
+            // Recorded only up to the record before it: a torn tail.
+            assert_eq!(
+                walk_to(&b, true, starts[3] as u64)[3],
+                (starts[3], Item::TornTail)
+            );
+        }
+        // Cut inside the last record, below the recorded end: damage.
+        let cut = &buf[..starts[3] + 10];
+        assert_eq!(
+            walk_to(cut, true, end)[3],
+            (starts[3], Item::Damaged { end: cut.len() })
+        );
+        // Zeros where fsynced records were: damage up to the recorded end,
+        // then the clean end of the preallocated rest.
+        let mut z = buf.clone();
+        z[starts[2]..].fill(0);
+        z.resize(buf.len() + 512, 0);
+        let items = walk_to(&z, true, end);
+        assert_eq!(items[2], (starts[2], Item::Damaged { end: buf.len() }));
+        assert_eq!(items[3], (buf.len(), Item::CleanEnd));
+        // A torn write past the recorded end is still a torn tail.
+        let mut t = buf.clone();
+        t.extend_from_slice(&buf[starts[1]..starts[1] + 30]);
+        let items = walk_to(&t, true, end);
+        assert_eq!(items[4], (buf.len(), Item::TornTail));
     }
 
     #[test]

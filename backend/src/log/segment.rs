@@ -5,8 +5,17 @@
 //! (`record.rs`):
 //!
 //! ```text
-//! "WEIRSEG\0" | format version u32 LE | reserved u32 (0)
+//! "WEIRSEG\0" | format version u32 LE | recorded end u32 LE
 //! ```
+//!
+//! The *recorded end* (written as 0, once reserved) is a lower bound of the
+//! segment's durable data: the writer stores an end there only after an
+//! fsync covered every byte below it (at roll, at close, and about once a
+//! second while it appends; see [`record_end`]). Recovery treats a bad record
+//! below it as damage, never as a torn tail. 0 means nothing was recorded
+//! (segments written before the field existed, with fsync off, or a crash
+//! before the first record): such a segment recovers as before. Builds that
+//! predate the field ignore it, so the format version is unchanged.
 //!
 //! Format 0 (before versions) had no header: its first record started at
 //! offset 0. Recovery refuses segments in any format but [`FORMAT_VERSION`].
@@ -33,6 +42,41 @@ pub(crate) fn header() -> [u8; HEADER_LEN] {
     h[..8].copy_from_slice(&MAGIC);
     h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     h
+}
+
+/// Where the recorded end sits in the header.
+const END_FIELD: usize = 12;
+
+/// The durable end recorded in the header of a segment whose bytes start
+/// with `buf` (0: none recorded).
+pub(crate) fn recorded_end(buf: &[u8]) -> u64 {
+    match buf.get(END_FIELD..HEADER_LEN) {
+        Some(&[a, b, c, d]) => u64::from(u32::from_le_bytes([a, b, c, d])),
+        _ => 0,
+    }
+}
+
+/// Sets the recorded end in a segment's bytes (a segment rewritten by
+/// `weir repair`).
+pub(crate) fn set_recorded_end(buf: &mut [u8], end: u64) {
+    if let (Some(field), Ok(end)) = (buf.get_mut(END_FIELD..HEADER_LEN), u32::try_from(end)) {
+        field.copy_from_slice(&end.to_le_bytes());
+    }
+}
+
+/// Records `end` in the header of the open segment `file`.
+///
+/// Call it only after an fsync that covered every byte below `end`: a crash
+/// can then leave the field old or new, and either is true. (Written before
+/// that fsync, the field could reach the disk while the data did not, and
+/// an unconfirmed torn write would be reported as damage.) The field itself
+/// becomes durable with the file's next fsync; until then a crash simply
+/// leaves the older, smaller end.
+pub(crate) fn record_end(file: &File, end: u64) -> std::io::Result<()> {
+    let Ok(end) = u32::try_from(end) else {
+        return Ok(());
+    };
+    file.write_all_at(&end.to_le_bytes(), END_FIELD as u64)
 }
 
 /// What the first bytes of a segment file say about its format.
@@ -294,6 +338,12 @@ mod tests {
             };
             assert_eq!(check_header(&t), want, "cut {cut}");
         }
+        // The recorded end does not change the classification.
+        assert_eq!(recorded_end(&seg), 0);
+        set_recorded_end(&mut seg, 0x0102_0304);
+        assert_eq!(recorded_end(&seg), 0x0102_0304);
+        assert_eq!(check_header(&seg), HeaderCheck::Valid);
+        assert_eq!(recorded_end(&h[..13]), 0, "short buffer");
         let mut newer = h.to_vec();
         newer[8] = 7;
         assert_eq!(check_header(&newer), HeaderCheck::Version(7));

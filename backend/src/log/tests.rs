@@ -374,6 +374,9 @@ fn torn_move_leaves_the_message_in_its_source() {
         store.close().unwrap();
     }
     let path = segment::segment_path(&dir.path().join("log"), move_loc.segment());
+    // A clean close recorded the move as durable; a crash mid-write would
+    // not have.
+    forget_recorded_end(&path);
     let whole = std::fs::read(&path).unwrap();
     let end = move_loc.offset() as usize + move_loc.len() as usize;
     assert_eq!(whole.len(), end, "the move is the last record");
@@ -725,11 +728,32 @@ fn three_messages(dir: &Path) -> Vec<Location> {
     locs
 }
 
+/// Zeroes the durable end recorded in a segment's header: what a segment
+/// written before the field existed (or with fsync off) looks like.
+fn forget_recorded_end(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    segment::set_recorded_end(&mut bytes, 0);
+    std::fs::write(path, &bytes).unwrap();
+}
+
+fn recorded_end_of(path: &Path) -> u64 {
+    use std::io::Read;
+    let mut h = [0u8; segment::HEADER_LEN];
+    std::fs::File::open(path)
+        .unwrap()
+        .read_exact(&mut h)
+        .unwrap();
+    segment::recorded_end(&h)
+}
+
+/// A segment without a recorded end (older data directories) recovers as
+/// before: a partial last record is a torn tail.
 #[test]
 fn torn_tail_is_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let locs = three_messages(dir.path());
     let path = segment::segment_path(&dir.path().join("log"), locs[2].segment());
+    forget_recorded_end(&path);
     let full = std::fs::metadata(&path).unwrap().len();
     let keep = u64::from(locs[2].offset()) + 5;
     std::fs::OpenOptions::new()
@@ -757,11 +781,14 @@ fn torn_tail_is_truncated() {
     assert_eq!(&store.read(loc).unwrap().body[..], b"four");
 }
 
+/// Without a recorded end (older data directories) a bad last record is
+/// still taken for a torn tail, as before.
 #[test]
-fn corrupt_last_record_is_truncated() {
+fn corrupt_last_record_without_a_recorded_end_is_truncated() {
     let dir = tempfile::tempdir().unwrap();
     let locs = three_messages(dir.path());
     let path = segment::segment_path(&dir.path().join("log"), locs[2].segment());
+    forget_recorded_end(&path);
     let mut bytes = std::fs::read(&path).unwrap();
     let i = locs[2].offset() as usize + locs[2].len() as usize - 2;
     bytes[i] ^= 0xff;
@@ -1759,4 +1786,215 @@ fn a_flooding_owner_is_held_to_its_share_so_a_quiet_owners_record_is_not_behind_
         assert!(!publish_for(&store, Owner::SHARED, &body).over_share);
     }
     store.close().unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// The recorded end: damage below it is never a torn tail (issue 20, item 8)
+
+/// A clean close records the head segment's whole length in its header, so a
+/// flipped bit in its last record is damage: open refuses naming segment and
+/// offset, repair quarantines the record and names the lost message, and the
+/// rest comes back.
+#[test]
+fn clean_close_then_flipped_bit_in_last_record_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let locs = three_messages(dir.path());
+    let last = locs[2];
+    let path = segment::segment_path(&dir.path().join("log"), last.segment());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let end = u64::from(last.offset() + last.len());
+    assert_eq!(bytes.len() as u64, end, "sealed at its last record");
+    assert_eq!(recorded_end_of(&path), end, "the clean close recorded it");
+    let id = {
+        // Which id the last publish got: the first recovery tells.
+        let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        let rec = take_recovered(&store);
+        store.close().unwrap();
+        rec.partitions[&P1][2].id
+    };
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "a clean reopen wrote nothing"
+    );
+    bytes[last.offset() as usize + last.len() as usize - 2] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+
+    match LogStore::open(dir.path(), LogOptions::default()) {
+        Err(StoreError::Damaged(d)) => {
+            assert_eq!(d.segment, last.segment());
+            assert_eq!(d.offset, u64::from(last.offset()));
+            assert_eq!(d.len, u64::from(last.len()));
+            assert_eq!(
+                d.lost,
+                vec![crate::LostRecord::Message {
+                    id,
+                    partitions: vec![P1]
+                }]
+            );
+            let text = StoreError::Damaged(d).to_string();
+            assert!(text.contains("not a torn tail"), "{text}");
+        }
+        other => panic!("expected damage, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "refusing changed the log"
+    );
+
+    let report = super::repair(dir.path()).unwrap();
+    assert_eq!(report.lost_message_ids(), vec![id]);
+    let (o, l) = (last.offset() as usize, last.len() as usize);
+    assert_eq!(
+        std::fs::read(&report.quarantined[0]).unwrap(),
+        bytes[o..o + l]
+    );
+    // The repaired segment records its new end.
+    assert_eq!(recorded_end_of(&path), u64::from(last.offset()));
+
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let rec = take_recovered(&store);
+    assert_eq!(rec.truncated_bytes, 0);
+    assert_eq!(rec.partitions[&P1].len(), 2);
+    assert_eq!(&store.read(locs[1]).unwrap().body[..], b"two");
+    store.close().unwrap();
+    assert!(super::repair(dir.path()).unwrap().damages.is_empty());
+}
+
+/// A cleanly closed segment cut short (inside its last record, or at a
+/// record boundary) lost durable bytes: damage, and repair fixes the header.
+#[test]
+fn segment_shorter_than_its_recorded_end_is_damage() {
+    for inside in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let locs = three_messages(dir.path());
+        let last = locs[2];
+        let path = segment::segment_path(&dir.path().join("log"), last.segment());
+        let cut = u64::from(last.offset()) + if inside { 7 } else { 0 };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        match LogStore::open(dir.path(), LogOptions::default()) {
+            Err(StoreError::Damaged(d)) => {
+                assert_eq!(d.offset, u64::from(last.offset()), "inside {inside}");
+                // The cut-off part of the record included.
+                assert_eq!(d.len, u64::from(last.len()), "inside {inside}");
+                if !inside {
+                    assert!(d.reason.contains("records"), "{}", d.reason);
+                }
+            }
+            other => panic!("inside {inside}: expected damage, got {other:?}"),
+        }
+        let report = super::repair(dir.path()).unwrap();
+        assert_eq!(report.damages.len(), 1, "inside {inside}");
+        assert_eq!(recorded_end_of(&path), u64::from(last.offset()));
+        let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        let rec = take_recovered(&store);
+        assert_eq!(rec.partitions[&P1].len(), 2, "inside {inside}");
+        assert_eq!(rec.truncated_bytes, 0);
+    }
+}
+
+/// After a crash (files copied from a running store), what the writer had
+/// recorded as fsynced is protected, and only a torn write past it is a torn
+/// tail.
+#[test]
+fn after_a_crash_only_a_tail_past_the_recorded_end_is_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LogOptions {
+        segment_size: 1 << 20,
+        ..LogOptions::default()
+    };
+    let store = LogStore::open(dir.path(), opts.clone()).unwrap();
+    let mut locs = Vec::new();
+    for body in [&b"one"[..], b"two", b"three"] {
+        locs.push(publish(&store, &[P1], body).1);
+    }
+    let last = locs[2];
+    let end = u64::from(last.offset() + last.len());
+    let path = segment::segment_path(&dir.path().join("log"), last.segment());
+    // The writer records the fsynced end once idle (within about a second).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while recorded_end_of(&path) < end {
+        assert!(std::time::Instant::now() < deadline, "end never recorded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // What a kill -9 leaves: the preallocated head, as it is now.
+    let image = std::fs::read(&path).unwrap();
+    assert!(image.len() as u64 > end, "head segment is preallocated");
+    store.close().unwrap();
+    drop(store);
+
+    let crashed = |bytes: &[u8]| {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("log")).unwrap();
+        std::fs::write(
+            segment::segment_path(&d.path().join("log"), last.segment()),
+            bytes,
+        )
+        .unwrap();
+        d
+    };
+
+    // A torn write after the recorded end: truncated, all three kept.
+    let mut torn = image.clone();
+    let e = end as usize;
+    torn[e..e + 20].copy_from_slice(&image[locs[1].offset() as usize..][..20]);
+    let d = crashed(&torn);
+    let store = LogStore::open(d.path(), opts.clone()).unwrap();
+    let rec = take_recovered(&store);
+    assert_eq!(rec.partitions[&P1].len(), 3);
+    assert!(rec.truncated_bytes > 0);
+    store.close().unwrap();
+
+    // A flipped bit in the last (fsynced, recorded) record: damage.
+    let mut flipped = image.clone();
+    flipped[last.offset() as usize + 12] ^= 0x40;
+    let d = crashed(&flipped);
+    match LogStore::open(d.path(), opts.clone()) {
+        Err(StoreError::Damaged(dmg)) => assert_eq!(dmg.offset, u64::from(last.offset())),
+        other => panic!("expected damage, got {other:?}"),
+    }
+    // The same flip when the crash came before the end was recorded: an
+    // unconfirmed torn tail, as before.
+    segment::set_recorded_end(&mut flipped, u64::from(last.offset()));
+    let d = crashed(&flipped);
+    let store = LogStore::open(d.path(), opts.clone()).unwrap();
+    let rec = take_recovered(&store);
+    assert_eq!(rec.partitions[&P1].len(), 2);
+    // The record and the preallocated zeros after it.
+    assert_eq!(
+        rec.truncated_bytes,
+        flipped.len() as u64 - u64::from(last.offset())
+    );
+}
+
+/// Rolling to a new segment records the sealed one's whole length, and a
+/// store with fsync off records nothing (nothing is known durable).
+#[test]
+fn rolls_record_the_sealed_end_and_fsync_off_records_nothing() {
+    for sync in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = LogOptions { sync, ..small() };
+        let store = LogStore::open(dir.path(), opts).unwrap();
+        for _ in 0..40 {
+            publish(&store, &[P1], &[7u8; 300]);
+        }
+        let segs = seg_files(dir.path());
+        assert!(segs.len() >= 3);
+        for &seg in &segs[..segs.len() - 1] {
+            let path = segment::segment_path(&dir.path().join("log"), seg);
+            let want = if sync {
+                std::fs::metadata(&path).unwrap().len()
+            } else {
+                0
+            };
+            assert_eq!(recorded_end_of(&path), want, "sync {sync} segment {seg}");
+        }
+        store.close().unwrap();
+    }
 }

@@ -26,7 +26,38 @@ struct Current {
     /// Logical end: bytes of records written. The file itself is longer
     /// while it is the head (preallocated, zero-filled past `end`).
     end: u64,
+    /// `end` as of the last fsync: every byte below it is durable.
+    synced_end: u64,
+    /// The end last recorded in the segment's header (`segment::record_end`).
+    recorded_end: u64,
 }
+
+impl Current {
+    /// Whether durable bytes are not yet covered by the recorded end.
+    fn unrecorded(&self) -> bool {
+        self.synced_end > self.recorded_end
+    }
+
+    /// Records the fsynced end in the header. A failure only weakens later
+    /// damage detection (the older end stays), so it is logged, not fatal.
+    fn record_synced_end(&mut self) {
+        match super::segment::record_end(&self.file, self.synced_end) {
+            Ok(()) => self.recorded_end = self.synced_end,
+            Err(e) => {
+                tracing::warn!(error = %e, segment = self.id, "recording the durable end of a segment failed");
+                // Do not retry every round.
+                self.recorded_end = self.synced_end;
+            }
+        }
+    }
+}
+
+/// How often (at most) the writer records the head segment's fsynced end in
+/// its header while appending. Each recording dirties the header's page, so
+/// the next fdatasync writes one more block: once a second that is noise,
+/// every round it would not be. A crash can then pass off as a torn tail
+/// only what was fsynced in the last second or so, never more.
+const RECORD_END_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What one round does.
 struct Round {
@@ -61,7 +92,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
     // disk is full and no reserve is left: then its preallocated rest is the
     // space the next run records settles in (see `recover`).
     let keep_tail = shared.opts.reserve && !reserve_path(&shared.log_dir).exists();
-    if let Some(c) = cur {
+    if let Some(mut c) = cur {
         let sealed = if keep_tail { Ok(()) } else { seal(&c) };
         if let Err(e) = sealed.and_then(|()| {
             c.file
@@ -72,6 +103,17 @@ pub(crate) fn run(shared: Arc<Shared>) {
             // close() report it rather than claim a clean flush.
             tracing::error!(error = %e, segment = c.id, "sealing the head segment at close");
             shared.state.lock().failed = true;
+        } else if shared.opts.sync && !shared.state.lock().failed {
+            // The clean-shutdown mark: the whole segment is durable, so at
+            // the next open a bad record anywhere in it is damage, not a
+            // torn tail. Synced again so it holds after a power cut too.
+            // (Not after a failed write or fsync: the kernel may have
+            // dropped pages that this sync then does not cover.)
+            c.synced_end = c.end;
+            c.record_synced_end();
+            if let Err(e) = c.file.sync_data() {
+                tracing::warn!(error = %e, segment = c.id, "fsync of the recorded end at close");
+            }
         }
     }
 }
@@ -193,7 +235,13 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
     // When the head segment first held written but unsynced data.
     let mut dirty_since: Option<std::time::Instant> = None;
     let mut reserve_tried: Option<std::time::Instant> = None;
-    while let Some(mut round) = next_round(shared, dirty_since.is_some()) {
+    // When the head's fsynced end was last recorded in its header.
+    let mut end_recorded_at: Option<std::time::Instant> = None;
+    loop {
+        let unrecorded = shared.opts.sync && cur.as_ref().is_some_and(Current::unrecorded);
+        let Some(mut round) = next_round(shared, dirty_since.is_some(), unrecorded) else {
+            break;
+        };
         // Under a steady stream of unwaited rounds, still sync every IDLE_SYNC.
         if dirty_since.is_some_and(|t| t.elapsed() >= IDLE_SYNC) {
             round.sync = true;
@@ -218,6 +266,8 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             );
         }
         match written {
+            // A round with neither data nor waiters only synced or recorded.
+            Ok(()) if round.chunks.is_empty() && round.waiters.is_empty() => {}
             Ok(()) => crate::metrics::commit_round(
                 round.waiters.len(),
                 round.chunks.iter().map(|c| c.buf.len()).sum(),
@@ -260,6 +310,14 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
         for w in round.waiters {
             call_waiter(w, Ok(()));
         }
+        // After the waiters: off their latency. `started` is this round's
+        // clock read, so this adds none.
+        if let Some(c) = cur.as_mut().filter(|c| shared.opts.sync && c.unrecorded()) {
+            if end_recorded_at.is_none_or(|t| started.duration_since(t) >= RECORD_END_EVERY) {
+                c.record_synced_end();
+                end_recorded_at = Some(started);
+            }
+        }
         if let Some(r) = round.reclaim {
             let started = std::time::Instant::now();
             let segments = r.segments.len();
@@ -287,7 +345,9 @@ fn call_waiter(w: Waiter, result: Result<(), StoreError>) {
 }
 
 /// Waits for work and takes it. `None` when the store is closing and drained.
-fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
+/// `unrecorded`: the head's fsynced end is not yet in its header, so an idle
+/// writer comes back (with an empty round) until it is recorded.
+fn next_round(shared: &Shared, dirty: bool, unrecorded: bool) -> Option<Round> {
     let mut st = shared.state.lock();
     let mut idle_timeout = false;
     loop {
@@ -305,7 +365,7 @@ fn next_round(shared: &Shared, dirty: bool) -> Option<Round> {
             // Disk full: come back regularly to try the reserve again.
             break;
         }
-        if idle_timeout && (dirty || !st.pending.is_empty()) {
+        if idle_timeout && (dirty || unrecorded || !st.pending.is_empty()) {
             // Quiet for a while with unwritten or unsynced data that nobody
             // waits on: write and sync it now.
             break;
@@ -420,6 +480,11 @@ fn write_round(
                         fatal(StoreError::io(format!("fsync segment {}", old.id), e))
                     })?;
                     shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+                    // Should its successor never reach the disk, it is the
+                    // last segment at recovery: its whole length is durable.
+                    let mut old = old;
+                    old.synced_end = old.end;
+                    old.record_synced_end();
                 }
             }
             let path = segment_path(&shared.log_dir, chunk.segment);
@@ -463,6 +528,8 @@ fn write_round(
                 file,
                 dirty: false,
                 end: 0,
+                synced_end: 0,
+                recorded_end: 0,
             });
         }
         let c = cur.as_mut().expect("current segment was just set");
@@ -498,6 +565,7 @@ fn write_round(
             crate::metrics::fsync(t.elapsed());
             shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
             c.dirty = false;
+            c.synced_end = c.end;
         } else if !sync {
             c.dirty = false;
         }
