@@ -551,7 +551,7 @@ impl Engine {
         let mut users: HashSet<&str> = HashSet::new();
         for u in &d.users {
             check_user(u)?;
-            users.insert(&u.name);
+            users.insert(u.name.as_str());
         }
         let user_exists = |u: &str| users.contains(u) || self.users.read().contains_key(u);
         for p in &d.permissions {
