@@ -437,31 +437,35 @@ impl Engine {
                 json(&self.next_partition_hint())?,
             );
         }
+        // Whether a binding is stored: both its ends are durable (looked up
+        // by name, among the new ones first).
+        let new_x: HashMap<(&str, &str), bool> = plan
+            .exchanges
+            .iter()
+            .map(|(t, x)| ((&*t.name, x.name.as_str()), x.durable))
+            .collect();
+        let new_q: HashMap<(&str, &str), bool> = plan
+            .queues
+            .iter()
+            .map(|(t, q)| ((&*t.name, q.name.as_str()), q.durable))
+            .collect();
+        let exchange_durable = |t: &Arc<Tenant>, name: &str| {
+            new_x
+                .get(&(&*t.name, name))
+                .copied()
+                .or_else(|| t.exchange(name).ok().map(|x| x.def.durable))
+        };
         let durable_ends = |t: &Arc<Tenant>, b: &crate::meta::BindingDef| {
-            let x = plan
-                .exchanges
-                .iter()
-                .find(|(pt, x)| Arc::ptr_eq(pt, t) && x.name == b.source)
-                .map(|(_, x)| x.durable)
-                .or_else(|| t.exchange(&b.source).ok().map(|x| x.def.durable));
             let dest = match b.destination_kind {
-                meta::DestinationKind::Queue => plan
-                    .queues
-                    .iter()
-                    .find(|(pt, q)| Arc::ptr_eq(pt, t) && q.name == b.destination)
-                    .map(|(_, q)| q.durable)
-                    .or_else(|| {
+                meta::DestinationKind::Queue => {
+                    new_q.get(&(&*t.name, b.destination.as_str())).copied().or_else(|| {
                         t.queue_named(&b.destination)
                             .map(|q| q.def.durable && q.exclusive_owner().is_none())
-                    }),
-                meta::DestinationKind::Exchange => plan
-                    .exchanges
-                    .iter()
-                    .find(|(pt, x)| Arc::ptr_eq(pt, t) && x.name == b.destination)
-                    .map(|(_, x)| x.durable)
-                    .or_else(|| t.exchange(&b.destination).ok().map(|x| x.def.durable)),
+                    })
+                }
+                meta::DestinationKind::Exchange => exchange_durable(t, &b.destination),
             };
-            x == Some(true) && dest == Some(true)
+            exchange_durable(t, &b.source) == Some(true) && dest == Some(true)
         };
         for (t, b) in &plan.bindings {
             if durable_ends(t, b) {
@@ -528,9 +532,11 @@ impl Engine {
         if let Some(t) = self.tenant(name) {
             return Ok(t);
         }
+        // A document naming a vhost it does not create is malformed (400
+        // over HTTP, as before imports were checked whole).
         new.get(name)
             .cloned()
-            .ok_or_else(|| EngineError::NotFound(format!("no vhost '{name}'")))
+            .ok_or_else(|| invalid(format!("no vhost '{name}'")))
     }
 
     /// Checks an import whole without changing anything (see
@@ -590,15 +596,15 @@ impl Engine {
             }
             t.check_new_exchange(x)?;
             if t.quota().limits().max_exchanges.is_some() {
-                let added = added_x.entry(v.clone()).or_default();
-                let declared = t
-                    .exchanges()
-                    .iter()
-                    .filter(|e| !e.def.name.starts_with("amq."))
-                    .count();
-                t.quota()
-                    .check_exchange(&t.name, &x.name, declared + *added)?;
-                *added += 1;
+                // Counted once per tenant, then the import's added to it.
+                let count = added_x.entry(v.clone()).or_insert_with(|| {
+                    t.exchanges()
+                        .iter()
+                        .filter(|e| !e.def.name.starts_with("amq."))
+                        .count()
+                });
+                t.quota().check_exchange(&t.name, &x.name, *count)?;
+                *count += 1;
             }
             planned_x.insert((v.clone(), x.name.clone()), exchanges.len());
             exchanges.push((t, x.clone()));
@@ -635,10 +641,11 @@ impl Engine {
                 continue;
             }
             let args = t.check_new_queue(&q.name, &req)?;
-            let added = added_q.entry(v.clone()).or_default();
-            t.quota()
-                .check_queue(&t.name, &q.name, t.queues().len() + *added)?;
-            *added += 1;
+            let count = added_q
+                .entry(v.clone())
+                .or_insert_with(|| t.queue_count());
+            t.quota().check_queue(&t.name, &q.name, *count)?;
+            *count += 1;
             planned_q.insert((v.clone(), q.name.clone()), queues.len());
             queues.push((
                 t,

@@ -336,6 +336,11 @@ impl Tenant {
         })
     }
 
+    /// How many queues it has.
+    pub fn queue_count(&self) -> usize {
+        self.queues.read().len()
+    }
+
     /// Every queue.
     pub fn queues(&self) -> Vec<Arc<Queue>> {
         self.queues.read().values().cloned().collect()

@@ -245,3 +245,4 @@ fn declares_over_the_size_limits_are_refused() {
     assert_eq!(t.queues().len(), 1, "only 'small' was declared");
     let _: Arc<Engine> = te.engine.clone();
 }
+

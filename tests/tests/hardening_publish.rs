@@ -341,3 +341,37 @@ async fn a_refused_import_changes_nothing() {
     assert_eq!(imported(&h), (0, 0));
     assert_eq!(h.get("/api/exchanges/%2F/imp-x").status, 404);
 }
+
+/// Moving dead letters back writes copies: under the disk alarm it is
+/// refused with 503 and the dead letters stay where they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_dead_letters_is_refused_under_the_disk_alarm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut b = Broker::start_in(dir.path());
+    let h = http(&b);
+    h.put("/api/exchanges/%2F/dlx", json!({"type": "fanout"}));
+    h.put("/api/queues/%2F/dlq", json!({}));
+    h.post("/api/bindings/%2F/e/dlx/q/dlq", json!({"routing_key": ""}));
+    // TTL 0: dead-lettered as soon as it arrives.
+    h.put(
+        "/api/queues/%2F/src",
+        json!({"arguments": {"x-dead-letter-exchange": "dlx", "x-message-ttl": 0}}),
+    );
+    for _ in 0..3 {
+        let r = h.post("/api/exchanges/%2F/amq.default/publish", publish_body("src"));
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    wait_until("3 dead letters", OP_TIMEOUT, || async {
+        depth(&h, "%2F", "dlq") == 3
+    })
+    .await;
+    b.stop();
+    let b = Broker::start_in_with(dir.path(), &["--disk-free-limit", "1PB"]);
+    let h = http(&b);
+    wait_for_alarm(&h).await;
+    let r = h.post("/api/queues/%2F/dlq/requeue-dead-letters", json!({}));
+    assert_eq!(r.status, 503, "{}", r.text);
+    assert!(r.text.contains("disk"), "{}", r.text);
+    assert_eq!(depth(&h, "%2F", "dlq"), 3);
+    assert_eq!(depth(&h, "%2F", "src"), 0);
+}
