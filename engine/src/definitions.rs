@@ -457,12 +457,13 @@ impl Engine {
         };
         let durable_ends = |t: &Arc<Tenant>, b: &crate::meta::BindingDef| {
             let dest = match b.destination_kind {
-                meta::DestinationKind::Queue => {
-                    new_q.get(&(&*t.name, b.destination.as_str())).copied().or_else(|| {
+                meta::DestinationKind::Queue => new_q
+                    .get(&(&*t.name, b.destination.as_str()))
+                    .copied()
+                    .or_else(|| {
                         t.queue_named(&b.destination)
                             .map(|q| q.def.durable && q.exclusive_owner().is_none())
-                    })
-                }
+                    }),
                 meta::DestinationKind::Exchange => exchange_durable(t, &b.destination),
             };
             exchange_durable(t, &b.source) == Some(true) && dest == Some(true)
@@ -641,9 +642,7 @@ impl Engine {
                 continue;
             }
             let args = t.check_new_queue(&q.name, &req)?;
-            let count = added_q
-                .entry(v.clone())
-                .or_insert_with(|| t.queue_count());
+            let count = added_q.entry(v.clone()).or_insert_with(|| t.queue_count());
             t.quota().check_queue(&t.name, &q.name, *count)?;
             *count += 1;
             planned_q.insert((v.clone(), q.name.clone()), queues.len());

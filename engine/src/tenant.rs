@@ -663,32 +663,32 @@ impl Tenant {
     /// A redeclare of `q` as `req` (under `name`) is equivalent
     /// (RabbitMQ's 406 texts; an exclusivity mismatch is 405).
     pub(crate) fn queue_equivalent(&self, q: &Queue, req: &QueueDeclare, name: &str) -> Result<()> {
-                let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
-                    ok.then_some(())
-                        .ok_or_else(|| inequivalent(arg, "queue", &name, &self.name, recv, current))
-                };
-                same(
-                    "durable",
-                    q.def.durable == req.durable,
-                    &req.durable,
-                    &q.def.durable,
-                )?;
-                if q.exclusive_owner().is_some() != req.exclusive {
-                    // RabbitMQ answers an exclusivity mismatch as a lock conflict.
-                    return Err(EngineError::ResourceLocked(format!(
-                        "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'",
-                        self.name
-                    )));
-                }
-                same(
-                    "auto_delete",
-                    q.def.auto_delete == req.auto_delete,
-                    &req.auto_delete,
-                    &q.def.auto_delete,
-                )?;
-                if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
-                    return Err(inequivalent(&k, "queue", name, &self.name, recv, cur));
-                }
+        let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
+            ok.then_some(())
+                .ok_or_else(|| inequivalent(arg, "queue", name, &self.name, recv, current))
+        };
+        same(
+            "durable",
+            q.def.durable == req.durable,
+            &req.durable,
+            &q.def.durable,
+        )?;
+        if q.exclusive_owner().is_some() != req.exclusive {
+            // RabbitMQ answers an exclusivity mismatch as a lock conflict.
+            return Err(EngineError::ResourceLocked(format!(
+                "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'",
+                self.name
+            )));
+        }
+        same(
+            "auto_delete",
+            q.def.auto_delete == req.auto_delete,
+            &req.auto_delete,
+            &q.def.auto_delete,
+        )?;
+        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
+            return Err(inequivalent(&k, "queue", name, &self.name, recv, cur));
+        }
         Ok(())
     }
 

@@ -97,14 +97,18 @@ fn an_import_is_one_metadata_batch_and_survives_a_restart() {
     let t = e.tenant(DEFAULT_TENANT).expect("tenant");
     assert_eq!(t.queues().len(), 200);
     assert_eq!(t.exchange("imp-x").expect("x").binding_count(), 200);
-    assert!(e.tenant("other").is_some_and(|o| o.queue_named("in-other").is_some()));
+    assert!(e
+        .tenant("other")
+        .is_some_and(|o| o.queue_named("in-other").is_some()));
     drop(e);
     let e = Engine::open(store.reopen()).expect("reopen");
     let t = e.tenant(DEFAULT_TENANT).expect("tenant");
     assert_eq!(t.queues().len(), 200);
     assert_eq!(t.exchange("imp-x").expect("x").binding_count(), 200);
     assert_eq!(t.policies().len(), 1);
-    assert!(e.tenant("other").is_some_and(|o| o.queue_named("in-other").is_some()));
+    assert!(e
+        .tenant("other")
+        .is_some_and(|o| o.queue_named("in-other").is_some()));
     // A second import of the same document changes nothing and is fine.
     e.import(doc(200)).expect("reimport");
     assert_eq!(t.queues().len(), 200);
@@ -245,4 +249,3 @@ fn declares_over_the_size_limits_are_refused() {
     assert_eq!(t.queues().len(), 1, "only 'small' was declared");
     let _: Arc<Engine> = te.engine.clone();
 }
-

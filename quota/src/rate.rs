@@ -205,7 +205,9 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(r.admit(10), Ok(()));
         }
-        let w = r.admit(10).expect_err("the 11th in a second is over the rate");
+        let w = r
+            .admit(10)
+            .expect_err("the 11th in a second is over the rate");
         assert!(w > Duration::ZERO && w <= Duration::from_secs(1), "{w:?}");
         clock.advance(Duration::from_secs(1));
         // Larger than a second of bytes: admitted once a second's room is there.

@@ -110,7 +110,10 @@ async fn http_publish_obeys_the_tenant_publish_rate() {
     let started = Instant::now();
     let (mut ok, mut refused) = (0u64, None);
     for _ in 0..60 {
-        let r = h.post("/api/exchanges/a/amq.default/publish", publish_body("paced"));
+        let r = h.post(
+            "/api/exchanges/a/amq.default/publish",
+            publish_body("paced"),
+        );
         match r.status {
             200 => ok += 1,
             429 => refused = Some(r),
@@ -185,7 +188,10 @@ async fn oversized_definitions_are_refused() {
     assert_code(r, 406);
     // HTTP: 400 with the reason, for arguments, names, bindings, policies.
     let h = http(&b);
-    let r = h.put("/api/queues/%2F/big-args", json!({"arguments": {"x-big": big}}));
+    let r = h.put(
+        "/api/queues/%2F/big-args",
+        json!({"arguments": {"x-big": big}}),
+    );
     assert_eq!(r.status, 400, "{}", r.text);
     assert!(r.text.contains("arguments"), "{}", r.text);
     let r = h.put(
@@ -277,12 +283,16 @@ async fn an_import_killed_midway_leaves_nothing_or_everything() {
         if round == 1 {
             // Once the import shows: mid-way on a broker that imports item
             // by item, done on one that imports in one step.
-            wait_until("the first imported queue", Duration::from_secs(60), || async {
-                h.get_json("/api/overview")["object_totals"]["queues"]
-                    .as_u64()
-                    .unwrap_or(0)
-                    > 0
-            })
+            wait_until(
+                "the first imported queue",
+                Duration::from_secs(60),
+                || async {
+                    h.get_json("/api/overview")["object_totals"]["queues"]
+                        .as_u64()
+                        .unwrap_or(0)
+                        > 0
+                },
+            )
             .await;
         }
         b.kill9();
@@ -358,7 +368,10 @@ async fn requeue_dead_letters_is_refused_under_the_disk_alarm() {
         json!({"arguments": {"x-dead-letter-exchange": "dlx", "x-message-ttl": 0}}),
     );
     for _ in 0..3 {
-        let r = h.post("/api/exchanges/%2F/amq.default/publish", publish_body("src"));
+        let r = h.post(
+            "/api/exchanges/%2F/amq.default/publish",
+            publish_body("src"),
+        );
         assert_eq!(r.status, 200, "{}", r.text);
     }
     wait_until("3 dead letters", OP_TIMEOUT, || async {

@@ -81,9 +81,8 @@ pub mod fuzzing {
 mod tests;
 
 use crate::{
-    Admission, LiveSet, Location, MessageData, MessageId, Op, Owner, PartitionId, Receipt,
-    MetaChange, RecoveredMessage, RecoveredMeta, Relocation, SegmentId, Store, StoreError,
-    StoreStats,
+    Admission, LiveSet, Location, MessageData, MessageId, MetaChange, Op, Owner, PartitionId,
+    Receipt, RecoveredMessage, RecoveredMeta, Relocation, SegmentId, Store, StoreError, StoreStats,
     StoredMessage, Waiter,
 };
 use bytes::Bytes;

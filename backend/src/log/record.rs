@@ -605,7 +605,10 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
             // Each change takes at least 5 bytes: a count beyond what the
             // payload can hold is damage, not an allocation.
             if n > payload.len() / 5 {
-                return Err(format!("meta-batch of {n} changes in {} bytes", payload.len()));
+                return Err(format!(
+                    "meta-batch of {n} changes in {} bytes",
+                    payload.len()
+                ));
             }
             let mut changes = Vec::with_capacity(n);
             for _ in 0..n {

@@ -87,10 +87,12 @@ pub(crate) fn refused(r: crate::tenant_gate::Refusal) -> axum::response::Respons
     use axum::response::IntoResponse;
     let reason = r.to_string();
     match r {
-        Refusal::Alarm(_) => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", reason)
-                .into_response()
-        }
+        Refusal::Alarm(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            reason,
+        )
+        .into_response(),
         Refusal::Quota(_) => {
             ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", reason)
                 .into_response()
