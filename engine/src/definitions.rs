@@ -1,5 +1,7 @@
 //! Durable users, permissions and topic permissions: the engine calls the
-//! configuration applies at every start and the management API will use.
+//! configuration applies at every start and the management API will use;
+//! and definitions import ([`Engine::import`]): checked whole, stored as
+//! one metadata batch.
 //! Each change is appended to the store's metadata and applied in memory at
 //! once (a revoked permission holds for the next operation of every
 //! client); the returned wait resolves when it is durable.
@@ -7,8 +9,11 @@
 use crate::error::{EngineError, Result};
 use crate::meta;
 use crate::permissions::{PermissionDef, TopicPermissionDef, UserDef};
+use crate::tenant::{QueueDeclare, Tenant};
 use crate::{DurableWait, Engine};
-use weir_backend::Op;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use weir_backend::{MetaChange, Op};
 
 fn invalid(e: impl std::fmt::Display) -> EngineError {
     EngineError::PreconditionFailed(e.to_string())
@@ -381,11 +386,6 @@ struct Plan {
     bindings: Vec<(Arc<Tenant>, crate::meta::BindingDef)>,
     policies: Vec<(Arc<Tenant>, crate::policy::PolicyDef)>,
 }
-
-use crate::tenant::{QueueDeclare, Tenant};
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
-use weir_backend::MetaChange;
 
 impl Engine {
     /// Imports a definitions document all or nothing: every item is

@@ -205,15 +205,6 @@ impl Tenant {
     pub(crate) fn check_policy(&self, def: PolicyDef) -> Result<Policy> {
         crate::bounds::check_name("policy", &def.name)?;
         crate::bounds::check_pattern("policy pattern", &def.pattern)?;
-        if def.definition.len() > crate::bounds::MAX_ARGUMENT_ENTRIES {
-            return Err(EngineError::PreconditionFailed(format!(
-                "definition of policy '{}' in vhost '{}' has {} entries: at most {}",
-                def.name,
-                self.name,
-                def.definition.len(),
-                crate::bounds::MAX_ARGUMENT_ENTRIES
-            )));
-        }
         crate::bounds::check_arguments(
             &format_args!("policy '{}' in vhost '{}'", def.name, self.name),
             &Value::Object(def.definition.clone()),
@@ -453,43 +444,40 @@ impl Tenant {
 
     /// A redeclare of `cur` as `def` is equivalent (RabbitMQ's 406 texts).
     pub(crate) fn exchange_equivalent(&self, cur: &ExchangeDef, def: &ExchangeDef) -> Result<()> {
-        {
-            let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
-                ok.then_some(()).ok_or_else(|| {
-                    inequivalent(arg, "exchange", &def.name, &self.name, recv, current)
-                })
-            };
-            same(
-                "type",
-                cur.kind == def.kind,
-                &def.kind.as_str(),
-                &cur.kind.as_str(),
-            )?;
-            same(
-                "durable",
-                cur.durable == def.durable,
-                &def.durable,
-                &cur.durable,
-            )?;
-            same(
-                "auto_delete",
-                cur.auto_delete == def.auto_delete,
-                &def.auto_delete,
-                &cur.auto_delete,
-            )?;
-            same(
-                "internal",
-                cur.internal == def.internal,
-                &def.internal,
-                &cur.internal,
-            )?;
-            same(
-                "type",
-                cur.delayed == def.delayed,
-                &def.type_name(),
-                &cur.type_name(),
-            )?;
-        }
+        let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
+            ok.then_some(())
+                .ok_or_else(|| inequivalent(arg, "exchange", &def.name, &self.name, recv, current))
+        };
+        same(
+            "type",
+            cur.kind == def.kind,
+            &def.kind.as_str(),
+            &cur.kind.as_str(),
+        )?;
+        same(
+            "durable",
+            cur.durable == def.durable,
+            &def.durable,
+            &cur.durable,
+        )?;
+        same(
+            "auto_delete",
+            cur.auto_delete == def.auto_delete,
+            &def.auto_delete,
+            &cur.auto_delete,
+        )?;
+        same(
+            "internal",
+            cur.internal == def.internal,
+            &def.internal,
+            &cur.internal,
+        )?;
+        same(
+            "type",
+            cur.delayed == def.delayed,
+            &def.type_name(),
+            &cur.type_name(),
+        )?;
         Ok(())
     }
 
