@@ -11,6 +11,7 @@
 #          login-flood
 #          mqtt-prelogin mqtt-will-props ws-ping-flood (issue 20: MQTT before login, WebSocket pongs)
 #          mqtt-sub-dup mqtt-sub-wildcards retained-budget
+#          http-publish-alarm http-publish-rate big-arguments import-kill (HTTP clients: abuse-publish.py)
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -37,7 +38,8 @@ ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-proc
      login-flood
      mqtt-prelogin mqtt-will-props ws-ping-flood
      mqtt-sub-dup mqtt-sub-wildcards retained-budget
-     corruption-last-record)
+     corruption-last-record
+     http-publish-alarm http-publish-rate big-arguments import-kill)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -409,6 +411,67 @@ TOML
   emit "$name" "$out"
 }
 
+# The HTTP listener's address of the broker started last (from its log).
+http_addr() {
+  sed -e 's/\x1b\[[0-9;]*m//g' "$1" | grep -a "HTTP listener ready" | tail -1 | grep -o 'addr=[0-9.:]*' | cut -d= -f2
+}
+PUBLISH_PY=$ROOT/scripts/abuse-publish.py
+# A config file for the default tenant's quotas (the default guest keeps its permissions).
+tenant_config() { printf '[[tenants]]\nname = "/"\n%s\n' "$2" >"$1"; }
+
+attack_http_publish_alarm() {
+  start_broker "$DIR/data" "$DIR/weir.log" --disk-free-limit 1PB ||
+    { emit http-publish-alarm "skipped: broker did not start"; return; }
+  local out
+  out=$(python3 "$PUBLISH_PY" publish-alarm --http "$(http_addr "$DIR/weir.log")" --secs 20)
+  kill -0 "$PID" 2>/dev/null || out+=" broker=dead$(death "$DIR/weir.log")"
+  kill9 "$PID"
+  emit http-publish-alarm "disk alarm, 4 HTTP publishers of 512 KB: $out"
+}
+
+attack_http_publish_rate() {
+  local out rate queued
+  tenant_config "$DIR/rate.toml" "publish-rate = 10"
+  start_broker "$DIR/data" "$DIR/weir.log" --config "$DIR/rate.toml" ||
+    { emit http-publish-rate "skipped: broker did not start"; return; }
+  rate=$(python3 "$PUBLISH_PY" publish-rate --http "$(http_addr "$DIR/weir.log")" --secs 5)
+  kill9 "$PID"
+  tenant_config "$DIR/queued.toml" "max-queued-messages = 100"
+  start_broker "$DIR/data2" "$DIR/weir.log" --config "$DIR/queued.toml" ||
+    { emit http-publish-rate "skipped: broker did not start"; return; }
+  queued=$(python3 "$PUBLISH_PY" publish-queued --http "$(http_addr "$DIR/weir.log")")
+  kill9 "$PID"
+  emit http-publish-rate "publish-rate=10: $rate | max-queued-messages=100: $queued"
+}
+
+attack_big_arguments() {
+  local out
+  start_broker "$DIR/data" "$DIR/weir.log" ||
+    { emit big-arguments "skipped: broker did not start"; return; }
+  out=$(python3 "$PUBLISH_PY" big-arguments --http "$(http_addr "$DIR/weir.log")" --pid "$PID")
+  kill -0 "$PID" 2>/dev/null || out+=" broker=dead$(death "$DIR/weir.log")"
+  stop "$PID"
+  emit big-arguments "$out data_mb=$(du -sm "$DIR/data" | cut -f1)"
+}
+
+attack_import_kill() {
+  local n=${IMPORT_QUEUES:-10000} timed after
+  start_broker "$DIR/data" "$DIR/weir.log" ||
+    { emit import-kill "skipped: broker did not start"; return; }
+  timed=$(python3 "$PUBLISH_PY" import --http "$(http_addr "$DIR/weir.log")" --queues "$n")
+  kill9 "$PID"
+  # Again on a fresh broker, killed -9 once the first imported queue shows.
+  start_broker "$DIR/data2" "$DIR/weir.log" ||
+    { emit import-kill "skipped: broker did not start"; return; }
+  python3 "$PUBLISH_PY" import --http "$(http_addr "$DIR/weir.log")" --queues "$n" --no-wait >/dev/null
+  kill9 "$PID"
+  start_broker "$DIR/data2" "$DIR/weir.log" ||
+    { emit import-kill "skipped: broker did not restart"; return; }
+  after=$(python3 "$PUBLISH_PY" count-imported --http "$(http_addr "$DIR/weir.log")")
+  kill9 "$PID"
+  emit import-kill "$timed | kill -9 once queues show, restart: $after (of $n each; all or none)"
+}
+
 run_attack() {
   case $1 in
     login-arrays)     run_simple "$1" login-nesting --kind arrays --depth 2100 ;;
@@ -437,6 +500,10 @@ run_attack() {
     mqtt-sub-wildcards) attack_retained "$1" mqtt-sub-wildcards --retained "${RETAINED:-100000}" \
                         --filters 1000 --subscribers 2 --limit 120 ;;
     retained-budget)  attack_retained "$1" retained-budget --size 600000 --max 200 ;;
+    http-publish-alarm) attack_http_publish_alarm ;;
+    http-publish-rate)  attack_http_publish_rate ;;
+    big-arguments)      attack_big_arguments ;;
+    import-kill)        attack_import_kill ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

@@ -250,6 +250,34 @@ pub enum Op<'a> {
         /// The key.
         key: &'a [u8],
     },
+    /// Several metadata changes made together: after a crash either all of
+    /// them are in the recovered map or none (one record with one
+    /// checksum on the embedded log; one transaction elsewhere). For
+    /// changes that only make sense whole, such as a definitions import.
+    /// Later changes to a key in the batch win. Accepted while the disk is
+    /// full, like the other metadata ops; a batch is one record, so it is
+    /// bounded by the store's largest record ([`StoreError::TooLarge`]).
+    MetaBatch {
+        /// The changes, in order.
+        changes: &'a [MetaChange<'a>],
+    },
+}
+
+/// One change of an [`Op::MetaBatch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaChange<'a> {
+    /// Sets `key` to `value`.
+    Put {
+        /// The key (engine-encoded).
+        key: &'a [u8],
+        /// The value (engine-encoded).
+        value: &'a [u8],
+    },
+    /// Removes `key`.
+    Delete {
+        /// The key.
+        key: &'a [u8],
+    },
 }
 
 /// A message read back from the store.

@@ -165,6 +165,12 @@ pub fn hash_password(password: &[u8]) -> Result<String, AuthError> {
 
 /// Parses a configured PHC string and checks it is argon2id with parameters
 /// a login can afford.
+/// Whether `phc` is a hash [`Authenticator::put`] accepts for `user`
+/// (checked before a definitions import changes anything).
+pub(crate) fn check_hash(user: &str, phc: &str) -> Result<(), AuthError> {
+    parse_hash(user, phc).map(|_| ())
+}
+
 fn parse_hash(user: &str, phc: &str) -> Result<PasswordHash, AuthError> {
     let bad = |reason: String| AuthError::BadHash {
         user: user.to_string(),

@@ -1,5 +1,7 @@
 //! Durable users, permissions and topic permissions: the engine calls the
-//! configuration applies at every start and the management API will use.
+//! configuration applies at every start and the management API will use;
+//! and definitions import ([`Engine::import`]): checked whole, stored as
+//! one metadata batch.
 //! Each change is appended to the store's metadata and applied in memory at
 //! once (a revoked permission holds for the next operation of every
 //! client); the returned wait resolves when it is durable.
@@ -7,8 +9,11 @@
 use crate::error::{EngineError, Result};
 use crate::meta;
 use crate::permissions::{PermissionDef, TopicPermissionDef, UserDef};
+use crate::tenant::{QueueDeclare, Tenant};
 use crate::{DurableWait, Engine};
-use weir_backend::Op;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use weir_backend::{MetaChange, Op};
 
 fn invalid(e: impl std::fmt::Display) -> EngineError {
     EngineError::PreconditionFailed(e.to_string())
@@ -16,6 +21,34 @@ fn invalid(e: impl std::fmt::Display) -> EngineError {
 
 fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| EngineError::CommandInvalid(e.to_string()))
+}
+
+/// A user's name and tags are within the size limits, its hash usable.
+fn check_user(def: &UserDef) -> Result<()> {
+    if def.name.is_empty() {
+        return Err(invalid("a user needs a name"));
+    }
+    crate::bounds::check_name("user", &def.name)?;
+    crate::bounds::check_tags(&def.name, &def.tags)?;
+    crate::auth::check_hash(&def.name, &def.password_hash).map_err(invalid)
+}
+
+fn check_permission(def: &PermissionDef) -> Result<()> {
+    for (what, p) in [
+        ("configure pattern", &def.configure),
+        ("write pattern", &def.write),
+        ("read pattern", &def.read),
+    ] {
+        crate::bounds::check_pattern(what, p)?;
+    }
+    def.validate().map_err(invalid)
+}
+
+fn check_topic_permission(def: &TopicPermissionDef) -> Result<()> {
+    crate::bounds::check_name("exchange", &def.exchange)?;
+    crate::bounds::check_pattern("write pattern", &def.write)?;
+    crate::bounds::check_pattern("read pattern", &def.read)?;
+    def.validate().map_err(invalid)
 }
 
 /// Definitions the configuration file sets at a start (see
@@ -50,6 +83,7 @@ impl Engine {
     /// Adds or replaces a user (its hash is checked; cached logins of the
     /// user are forgotten at once).
     pub fn put_user(&self, def: UserDef) -> Result<DurableWait> {
+        check_user(&def)?;
         self.auth
             .put(
                 &def.name,
@@ -145,7 +179,7 @@ impl Engine {
     /// Sets (replaces) a user's permissions in a tenant; both must exist.
     pub fn set_permissions(&self, def: PermissionDef) -> Result<DurableWait> {
         self.check_user_and_tenant(&def.user, &def.vhost)?;
-        def.validate().map_err(invalid)?;
+        check_permission(&def)?;
         let wait = self.persist(&[Op::PutMeta {
             key: &meta::permission_key(&def.vhost, &def.user),
             value: &json(&def)?,
@@ -169,7 +203,7 @@ impl Engine {
     /// tenant; the user and the tenant must exist.
     pub fn set_topic_permissions(&self, def: TopicPermissionDef) -> Result<DurableWait> {
         self.check_user_and_tenant(&def.user, &def.vhost)?;
-        def.validate().map_err(invalid)?;
+        check_topic_permission(&def)?;
         let wait = self.persist(&[Op::PutMeta {
             key: &meta::topic_permission_key(&def.vhost, &def.user, &def.exchange),
             value: &json(&def)?,
@@ -287,5 +321,400 @@ impl Engine {
         if let Err(e) = self.permissions.set(p) {
             tracing::warn!(error = %e, "default permissions");
         }
+    }
+}
+
+/// A queue in a definitions import (never exclusive).
+#[derive(Clone, Debug)]
+pub struct ImportedQueue {
+    /// Name.
+    pub name: String,
+    /// Survives restarts.
+    pub durable: bool,
+    /// Deleted after its last consumer goes.
+    pub auto_delete: bool,
+    /// Arguments.
+    pub arguments: serde_json::Value,
+}
+
+/// A definitions document (RabbitMQ's `/api/definitions`), parsed by the
+/// caller; each item of a tenant names it (the `String` of the pairs).
+#[derive(Clone, Debug, Default)]
+pub struct Import {
+    /// Tenants (vhosts) created if missing.
+    pub tenants: Vec<String>,
+    /// Users, added or replaced.
+    pub users: Vec<UserDef>,
+    /// Permissions, set.
+    pub permissions: Vec<PermissionDef>,
+    /// Topic permissions, set.
+    pub topic_permissions: Vec<TopicPermissionDef>,
+    /// Policies, set.
+    pub policies: Vec<(String, crate::policy::PolicyDef)>,
+    /// Exchanges, declared (an existing one must be equivalent).
+    pub exchanges: Vec<(String, crate::exchange::ExchangeDef)>,
+    /// Queues, declared (an existing one must be equivalent).
+    pub queues: Vec<(String, ImportedQueue)>,
+    /// Bindings, added.
+    pub bindings: Vec<(String, crate::meta::BindingDef)>,
+}
+
+impl Import {
+    /// Items in the document.
+    pub fn len(&self) -> usize {
+        self.tenants.len()
+            + self.users.len()
+            + self.permissions.len()
+            + self.topic_permissions.len()
+            + self.policies.len()
+            + self.exchanges.len()
+            + self.queues.len()
+            + self.bindings.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Validated import, ready to apply: what is new, per tenant.
+struct Plan {
+    tenants: Vec<String>,
+    exchanges: Vec<(Arc<Tenant>, crate::exchange::ExchangeDef)>,
+    queues: Vec<(Arc<Tenant>, crate::queue::QueueDef)>,
+    bindings: Vec<(Arc<Tenant>, crate::meta::BindingDef)>,
+    policies: Vec<(Arc<Tenant>, crate::policy::PolicyDef)>,
+}
+
+impl Engine {
+    /// Imports a definitions document all or nothing: every item is
+    /// checked first (against the existing definitions and the rest of the
+    /// document: equivalence of redeclared queues and exchanges, binding
+    /// ends, permissions' users and tenants, quotas, size limits), and the
+    /// first problem refuses the whole import with nothing changed. Then
+    /// every metadata change is appended as one [`Op::MetaBatch`] (one
+    /// record, one fsync: after a crash the store holds all of it or none)
+    /// and applied in memory as recovery would. The wait resolves when the
+    /// batch is durable. Items that exist unchanged are left alone.
+    ///
+    /// A declare by a client racing with the import for a name the import
+    /// creates keeps the client's (in memory; the stored definition is the
+    /// import's until that queue or exchange changes again).
+    pub fn import(self: &Arc<Self>, d: Import) -> Result<Option<DurableWait>> {
+        let plan = self.check_import(&d)?;
+        // The metadata, keyed so a key written twice is written once.
+        let mut meta: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for t in &plan.tenants {
+            meta.insert(meta::tenant_key(t), b"{}".to_vec());
+        }
+        for u in &d.users {
+            meta.insert(meta::user_key(&u.name), json(u)?);
+        }
+        for p in &d.permissions {
+            meta.insert(meta::permission_key(&p.vhost, &p.user), json(p)?);
+        }
+        for p in &d.topic_permissions {
+            meta.insert(
+                meta::topic_permission_key(&p.vhost, &p.user, &p.exchange),
+                json(p)?,
+            );
+        }
+        for (t, p) in &plan.policies {
+            meta.insert(meta::policy_key(&t.name, &p.name), json(p)?);
+        }
+        for (t, x) in plan.exchanges.iter().filter(|(_, x)| x.durable) {
+            meta.insert(meta::exchange_key(&t.name, &x.name), json(x)?);
+        }
+        let mut any_queue = false;
+        for (t, q) in plan.queues.iter().filter(|(_, q)| q.durable) {
+            meta.insert(meta::queue_key(&t.name, &q.name), json(q)?);
+            any_queue = true;
+        }
+        if any_queue {
+            meta.insert(
+                meta::NEXT_PARTITION_KEY.to_vec(),
+                json(&self.next_partition_hint())?,
+            );
+        }
+        // Whether a binding is stored: both its ends are durable (looked up
+        // by name, among the new ones first).
+        let new_x: HashMap<(&str, &str), bool> = plan
+            .exchanges
+            .iter()
+            .map(|(t, x)| ((&*t.name, x.name.as_str()), x.durable))
+            .collect();
+        let new_q: HashMap<(&str, &str), bool> = plan
+            .queues
+            .iter()
+            .map(|(t, q)| ((&*t.name, q.name.as_str()), q.durable))
+            .collect();
+        let exchange_durable = |t: &Arc<Tenant>, name: &str| {
+            new_x
+                .get(&(&*t.name, name))
+                .copied()
+                .or_else(|| t.exchange(name).ok().map(|x| x.def.durable))
+        };
+        let durable_ends = |t: &Arc<Tenant>, b: &crate::meta::BindingDef| {
+            let dest = match b.destination_kind {
+                meta::DestinationKind::Queue => new_q
+                    .get(&(&*t.name, b.destination.as_str()))
+                    .copied()
+                    .or_else(|| {
+                        t.queue_named(&b.destination)
+                            .map(|q| q.def.durable && q.exclusive_owner().is_none())
+                    }),
+                meta::DestinationKind::Exchange => exchange_durable(t, &b.destination),
+            };
+            exchange_durable(t, &b.source) == Some(true) && dest == Some(true)
+        };
+        for (t, b) in &plan.bindings {
+            if durable_ends(t, b) {
+                meta.insert(meta::binding_key(&t.name, b), json(b)?);
+            }
+        }
+        let changes: Vec<MetaChange<'_>> = meta
+            .iter()
+            .map(|(k, v)| MetaChange::Put { key: k, value: v })
+            .collect();
+        let wait = if changes.is_empty() {
+            None
+        } else {
+            Some(self.persist(&[Op::MetaBatch { changes: &changes }])?)
+        };
+        drop(changes);
+        // In memory, as recovery restores what it reads. Items of a new
+        // tenant were checked against a scratch object: they go to the
+        // registered one.
+        for t in &plan.tenants {
+            self.tenant_or_create(t);
+        }
+        let registered = |t: Arc<Tenant>| self.tenant(&t.name).unwrap_or(t);
+        for u in d.users {
+            self.auth
+                .put(&u.name, &u.password_hash, u.tags.clone(), u.loopback_only)
+                .map_err(invalid)?;
+            self.users.write().insert(u.name.clone(), u);
+        }
+        for p in d.permissions {
+            self.permissions.set(p).map_err(invalid)?;
+        }
+        for p in d.topic_permissions {
+            self.permissions.set_topic(p).map_err(invalid)?;
+        }
+        for (t, p) in plan.policies {
+            registered(t).restore_policy(p)?;
+        }
+        for (t, x) in plan.exchanges {
+            let t = registered(t);
+            if t.exchange(&x.name).is_err() {
+                t.restore_exchange(x);
+            }
+        }
+        for (t, q) in plan.queues {
+            let t = registered(t);
+            if t.queue_named(&q.name).is_none() {
+                t.restore_queue(q);
+            }
+        }
+        for (t, b) in plan.bindings {
+            registered(t).restore_binding(&b)?;
+        }
+        Ok(wait)
+    }
+
+    /// The tenant `name`, or (for one the import creates) a scratch one to
+    /// check its items against, registered only when the import applies.
+    fn import_tenant(
+        self: &Arc<Self>,
+        name: &str,
+        new: &mut HashMap<String, Arc<Tenant>>,
+    ) -> Result<Arc<Tenant>> {
+        if let Some(t) = self.tenant(name) {
+            return Ok(t);
+        }
+        // A document naming a vhost it does not create is malformed (400
+        // over HTTP, as before imports were checked whole).
+        new.get(name)
+            .cloned()
+            .ok_or_else(|| invalid(format!("no vhost '{name}'")))
+    }
+
+    /// Checks an import whole without changing anything (see
+    /// [`Engine::import`]); what it would add.
+    fn check_import(self: &Arc<Self>, d: &Import) -> Result<Plan> {
+        let mut new_tenants: HashMap<String, Arc<Tenant>> = HashMap::new();
+        let mut tenants = Vec::new();
+        for t in &d.tenants {
+            if t.is_empty() {
+                return Err(invalid("a vhost needs a name"));
+            }
+            crate::bounds::check_name("vhost", t)?;
+            if self.tenant(t).is_none() && !new_tenants.contains_key(t) {
+                new_tenants.insert(t.clone(), Tenant::new(t, Arc::downgrade(self)));
+                tenants.push(t.clone());
+            }
+        }
+        let mut users: HashSet<&str> = HashSet::new();
+        for u in &d.users {
+            check_user(u)?;
+            users.insert(u.name.as_str());
+        }
+        let user_exists = |u: &str| users.contains(u) || self.users.read().contains_key(u);
+        for p in &d.permissions {
+            if !user_exists(&p.user) {
+                return Err(EngineError::NotFound(format!("no user '{}'", p.user)));
+            }
+            self.import_tenant(&p.vhost, &mut new_tenants)?;
+            check_permission(p)?;
+        }
+        for p in &d.topic_permissions {
+            if !user_exists(&p.user) {
+                return Err(EngineError::NotFound(format!("no user '{}'", p.user)));
+            }
+            self.import_tenant(&p.vhost, &mut new_tenants)?;
+            check_topic_permission(p)?;
+        }
+        let mut policies = Vec::new();
+        for (v, p) in &d.policies {
+            let t = self.import_tenant(v, &mut new_tenants)?;
+            t.check_policy(p.clone())?;
+            policies.push((t, p.clone()));
+        }
+        // Exchanges: new ones, and the quota counting them.
+        let mut exchanges: Vec<(Arc<Tenant>, crate::exchange::ExchangeDef)> = Vec::new();
+        let mut planned_x: HashMap<(String, String), usize> = HashMap::new();
+        let mut added_x: HashMap<String, usize> = HashMap::new();
+        for (v, x) in &d.exchanges {
+            let t = self.import_tenant(v, &mut new_tenants)?;
+            if let Ok(cur) = t.exchange(&x.name) {
+                t.exchange_equivalent(&cur.def, x)?;
+                continue;
+            }
+            if let Some(i) = planned_x.get(&(v.clone(), x.name.clone())) {
+                t.exchange_equivalent(&exchanges[*i].1, x)?;
+                continue;
+            }
+            t.check_new_exchange(x)?;
+            if t.quota().limits().max_exchanges.is_some() {
+                // Counted once per tenant, then the import's added to it.
+                let count = added_x.entry(v.clone()).or_insert_with(|| {
+                    t.exchanges()
+                        .iter()
+                        .filter(|e| !e.def.name.starts_with("amq."))
+                        .count()
+                });
+                t.quota().check_exchange(&t.name, &x.name, *count)?;
+                *count += 1;
+            }
+            planned_x.insert((v.clone(), x.name.clone()), exchanges.len());
+            exchanges.push((t, x.clone()));
+        }
+        let mut queues: Vec<(Arc<Tenant>, crate::queue::QueueDef)> = Vec::new();
+        let mut planned_q: HashMap<(String, String), usize> = HashMap::new();
+        let mut added_q: HashMap<String, usize> = HashMap::new();
+        for (v, q) in &d.queues {
+            let t = self.import_tenant(v, &mut new_tenants)?;
+            let req = QueueDeclare {
+                name: q.name.clone(),
+                passive: false,
+                durable: q.durable,
+                exclusive: false,
+                auto_delete: q.auto_delete,
+                arguments: q.arguments.clone(),
+                connection: 0,
+            };
+            if let Some(cur) = t.queue_named(&q.name) {
+                t.queue_equivalent(&cur, &req, &q.name)?;
+                continue;
+            }
+            if let Some(i) = planned_q.get(&(v.clone(), q.name.clone())) {
+                let def = &queues[*i].1;
+                let same = def.durable == q.durable
+                    && def.auto_delete == q.auto_delete
+                    && def.arguments == q.arguments;
+                if !same {
+                    return Err(invalid(format!(
+                        "queue '{}' in vhost '{v}' is defined twice, differently",
+                        q.name
+                    )));
+                }
+                continue;
+            }
+            let args = t.check_new_queue(&q.name, &req)?;
+            let count = added_q.entry(v.clone()).or_insert_with(|| t.queue_count());
+            t.quota().check_queue(&t.name, &q.name, *count)?;
+            *count += 1;
+            planned_q.insert((v.clone(), q.name.clone()), queues.len());
+            queues.push((
+                t,
+                crate::queue::QueueDef {
+                    name: q.name.clone(),
+                    durable: q.durable,
+                    auto_delete: q.auto_delete,
+                    arguments: q.arguments.clone(),
+                    // Ids only: a failed import wastes a few, harmlessly.
+                    partitions: (0..args.partitions)
+                        .map(|_| self.allocate_partition().0)
+                        .collect(),
+                },
+            ));
+        }
+        let mut bindings = Vec::new();
+        for (v, b) in &d.bindings {
+            let t = self.import_tenant(v, &mut new_tenants)?;
+            t.check_binding(&b.source, &b.destination, &b.key, &b.arguments)?;
+            if b.source.is_empty()
+                || (b.destination_kind == meta::DestinationKind::Exchange
+                    && b.destination.is_empty())
+            {
+                return Err(EngineError::AccessRefused(format!(
+                    "operation not permitted on the default exchange in vhost '{v}'"
+                )));
+            }
+            let key = |n: &str| (v.clone(), n.to_string());
+            if t.exchange(&b.source).is_err() && !planned_x.contains_key(&key(&b.source)) {
+                return Err(EngineError::NotFound(format!(
+                    "no exchange '{}' in vhost '{v}'",
+                    b.source
+                )));
+            }
+            match b.destination_kind {
+                meta::DestinationKind::Queue => match t.queue_named(&b.destination) {
+                    Some(q) if q.exclusive_owner().is_some() => {
+                        return Err(EngineError::ResourceLocked(format!(
+                            "cannot obtain exclusive access to locked queue '{}' in vhost '{v}'",
+                            b.destination
+                        )))
+                    }
+                    Some(_) => {}
+                    None if planned_q.contains_key(&key(&b.destination)) => {}
+                    None => {
+                        return Err(EngineError::NotFound(format!(
+                            "no queue '{}' in vhost '{v}'",
+                            b.destination
+                        )))
+                    }
+                },
+                meta::DestinationKind::Exchange => {
+                    if t.exchange(&b.destination).is_err()
+                        && !planned_x.contains_key(&key(&b.destination))
+                    {
+                        return Err(EngineError::NotFound(format!(
+                            "no exchange '{}' in vhost '{v}'",
+                            b.destination
+                        )));
+                    }
+                }
+            }
+            bindings.push((t, b.clone()));
+        }
+        Ok(Plan {
+            tenants,
+            exchanges,
+            queues,
+            bindings,
+            policies,
+        })
     }
 }

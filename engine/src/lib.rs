@@ -16,12 +16,14 @@
 //! * [`stats`]: per-queue figures (depth, bytes, oldest message,
 //!   attempts, counters) for the management API and metrics.
 //! * [`permissions`], [`definitions`]: users' permissions per tenant and
-//!   topic, durable users and permissions.
+//!   topic, durable users and permissions, definitions import (one batch).
+//! * [`bounds`]: size limits of names, arguments and other definitions.
 
 #![forbid(unsafe_code)]
 
 pub mod args;
 pub mod auth;
+pub mod bounds;
 pub mod client;
 pub mod consumer;
 pub mod deadletter;
@@ -289,6 +291,7 @@ impl Engine {
         if let Some(t) = self.tenant(name) {
             return Ok((t, None));
         }
+        bounds::check_name("vhost", name)?;
         let wait = self.persist(&[Op::PutMeta {
             key: &meta::tenant_key(name),
             value: b"{}",

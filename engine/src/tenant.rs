@@ -188,8 +188,7 @@ impl Tenant {
     /// existing queues at once.
     pub fn set_policy(&self, def: PolicyDef) -> Result<DurableWait> {
         let engine = self.engine()?;
-        let policy =
-            Policy::new(def).map_err(|e| EngineError::PreconditionFailed(e.to_string()))?;
+        let policy = self.check_policy(def)?;
         let key = meta::policy_key(&self.name, &policy.def.name);
         let value = serde_json::to_vec(&policy.def)
             .map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
@@ -199,6 +198,18 @@ impl Tenant {
         }])?;
         self.install_policy(policy);
         Ok(wait)
+    }
+
+    /// A policy as `def` defines it: checked, and within the size limits
+    /// ([`crate::bounds`]).
+    pub(crate) fn check_policy(&self, def: PolicyDef) -> Result<Policy> {
+        crate::bounds::check_name("policy", &def.name)?;
+        crate::bounds::check_pattern("policy pattern", &def.pattern)?;
+        crate::bounds::check_arguments(
+            &format_args!("policy '{}' in vhost '{}'", def.name, self.name),
+            &Value::Object(def.definition.clone()),
+        )?;
+        Policy::new(def).map_err(|e| EngineError::PreconditionFailed(e.to_string()))
     }
 
     /// Deletes a policy; its queues fall back to their own arguments.
@@ -316,6 +327,11 @@ impl Tenant {
         })
     }
 
+    /// How many queues it has.
+    pub fn queue_count(&self) -> usize {
+        self.queues.read().len()
+    }
+
     /// Every queue.
     pub fn queues(&self) -> Vec<Arc<Queue>> {
         self.queues.read().values().cloned().collect()
@@ -370,53 +386,13 @@ impl Tenant {
             if passive {
                 return self.barrier(x.def.durable);
             }
-            let cur = &x.def;
-            let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
-                ok.then_some(()).ok_or_else(|| {
-                    inequivalent(arg, "exchange", &def.name, &self.name, recv, current)
-                })
-            };
-            same(
-                "type",
-                cur.kind == def.kind,
-                &def.kind.as_str(),
-                &cur.kind.as_str(),
-            )?;
-            same(
-                "durable",
-                cur.durable == def.durable,
-                &def.durable,
-                &cur.durable,
-            )?;
-            same(
-                "auto_delete",
-                cur.auto_delete == def.auto_delete,
-                &def.auto_delete,
-                &cur.auto_delete,
-            )?;
-            same(
-                "internal",
-                cur.internal == def.internal,
-                &def.internal,
-                &cur.internal,
-            )?;
-            same(
-                "type",
-                cur.delayed == def.delayed,
-                &def.type_name(),
-                &cur.type_name(),
-            )?;
+            self.exchange_equivalent(&x.def, &def)?;
             return self.barrier(x.def.durable);
         }
         if passive {
             return Err(not_found_exchange(&def.name, &self.name));
         }
-        if def.name.starts_with("amq.") {
-            return Err(EngineError::AccessRefused(format!(
-                "exchange name '{}' contains reserved prefix 'amq.*'",
-                def.name
-            )));
-        }
+        self.check_new_exchange(&def)?;
         let engine = self.engine()?;
         let mut w = self.exchanges.write();
         if w.contains_key(&def.name) {
@@ -442,6 +418,67 @@ impl Tenant {
         };
         w.insert(def.name.clone(), Exchange::new(def));
         Ok(wait)
+    }
+
+    /// A new exchange's name and arguments are acceptable: not reserved,
+    /// within the size limits ([`crate::bounds`]).
+    pub(crate) fn check_new_exchange(&self, def: &ExchangeDef) -> Result<()> {
+        if def.name.is_empty() {
+            return Err(EngineError::AccessRefused(format!(
+                "operation not permitted on the default exchange in vhost '{}'",
+                self.name
+            )));
+        }
+        if def.name.starts_with("amq.") {
+            return Err(EngineError::AccessRefused(format!(
+                "exchange name '{}' contains reserved prefix 'amq.*'",
+                def.name
+            )));
+        }
+        crate::bounds::check_name("exchange", &def.name)?;
+        crate::bounds::check_arguments(
+            &format_args!("exchange '{}' in vhost '{}'", def.name, self.name),
+            &def.arguments,
+        )
+    }
+
+    /// A redeclare of `cur` as `def` is equivalent (RabbitMQ's 406 texts).
+    pub(crate) fn exchange_equivalent(&self, cur: &ExchangeDef, def: &ExchangeDef) -> Result<()> {
+        let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
+            ok.then_some(())
+                .ok_or_else(|| inequivalent(arg, "exchange", &def.name, &self.name, recv, current))
+        };
+        same(
+            "type",
+            cur.kind == def.kind,
+            &def.kind.as_str(),
+            &cur.kind.as_str(),
+        )?;
+        same(
+            "durable",
+            cur.durable == def.durable,
+            &def.durable,
+            &cur.durable,
+        )?;
+        same(
+            "auto_delete",
+            cur.auto_delete == def.auto_delete,
+            &def.auto_delete,
+            &cur.auto_delete,
+        )?;
+        same(
+            "internal",
+            cur.internal == def.internal,
+            &def.internal,
+            &cur.internal,
+        )?;
+        same(
+            "type",
+            cur.delayed == def.delayed,
+            &def.type_name(),
+            &cur.type_name(),
+        )?;
+        Ok(())
     }
 
     /// exchange.delete. Deleting a missing exchange succeeds, as in RabbitMQ.
@@ -537,32 +574,7 @@ impl Tenant {
         if let Some(q) = existing {
             check_exclusive(&q, req.connection, &self.name)?;
             if !req.passive {
-                let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
-                    ok.then_some(())
-                        .ok_or_else(|| inequivalent(arg, "queue", &name, &self.name, recv, current))
-                };
-                same(
-                    "durable",
-                    q.def.durable == req.durable,
-                    &req.durable,
-                    &q.def.durable,
-                )?;
-                if q.exclusive_owner().is_some() != req.exclusive {
-                    // RabbitMQ answers an exclusivity mismatch as a lock conflict.
-                    return Err(EngineError::ResourceLocked(format!(
-                        "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'",
-                        self.name
-                    )));
-                }
-                same(
-                    "auto_delete",
-                    q.def.auto_delete == req.auto_delete,
-                    &req.auto_delete,
-                    &q.def.auto_delete,
-                )?;
-                if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
-                    return Err(inequivalent(&k, "queue", &name, &self.name, recv, cur));
-                }
+                self.queue_equivalent(&q, &req, &name)?;
             }
             q.touch();
             let declared = QueueDeclared {
@@ -578,38 +590,7 @@ impl Tenant {
         if req.passive {
             return Err(not_found_queue(&name, &self.name));
         }
-        if name.starts_with("amq.") && !req.name.is_empty() {
-            return Err(EngineError::AccessRefused(format!(
-                "queue name '{name}' contains reserved prefix 'amq.*'"
-            )));
-        }
-        let args = crate::args::QueueArgs::parse(&req.arguments)
-            .map_err(|e| EngineError::PreconditionFailed(e.message(&name, &self.name)))?;
-        if let Some((arg, type_name)) = QueueArgs::wrong_type(&req.arguments, args.queue_type) {
-            return Err(EngineError::PreconditionFailed(format!(
-                "invalid arg '{arg}' for queue '{name}' in vhost '{}' of queue type {type_name}",
-                self.name
-            )));
-        }
-        if args.queue_type == crate::args::QueueType::Quorum {
-            // RabbitMQ's checks, in its order: a quorum queue is replicated
-            // and durable by nature.
-            let bad = if req.auto_delete {
-                Some("auto-delete")
-            } else if req.exclusive {
-                Some("exclusive-owner")
-            } else if !req.durable {
-                Some("non-durable")
-            } else {
-                None
-            };
-            if let Some(prop) = bad {
-                return Err(EngineError::PreconditionFailed(format!(
-                    "invalid property '{prop}' for queue '{name}' in vhost '{}'",
-                    self.name
-                )));
-            }
-        }
+        let args = self.check_new_queue(&name, &req)?;
         let mut w = self.queues.write();
         if w.contains_key(&name) {
             // Raced with another declare: answer as for an existing queue.
@@ -665,6 +646,88 @@ impl Tenant {
             },
             wait,
         ))
+    }
+
+    /// A redeclare of `q` as `req` (under `name`) is equivalent
+    /// (RabbitMQ's 406 texts; an exclusivity mismatch is 405).
+    pub(crate) fn queue_equivalent(&self, q: &Queue, req: &QueueDeclare, name: &str) -> Result<()> {
+        let same = |arg: &str, ok: bool, recv: &dyn Display, current: &dyn Display| {
+            ok.then_some(())
+                .ok_or_else(|| inequivalent(arg, "queue", name, &self.name, recv, current))
+        };
+        same(
+            "durable",
+            q.def.durable == req.durable,
+            &req.durable,
+            &q.def.durable,
+        )?;
+        if q.exclusive_owner().is_some() != req.exclusive {
+            // RabbitMQ answers an exclusivity mismatch as a lock conflict.
+            return Err(EngineError::ResourceLocked(format!(
+                "cannot obtain exclusive access to locked queue '{name}' in vhost '{}'",
+                self.name
+            )));
+        }
+        same(
+            "auto_delete",
+            q.def.auto_delete == req.auto_delete,
+            &req.auto_delete,
+            &q.def.auto_delete,
+        )?;
+        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
+            return Err(inequivalent(&k, "queue", name, &self.name, recv, cur));
+        }
+        Ok(())
+    }
+
+    /// A new queue `name` as `req` declares it is acceptable: not reserved,
+    /// within the size limits ([`crate::bounds`]), its arguments valid for
+    /// its type. Returns the parsed arguments.
+    pub(crate) fn check_new_queue(&self, name: &str, req: &QueueDeclare) -> Result<QueueArgs> {
+        if name.is_empty() {
+            return Err(EngineError::PreconditionFailed(format!(
+                "a queue needs a name in vhost '{}'",
+                self.name
+            )));
+        }
+        crate::bounds::check_name("queue", name)?;
+        crate::bounds::check_arguments(
+            &format_args!("queue '{name}' in vhost '{}'", self.name),
+            &req.arguments,
+        )?;
+        if name.starts_with("amq.") && !req.name.is_empty() {
+            return Err(EngineError::AccessRefused(format!(
+                "queue name '{name}' contains reserved prefix 'amq.*'"
+            )));
+        }
+        let args = crate::args::QueueArgs::parse(&req.arguments)
+            .map_err(|e| EngineError::PreconditionFailed(e.message(name, &self.name)))?;
+        if let Some((arg, type_name)) = QueueArgs::wrong_type(&req.arguments, args.queue_type) {
+            return Err(EngineError::PreconditionFailed(format!(
+                "invalid arg '{arg}' for queue '{name}' in vhost '{}' of queue type {type_name}",
+                self.name
+            )));
+        }
+        if args.queue_type == crate::args::QueueType::Quorum {
+            // RabbitMQ's checks, in its order: a quorum queue is replicated
+            // and durable by nature.
+            let bad = if req.auto_delete {
+                Some("auto-delete")
+            } else if req.exclusive {
+                Some("exclusive-owner")
+            } else if !req.durable {
+                Some("non-durable")
+            } else {
+                None
+            };
+            if let Some(prop) = bad {
+                return Err(EngineError::PreconditionFailed(format!(
+                    "invalid property '{prop}' for queue '{name}' in vhost '{}'",
+                    self.name
+                )));
+            }
+        }
+        Ok(args)
     }
 
     /// queue.delete; returns the number of messages deleted. Deleting a
@@ -791,6 +854,7 @@ impl Tenant {
         arguments: Value,
         connection: u64,
     ) -> Result<Option<DurableWait>> {
+        self.check_binding(source, destination, key, &arguments)?;
         let (x, dest, durable) = self.binding_ends(source, kind, destination, connection)?;
         let added = x.bind(dest.clone(), key, arguments.clone());
         // A delete of either end that ran concurrently has already swept its
@@ -874,6 +938,25 @@ impl Tenant {
         };
         let k = meta::binding_key(&self.name, &def);
         Ok(Some(self.engine()?.persist(&[Op::DeleteMeta { key: &k }])?))
+    }
+
+    /// A binding's key and arguments are within the size limits
+    /// ([`crate::bounds`]).
+    pub(crate) fn check_binding(
+        &self,
+        source: &str,
+        destination: &str,
+        key: &str,
+        arguments: &Value,
+    ) -> Result<()> {
+        crate::bounds::check_binding_key(key)?;
+        crate::bounds::check_arguments(
+            &format_args!(
+                "binding of '{destination}' to exchange '{source}' in vhost '{}'",
+                self.name
+            ),
+            arguments,
+        )
     }
 
     fn binding_ends(

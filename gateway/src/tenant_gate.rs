@@ -19,6 +19,11 @@
 //!   store barrier). A connection without limits gets its gate then, at
 //!   the first such batch ([`TenantGate::for_store_share`]): an idle
 //!   connection (think of 100,000 MQTT devices) carries none.
+//!
+//! A publisher that cannot be paused (an HTTP request, answered at once)
+//! passes [`admit`] instead: the same alarms, block and rates, read at the
+//! moment of the publish, and refused ([`Refusal`]) where a session would
+//! stop reading. Every door that publishes goes through one of the two.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,4 +200,80 @@ pub async fn wake(gate: Option<&mut TenantGate>, watch_block: bool) {
         }
         else => std::future::pending().await,
     }
+}
+
+/// Why [`admit`] refused a publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A broker resource alarm (memory or disk) is set: every publisher
+    /// of every tenant waits (HTTP 503).
+    Alarm(&'static str),
+    /// The tenant is at a queued messages, bytes or memory quota: its
+    /// publishers wait until consumers drain it (HTTP 429).
+    Quota(String),
+    /// Over a publish rate (the tenant's, the user's or the connection
+    /// rule's): try again after the time given (HTTP 429).
+    Rate {
+        /// Whose rate, for the reason.
+        whose: String,
+        /// When the rate has room again.
+        retry_after: Duration,
+    },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Alarm(why) => write!(f, "publishing is blocked: {why}"),
+            Refusal::Quota(why) => write!(f, "publishing is blocked: {why}"),
+            Refusal::Rate { whose, retry_after } => write!(
+                f,
+                "{whose} publish rate exceeded: retry after {} ms",
+                retry_after.as_millis()
+            ),
+        }
+    }
+}
+
+/// The publish gate of a publisher that is answered at once rather than
+/// paused (HTTP): the broker's `alarms`, the tenant's block and the publish
+/// rates a session would obey for `client` (tenant, user, and `rule`, the
+/// `[[quota.connections]]` override matching it). On success, one message
+/// of `bytes` is charged to the rates. Checked before the publish, so a
+/// tenant at its queued limit takes no more (a session's publish in hand
+/// may still land; here nothing is in hand).
+pub fn admit(
+    alarms: crate::server::Alarms,
+    client: &weir_engine::Client,
+    rule: Option<&weir_quota::ConnectionRule>,
+    bytes: usize,
+) -> Result<(), Refusal> {
+    if alarms.any() {
+        return Err(Refusal::Alarm(alarms.reason()));
+    }
+    let tenant = client.tenant();
+    let quota = tenant.quota();
+    if quota.is_blocked() {
+        return Err(Refusal::Quota(quota.block_reason(&tenant.name)));
+    }
+    let rates = [
+        quota.rate().map(|r| (r, "tenant")),
+        client
+            .user_quota()
+            .and_then(|u| u.rate())
+            .map(|r| (r, "user")),
+        rule.and_then(|r| r.rate()).map(|r| (r, "connection")),
+    ];
+    for (rate, whose) in rates.into_iter().flatten() {
+        if let Err(retry_after) = rate.admit(bytes as u64) {
+            crate::metrics::rate_pause(&tenant.name);
+            let whose = match whose {
+                "tenant" => format!("tenant '{}'", tenant.name),
+                "user" => format!("user '{}'", client.principal()),
+                _ => format!("connection rule of user '{}'", client.principal()),
+            };
+            return Err(Refusal::Rate { whose, retry_after });
+        }
+    }
+    Ok(())
 }

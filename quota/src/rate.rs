@@ -106,6 +106,33 @@ impl<C: Clock + Clone> Rate<C> {
         wait
     }
 
+    /// One message of `bytes` from a publisher that cannot pause (a request
+    /// that is answered now, e.g. an HTTP publish): taken if the rate has
+    /// room for it, else the time until it would. A message larger than a
+    /// second's byte allowance needs room for one second's worth, and the
+    /// rest is taken as far as the limiter allows (never refused for good).
+    pub fn admit(&self, bytes: u64) -> Result<(), Duration> {
+        let now = self.clock.now();
+        if let Some((l, _)) = &self.messages {
+            if let Err(not_until) = l.check() {
+                self.pauses.fetch_add(1, Ordering::Relaxed);
+                return Err(not_until.wait_time_from(now).max(Duration::from_millis(1)));
+            }
+        }
+        if let Some((l, burst)) = &self.bytes {
+            let first = bytes.min(u64::from(burst.get()));
+            if let Some(n) = NonZeroU32::new(first as u32) {
+                if let Ok(Err(not_until)) = l.check_n(n) {
+                    self.pauses.fetch_add(1, Ordering::Relaxed);
+                    return Err(not_until.wait_time_from(now).max(Duration::from_millis(1)));
+                }
+            }
+            let mut rest = bytes - first;
+            let _ = self.take_from(l, *burst, &mut rest);
+        }
+        Ok(())
+    }
+
     /// Takes `owed` cells from `l` in chunks of at most its burst; the wait
     /// for the next chunk when it does not fit now.
     fn take_from(&self, l: &Limiter<C>, burst: NonZeroU32, owed: &mut u64) -> Option<Duration> {
@@ -169,6 +196,23 @@ mod tests {
         clock.advance(Duration::from_secs(1));
         assert_eq!(r.take(&mut d), None);
         assert!(d.is_empty());
+    }
+
+    #[test]
+    fn admit_refuses_over_the_rate_and_names_the_wait() {
+        let clock = FakeRelativeClock::default();
+        let r = Rate::with_clock(Some(10), Some(1000), clock.clone());
+        for _ in 0..10 {
+            assert_eq!(r.admit(10), Ok(()));
+        }
+        let w = r
+            .admit(10)
+            .expect_err("the 11th in a second is over the rate");
+        assert!(w > Duration::ZERO && w <= Duration::from_secs(1), "{w:?}");
+        clock.advance(Duration::from_secs(1));
+        // Larger than a second of bytes: admitted once a second's room is there.
+        assert_eq!(r.admit(5000), Ok(()));
+        assert!(r.admit(1).is_err(), "the byte burst is spent");
     }
 
     #[test]

@@ -84,8 +84,8 @@ pub mod fuzzing {
 mod tests;
 
 use crate::{
-    Admission, LiveSet, Location, MessageData, MessageId, Op, Owner, PartitionId, Receipt,
-    RecoveredMessage, RecoveredMeta, Relocation, SegmentId, Store, StoreError, StoreStats,
+    Admission, LiveSet, Location, MessageData, MessageId, MetaChange, Op, Owner, PartitionId,
+    Receipt, RecoveredMessage, RecoveredMeta, Relocation, SegmentId, Store, StoreError, StoreStats,
     StoredMessage, Waiter,
 };
 use bytes::Bytes;
@@ -589,6 +589,7 @@ fn encoded_len(op: &Op<'_>) -> usize {
             Op::Receipt { .. } => record::RECEIPT_PAYLOAD_LEN,
             Op::PutMeta { key, value } => record::put_meta_payload_len(key, value),
             Op::DeleteMeta { key } => record::del_meta_payload_len(key),
+            Op::MetaBatch { changes } => record::meta_batch_payload_len(changes),
         }
 }
 
@@ -973,6 +974,25 @@ impl Store for LogStore {
                     record::encode_del_meta(buf, version, key);
                     st.meta_version = version;
                     st.meta.remove(*key);
+                    st.head_info().max_meta_version = version;
+                }
+                Op::MetaBatch { changes } => {
+                    // One version for the whole batch: recovery applies it
+                    // whole, before or after a checkpoint.
+                    let version = st.meta_version + 1;
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
+                    record::encode_meta_batch(buf, version, changes);
+                    st.meta_version = version;
+                    for c in changes.iter() {
+                        match c {
+                            MetaChange::Put { key, value } => {
+                                st.meta.insert(key.to_vec(), value.to_vec());
+                            }
+                            MetaChange::Delete { key } => {
+                                st.meta.remove(*key);
+                            }
+                        }
+                    }
                     st.head_info().max_meta_version = version;
                 }
             }

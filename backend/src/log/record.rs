@@ -23,6 +23,7 @@
 //! | 10 move    | from partition u64, from id u64, then the publish-ext layout (n ≥ 1) |
 //! | 11 requeue | partition u64, id u64, attempts u32, deliver_at_ms u64 |
 //! | 12 receipt | partition u64, key_hash u64, expires_at_ms u64 |
+//! | 13 meta-batch | version u64, n u32, n × (present u8, key, value if present = 1) |
 //!
 //! `header_format` tags the encoding of `header` (opaque to the store, defined
 //! by the engine). This is log format 1 (see `segment.rs` for the segment
@@ -54,6 +55,9 @@
 //!   expires, unless compaction first copies it into a receipts file
 //!   (`receipts.rs`).
 //!
+//! * A *meta-batch* is several metadata changes under one version and one
+//!   checksum: recovery applies all of them, or (torn) none.
+//!
 //! Decoding is bounds-checked everywhere and never panics on bad input: a
 //! torn or corrupt record must be reported, not crash recovery.
 
@@ -74,6 +78,7 @@ const T_PAGE_EXT: u8 = 9;
 const T_MOVE: u8 = 10;
 const T_REQUEUE: u8 = 11;
 const T_RECEIPT: u8 = 12;
+const T_META_BATCH: u8 = 13;
 
 /// Whether a message record is the original publish or a relocated copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +119,11 @@ pub(crate) enum Record<'a> {
         partition: PartitionId,
         key_hash: u64,
         expires_at_ms: u64,
+    },
+    /// Metadata changes made together (`None`: the key is removed).
+    MetaBatch {
+        version: u64,
+        changes: Vec<(&'a [u8], Option<&'a [u8]>)>,
     },
 }
 
@@ -225,6 +235,19 @@ pub(crate) fn put_meta_payload_len(key: &[u8], value: &[u8]) -> usize {
 /// Payload length of a delete-meta record.
 pub(crate) fn del_meta_payload_len(key: &[u8]) -> usize {
     1 + 8 + var_len(key)
+}
+
+/// Payload length of a meta-batch record.
+pub(crate) fn meta_batch_payload_len(changes: &[crate::MetaChange<'_>]) -> usize {
+    1 + 8
+        + 4
+        + changes
+            .iter()
+            .map(|c| match c {
+                crate::MetaChange::Put { key, value } => 1 + var_len(key) + var_len(value),
+                crate::MetaChange::Delete { key } => 1 + var_len(key),
+            })
+            .sum::<usize>()
 }
 
 fn put_var(buf: &mut Vec<u8>, b: &[u8]) {
@@ -396,6 +419,33 @@ pub(crate) fn encode_del_meta(buf: &mut Vec<u8>, version: u64, key: &[u8]) -> us
     })
 }
 
+/// Appends a framed meta-batch record to `buf`.
+pub(crate) fn encode_meta_batch(
+    buf: &mut Vec<u8>,
+    version: u64,
+    changes: &[crate::MetaChange<'_>],
+) -> usize {
+    framed(buf, meta_batch_payload_len(changes), |buf| {
+        buf.push(T_META_BATCH);
+        buf.extend_from_slice(&version.to_le_bytes());
+        // The record limit (< u32::MAX bytes) bounds the count too.
+        buf.extend_from_slice(&(changes.len() as u32).to_le_bytes());
+        for c in changes {
+            match c {
+                crate::MetaChange::Put { key, value } => {
+                    buf.push(1);
+                    put_var(buf, key);
+                    put_var(buf, value);
+                }
+                crate::MetaChange::Delete { key } => {
+                    buf.push(0);
+                    put_var(buf, key);
+                }
+            }
+        }
+    })
+}
+
 // ---------------------------------------------------------------------------
 // Decoding
 
@@ -549,6 +599,30 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
             version: r.u64()?,
             key: r.var()?,
         },
+        T_META_BATCH => {
+            let version = r.u64()?;
+            let n = r.u32()? as usize;
+            // Each change takes at least 5 bytes: a count beyond what the
+            // payload can hold is damage, not an allocation.
+            if n > payload.len() / 5 {
+                return Err(format!(
+                    "meta-batch of {n} changes in {} bytes",
+                    payload.len()
+                ));
+            }
+            let mut changes = Vec::with_capacity(n);
+            for _ in 0..n {
+                let present = r.u8()?;
+                let key = r.var()?;
+                let value = match present {
+                    0 => None,
+                    1 => Some(r.var()?),
+                    other => return Err(format!("meta-batch change flag {other}")),
+                };
+                changes.push((key, value));
+            }
+            Record::MetaBatch { version, changes }
+        }
         T_REQUEUE => Record::Requeue {
             partition: PartitionId(r.u64()?),
             id: r.u64()?,

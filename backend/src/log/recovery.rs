@@ -298,6 +298,18 @@ pub(crate) fn recover(
                         meta_version = meta_version.max(version);
                     }
                 }
+                Record::MetaBatch { version, changes } => {
+                    info.max_meta_version = info.max_meta_version.max(version);
+                    if version > ckpt.version {
+                        for (key, value) in changes {
+                            match value {
+                                Some(v) => meta.insert(key.to_vec(), v.to_vec()),
+                                None => meta.remove(key),
+                            };
+                        }
+                        meta_version = meta_version.max(version);
+                    }
+                }
             }
             off += len;
         }

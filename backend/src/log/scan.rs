@@ -116,7 +116,9 @@ pub(crate) fn describe(range: &[u8], base_offset: u64) -> Vec<LostRecord> {
                         vec![LostRecord::Requeue { partition, id }]
                     }
                     Record::Receipt { partition, .. } => vec![LostRecord::Receipt { partition }],
-                    Record::PutMeta { version, .. } | Record::DeleteMeta { version, .. } => {
+                    Record::PutMeta { version, .. }
+                    | Record::DeleteMeta { version, .. }
+                    | Record::MetaBatch { version, .. } => {
                         vec![LostRecord::Meta { version }]
                     }
                 };

@@ -407,6 +407,57 @@ fn torn_move_leaves_the_message_in_its_source() {
     assert_eq!(rec.partitions[&P2][0].location, move_loc);
 }
 
+/// A meta batch cut anywhere at the tail (a crash mid-write) leaves none of
+/// its changes; whole, all of them.
+#[test]
+fn torn_meta_batch_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<Vec<u8>> = (0..50u32).map(|i| format!("q{i}").into_bytes()).collect();
+    let changes: Vec<MetaChange<'_>> = keys
+        .iter()
+        .map(|k| MetaChange::Put {
+            key: k,
+            value: b"def",
+        })
+        .chain([MetaChange::Delete { key: b"before" }])
+        .collect();
+    let path;
+    let start;
+    {
+        let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        append_sync(
+            &store,
+            &[Op::PutMeta {
+                key: b"before",
+                value: b"1",
+            }],
+        );
+        let st = store.shared.state.lock();
+        (path, start) = (st.head, st.head_size as usize);
+        drop(st);
+        append_sync(&store, &[Op::MetaBatch { changes: &changes }]);
+        store.close().unwrap();
+    }
+    let path = segment::segment_path(&dir.path().join("log"), path);
+    let whole = std::fs::read(&path).unwrap();
+    let len = whole.len() - start;
+    for cut in [1, FRAME_HEADER, len / 2, len - 1] {
+        std::fs::write(&path, &whole[..start + cut]).unwrap();
+        let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        let rec = take_recovered(&store);
+        assert_eq!(rec.truncated_bytes, cut as u64, "cut {cut}");
+        let want: BTreeMap<Vec<u8>, Vec<u8>> = [(b"before".to_vec(), b"1".to_vec())].into();
+        assert_eq!(rec.meta, want, "cut {cut}: part of the batch applied");
+        store.close().unwrap();
+    }
+    std::fs::write(&path, &whole).unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let rec = take_recovered(&store);
+    assert_eq!(rec.meta.len(), 50);
+    assert!(!rec.meta.contains_key(&b"before"[..]));
+    assert_eq!(rec.meta_version, 2);
+}
+
 /// Requeue records pin nothing: once the messages they name are settled
 /// (or relocated) their segments are reclaimed like any other, and the
 /// relocated copies carry the state.

@@ -46,6 +46,7 @@ pub fn run_all(h: &mut dyn Harness) {
     append_read_roundtrip(h);
     invalid_publish_is_rejected_whole(h);
     metadata_is_versioned_and_survives_restart(h);
+    meta_batch_is_one_version_and_survives_restart(h);
     recovery_is_per_partition(h);
     compaction_keeps_every_message_readable(h);
     closed_store_refuses_appends(h);
@@ -276,6 +277,52 @@ pub fn metadata_is_versioned_and_survives_restart(h: &mut dyn Harness) {
         let m = store.recovered_meta().expect("meta");
         assert_eq!((&m.meta, m.version), (&want, 4));
         assert_eq!(m.truncated_bytes, 0);
+        store.close().expect("close");
+    }
+}
+
+/// A meta batch is applied in order as one version and survives a restart.
+pub fn meta_batch_is_one_version_and_survives_restart(h: &mut dyn Harness) {
+    use crate::MetaChange;
+    let store = h.create();
+    append_wait(
+        &*store,
+        &[Op::PutMeta {
+            key: b"old",
+            value: b"1",
+        }],
+    );
+    append_wait(
+        &*store,
+        &[Op::MetaBatch {
+            changes: &[
+                MetaChange::Put {
+                    key: b"a",
+                    value: b"x",
+                },
+                MetaChange::Delete { key: b"old" },
+                MetaChange::Put {
+                    key: b"b",
+                    value: b"y",
+                },
+                MetaChange::Put {
+                    key: b"a",
+                    value: b"z",
+                },
+            ],
+        }],
+    );
+    let want: BTreeMap<Vec<u8>, Vec<u8>> = [
+        (b"a".to_vec(), b"z".to_vec()),
+        (b"b".to_vec(), b"y".to_vec()),
+    ]
+    .into_iter()
+    .collect();
+    let m = store.recovered_meta().expect("meta");
+    assert_eq!((&m.meta, m.version), (&want, 2));
+    if let Ok(store) = restart(h, store) {
+        let m = store.recovered_meta().expect("meta");
+        assert_eq!((&m.meta, m.version), (&want, 2));
         store.close().expect("close");
     }
 }

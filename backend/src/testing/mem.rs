@@ -341,6 +341,19 @@ impl Store for MemStore {
                     st.meta_version += 1;
                     st.meta.remove(*key);
                 }
+                Op::MetaBatch { changes } => {
+                    st.meta_version += 1;
+                    for c in changes.iter() {
+                        match c {
+                            crate::MetaChange::Put { key, value } => {
+                                st.meta.insert(key.to_vec(), value.to_vec());
+                            }
+                            crate::MetaChange::Delete { key } => {
+                                st.meta.remove(*key);
+                            }
+                        }
+                    }
+                }
             }
         }
         let Some(w) = waiter else { return Ok(()) };

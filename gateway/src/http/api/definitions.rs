@@ -1,8 +1,10 @@
 //! `/api/definitions[/{vhost}]`: export (GET) and import (POST) in
 //! RabbitMQ's JSON, so a RabbitMQ export imports here and the other way
-//! round. Administrators only. Import order: vhosts, users, permissions,
-//! topic permissions, policies, exchanges, queues, bindings; each item
-//! through the same engine call as the API's. Users whose hash is not an
+//! round. Administrators only. An import is all or nothing: the whole
+//! document is checked first (the same rules as the API's and the
+//! protocols' declares) and committed as one store batch with one fsync
+//! ([`weir_engine::Engine::import`]), so a refused import changes nothing
+//! and a crash leaves all of it or none. Users whose hash is not an
 //! argon2 PHC string (RabbitMQ's salted SHA-256) cannot be verified by
 //! Weir: they are skipped and named in the answer (200 with
 //! `skipped_users`; 204 when nothing was skipped).
@@ -14,11 +16,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
+use weir_engine::definitions::{Import, ImportedQueue};
 use weir_engine::exchange::{ExchangeDef, ExchangeKind};
-use weir_engine::meta::DestinationKind;
+use weir_engine::meta::{BindingDef, DestinationKind};
 use weir_engine::permissions::{PermissionDef, TopicPermissionDef};
 use weir_engine::policy::{ApplyTo, PolicyDef};
-use weir_engine::tenant::QueueDeclare;
 
 use super::auth::Caller;
 use super::{durable, engine, parse_body};
@@ -168,11 +170,13 @@ async fn import(
             None => s(v, "vhost").map(str::to_string),
         }
     };
+    // The whole document first, then one engine call that checks all of it
+    // and commits it as one store batch (all or nothing, one fsync).
+    let mut im = Import::default();
     let mut skipped = Vec::new();
     if only.is_none() {
         for v in items(d, "vhosts") {
-            let (_, w) = e.add_tenant(s(v, "name")?)?;
-            durable(w).await?;
+            im.tenants.push(s(v, "name")?.to_string());
         }
         for u in items(d, "users") {
             let name = s(u, "name")?;
@@ -182,71 +186,64 @@ async fn import(
                 .map(str::to_string);
             let tags = super::users::parse_tags(u.get("tags"))?;
             match super::users::make_user(name, None, hash, tags, None).await {
-                Ok(def) => durable(Some(e.put_user(def)?)).await?,
+                Ok(def) => im.users.push(def),
                 Err(_) => skipped.push(name.to_string()),
             }
         }
-        for p in items(d, "permissions") {
-            if skipped
+        let is_skipped = |p: &Value| {
+            skipped
                 .iter()
                 .any(|u| u == s(p, "user").unwrap_or_default())
-            {
+        };
+        for p in items(d, "permissions") {
+            if is_skipped(p) {
                 continue;
             }
-            let w = e.set_permissions(PermissionDef {
+            im.permissions.push(PermissionDef {
                 user: s(p, "user")?.into(),
                 vhost: s(p, "vhost")?.into(),
                 configure: s(p, "configure")?.into(),
                 write: s(p, "write")?.into(),
                 read: s(p, "read")?.into(),
                 from_config: false,
-            })?;
-            durable(Some(w)).await?;
+            });
         }
         for p in items(d, "topic_permissions") {
-            if skipped
-                .iter()
-                .any(|u| u == s(p, "user").unwrap_or_default())
-            {
+            if is_skipped(p) {
                 continue;
             }
-            let w = e.set_topic_permissions(TopicPermissionDef {
+            im.topic_permissions.push(TopicPermissionDef {
                 user: s(p, "user")?.into(),
                 vhost: s(p, "vhost")?.into(),
                 exchange: s(p, "exchange")?.into(),
                 write: s(p, "write")?.into(),
                 read: s(p, "read")?.into(),
                 from_config: false,
-            })?;
-            durable(Some(w)).await?;
+            });
         }
     }
-    let tenant = |v: &str| {
-        e.tenant(v)
-            .ok_or_else(|| ApiError::bad_request(format!("no vhost '{v}'")))
-    };
     for p in items(d, "policies") {
-        let t = tenant(&vhost_of(p)?)?;
         let apply_to = match p.get("apply-to").and_then(Value::as_str) {
             Some("queues") => ApplyTo::Queues,
             Some("exchanges") => ApplyTo::Exchanges,
             _ => ApplyTo::All,
         };
-        let w = t.set_policy(PolicyDef {
-            name: s(p, "name")?.into(),
-            pattern: s(p, "pattern")?.into(),
-            apply_to,
-            priority: p.get("priority").and_then(Value::as_i64).unwrap_or(0) as i32,
-            definition: p
-                .get("definition")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default(),
-        })?;
-        durable(Some(w)).await?;
+        im.policies.push((
+            vhost_of(p)?,
+            PolicyDef {
+                name: s(p, "name")?.into(),
+                pattern: s(p, "pattern")?.into(),
+                apply_to,
+                priority: p.get("priority").and_then(Value::as_i64).unwrap_or(0) as i32,
+                definition: p
+                    .get("definition")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default(),
+            },
+        ));
     }
     for x in items(d, "exchanges") {
-        let t = tenant(&vhost_of(x)?)?;
         let a = args(x);
         let kind = s(x, "type")?;
         let (kind, delayed) = match ExchangeKind::parse_declared(kind, &a) {
@@ -258,7 +255,8 @@ async fn import(
                 )))
             }
         };
-        let w = t.declare_exchange(
+        im.exchanges.push((
+            vhost_of(x)?,
             ExchangeDef {
                 name: s(x, "name")?.into(),
                 kind,
@@ -268,26 +266,21 @@ async fn import(
                 delayed,
                 arguments: a,
             },
-            false,
-        )?;
-        durable(w).await?;
+        ));
     }
     for q in items(d, "queues") {
-        let t = tenant(&vhost_of(q)?)?;
-        let (_, w) = t.declare_queue(QueueDeclare {
-            name: s(q, "name")?.into(),
-            passive: false,
-            durable: b(q, "durable", true),
-            exclusive: false,
-            auto_delete: b(q, "auto_delete", false),
-            arguments: args(q),
-            connection: e.next_connection_id(),
-        })?;
-        durable(w).await?;
+        im.queues.push((
+            vhost_of(q)?,
+            ImportedQueue {
+                name: s(q, "name")?.into(),
+                durable: b(q, "durable", true),
+                auto_delete: b(q, "auto_delete", false),
+                arguments: args(q),
+            },
+        ));
     }
     for x in items(d, "bindings") {
-        let t = tenant(&vhost_of(x)?)?;
-        let kind = match s(x, "destination_type")? {
+        let destination_kind = match s(x, "destination_type")? {
             "queue" => DestinationKind::Queue,
             "exchange" => DestinationKind::Exchange,
             other => {
@@ -296,16 +289,24 @@ async fn import(
                 )))
             }
         };
-        let w = t.bind(
-            s(x, "source")?,
-            kind,
-            s(x, "destination")?,
-            s(x, "routing_key")?,
-            args(x),
-            0,
-        )?;
-        durable(w).await?;
+        im.bindings.push((
+            vhost_of(x)?,
+            BindingDef {
+                source: s(x, "source")?.into(),
+                destination_kind,
+                destination: s(x, "destination")?.into(),
+                key: s(x, "routing_key")?.into(),
+                arguments: args(x),
+            },
+        ));
     }
+    // Checking and applying tens of thousands of items takes a while: not
+    // on a runtime worker.
+    let e = e.clone();
+    let wait = tokio::task::spawn_blocking(move || e.import(im))
+        .await
+        .map_err(|e| ApiError::internal(format!("import: {e}")))??;
+    durable(wait).await?;
     if skipped.is_empty() {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
@@ -21,6 +22,11 @@ use super::list::{list, Key, ListQuery, Listable};
 use super::{client, durable, engine, exchange_name, parse_body, vhosts_of};
 use crate::http::error::ApiError;
 
+/// The largest publish request body (413 beyond): the JSON with the
+/// payload, base64 or not. Stated here so the bound does not depend on a
+/// framework default.
+pub const PUBLISH_BODY_MAX: usize = 2 << 20;
+
 /// The routes.
 pub fn router() -> Router<crate::http::State> {
     Router::new()
@@ -30,7 +36,10 @@ pub fn router() -> Router<crate::http::State> {
             "/api/exchanges/{vhost}/{name}",
             get(show).put(declare).delete(delete),
         )
-        .route("/api/exchanges/{vhost}/{name}/publish", post(publish))
+        .route(
+            "/api/exchanges/{vhost}/{name}/publish",
+            post(publish).layer(axum::extract::DefaultBodyLimit::max(PUBLISH_BODY_MAX)),
+        )
         .route(
             "/api/exchanges/{vhost}/{name}/bindings/source",
             get(bindings_source),
@@ -321,7 +330,7 @@ async fn publish(
     caller: Caller,
     Path((vhost, name)): Path<(String, String)>,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let b: PublishBody = parse_body(&body)?;
     let body = match b.payload_encoding.as_str() {
         "string" => bytes::Bytes::from(b.payload.into_bytes()),
@@ -346,6 +355,10 @@ async fn publish(
     let (routed, wait) = {
         let mut c = client(&state, &caller, &vhost)?;
         c.check_message_size(body.len() as u64)?;
+        // The alarms, quotas and rates every publisher obeys.
+        if let Err(r) = super::admit_publish(&state, &caller, &c, body.len() + raw.len()) {
+            return Ok(super::refused(r));
+        }
         let route = weir_engine::tenant::RouteInput {
             exchange: &exchange,
             routing_key: &b.routing_key,
@@ -366,7 +379,11 @@ async fn publish(
         match r {
             weir_engine::client::Published::Unroutable => (false, None),
             weir_engine::client::Published::NoSpace => {
-                return Err(ApiError::internal("the store is out of disk space"))
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "service_unavailable",
+                    "the store is out of disk space",
+                ))
             }
             weir_engine::client::Published::Routed { needs_barrier, .. } => {
                 let mut wait = None;
@@ -388,7 +405,7 @@ async fn publish(
             return Err(ApiError::internal("the store failed"));
         }
     }
-    Ok(Json(json!({ "routed": routed })))
+    Ok(Json(json!({ "routed": routed })).into_response())
 }
 
 async fn bindings_dir(

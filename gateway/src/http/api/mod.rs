@@ -79,6 +79,49 @@ pub(crate) fn client(
     })
 }
 
+/// A publish refused by the publish gate ([`crate::tenant_gate::admit`]):
+/// 503 under a resource alarm, 429 at a quota or over a rate (with
+/// `Retry-After` in seconds), in RabbitMQ's error body shape.
+pub(crate) fn refused(r: crate::tenant_gate::Refusal) -> axum::response::Response {
+    use crate::tenant_gate::Refusal;
+    use axum::response::IntoResponse;
+    let reason = r.to_string();
+    match r {
+        Refusal::Alarm(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            reason,
+        )
+        .into_response(),
+        Refusal::Quota(_) => {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", reason)
+                .into_response()
+        }
+        Refusal::Rate { retry_after, .. } => {
+            let mut resp =
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_requests", reason)
+                    .into_response();
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.max(1).into());
+            resp
+        }
+    }
+}
+
+/// The publish gate for an HTTP request of `caller` publishing `bytes`
+/// through `c` (see [`crate::tenant_gate::admit`]).
+pub(crate) fn admit_publish(
+    state: &super::State,
+    caller: &Caller,
+    c: &Client,
+    bytes: usize,
+) -> Result<(), crate::tenant_gate::Refusal> {
+    let alarms = *state.shared.alarms.borrow();
+    let rule = engine(state).connection_quotas.find(&caller.name, None);
+    crate::tenant_gate::admit(alarms, c, rule.as_deref(), bytes)
+}
+
 /// RabbitMQ's rate object.
 pub(crate) fn rate(x: f64) -> Value {
     json!({ "rate": (x * 10.0).round() / 10.0 })

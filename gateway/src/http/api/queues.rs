@@ -623,6 +623,24 @@ async fn requeue_dead_letters(
     // acknowledged, and the runtime thread is given back between batches
     // (a dead-letter queue of millions must not hold it for seconds).
     while tag < limit {
+        // Each batch writes copies: not while a resource alarm holds every
+        // publisher (what moved so far stays moved).
+        let alarms = *state.shared.alarms.borrow();
+        if alarms.any() {
+            for t in keep_tags {
+                c.settle(1, t, false, Settle::Requeue)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+            }
+            c.commit();
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!(
+                    "{} after {moved} messages moved",
+                    crate::tenant_gate::Refusal::Alarm(alarms.reason())
+                ),
+            ));
+        }
         let end = (tag + REQUEUE_BATCH).min(limit);
         let mut move_tags = Vec::new();
         let mut barrier = false;
