@@ -7,6 +7,7 @@
 #
 # Attacks: login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
 #          memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
+#          noack-drain
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -28,7 +29,8 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
-     memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim)
+     memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
+     noack-drain)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -285,6 +287,9 @@ run_attack() {
     fanout)           run_simple "$1" fanout --queues 1000,4000,8000 --publishes 200 ;;
     login-rate)       run_simple "$1" login-rate --secs 5 ;;
     trim)             run_simple "$1" trim --count 2100000 --size 256 ;;
+    # Issue 20/1: 200,000 persistent 300 B messages, one no-ack consumer reading at most 2 MB/s
+    # (pika's pace) for 60 s: received, longest pause between deliveries, ready left.
+    noack-drain)      run_simple "$1" noack-drain --count 200000 --size 300 --secs 60 --read-mbps 2 ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

@@ -456,9 +456,12 @@ impl Session {
                 }
                 r = wr.writable(), if want_write => { r?; }
                 _ = notified(self.client.as_ref()) => {}
-                // Ready at once; among ready branches `select!` picks at
-                // random, so reads still get their turn.
-                () = std::future::ready(()), if room_for_deliveries => {}
+                // Ready at once while the task's cooperative budget lasts
+                // (then it yields, as a ready socket would make it): a
+                // reader that takes everything cannot keep this worker.
+                // Among ready branches `select!` picks at random, so reads
+                // still get their turn.
+                () = tokio::task::consume_budget(), if room_for_deliveries => {}
                 () = self.replies.durable(), if self.replies.is_waiting() => {
                     self.send_ready_replies();
                 }
