@@ -25,11 +25,12 @@ const BODY: usize = 300;
 const LARGE_MESSAGES: usize = 20_000;
 const LARGE_BODY: usize = 2_000;
 /// The whole drain, generous for a debug build on a loaded machine (it
-/// takes a few seconds); the broker before the fix never finished it.
+/// takes 5-30 s); the broker before the fix stalled for good in the
+/// larger-message tests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Declares the durable queue `name` and publishes `n` persistent
-/// `BODY`-byte messages to it, confirmed (pipelined in batches).
+/// `size`-byte messages to it, confirmed (pipelined in batches).
 async fn fill(url: &str, name: &str, n: usize, size: usize) {
     let conn = connect(url).await;
     let ch = confirm_channel(&conn).await;
@@ -117,8 +118,11 @@ async fn drain_no_ack(b: &Broker, name: &str, n: usize, size: usize) {
     conn.close(200, "bye".into()).await.expect("close");
 }
 
-/// 100,000 persistent 300-byte messages in a durable queue: a no-ack
-/// consumer receives every one of them.
+/// The case, 100,000 persistent 300-byte messages in a durable
+/// queue: a no-ack consumer receives every one of them. (lapin reads faster
+/// than a debug broker writes, so before the fix this stalled only now and
+/// then; pika, slower, stalled every time: see `scripts/abuse.sh
+/// noack-drain`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_ack_consumer_drains_a_deep_durable_queue() {
     let b = Broker::start_with(NO_HEARTBEATS);
