@@ -12,6 +12,7 @@
 #          mqtt-prelogin mqtt-will-props ws-ping-flood (issue 20: MQTT before login, WebSocket pongs)
 #          mqtt-sub-dup mqtt-sub-wildcards retained-budget
 #          http-publish-alarm http-publish-rate big-arguments import-kill (HTTP clients: abuse-publish.py)
+#          noack-drain
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -39,7 +40,8 @@ ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-proc
      mqtt-prelogin mqtt-will-props ws-ping-flood
      mqtt-sub-dup mqtt-sub-wildcards retained-budget
      corruption-last-record
-     http-publish-alarm http-publish-rate big-arguments import-kill)
+     http-publish-alarm http-publish-rate big-arguments import-kill
+     noack-drain)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -504,6 +506,9 @@ run_attack() {
     http-publish-rate)  attack_http_publish_rate ;;
     big-arguments)      attack_big_arguments ;;
     import-kill)        attack_import_kill ;;
+    # Issue 20/1: 200,000 persistent 300 B messages, one no-ack consumer reading at most 2 MB/s
+    # (pika's pace) for 60 s: received, longest pause between deliveries, ready left.
+    noack-drain)      run_simple "$1" noack-drain --count 200000 --size 300 --secs 60 --read-mbps 2 ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

@@ -1076,6 +1076,11 @@ impl Client {
             })
     }
 
+    /// Whether any scope has a direct reply-to consumer.
+    pub fn has_reply_consumers(&self) -> bool {
+        self.reply_scopes > 0
+    }
+
     /// The next reply waiting for one of this client's reply consumers.
     /// Replies are not leased (their consumers never acknowledge).
     pub fn next_reply(&mut self) -> Option<Reply> {

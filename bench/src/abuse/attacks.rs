@@ -177,7 +177,7 @@ pub async fn publish(t: &Target, o: &PublishOpts, rss: Option<&RssSampler>) -> R
 }
 
 /// Confirm mode on `c`, then `o.count` confirmed publishes to the (already declared) `o.queue`.
-async fn fill(c: &mut Conn, o: &PublishOpts) -> Result<ops::PubOutcome> {
+pub(crate) async fn fill(c: &mut Conn, o: &PublishOpts) -> Result<ops::PubOutcome> {
     c.confirm_select().await?;
     let frames = ops::encode_publish(c.frame_max, "", &o.queue, o.size, o.persistent)?;
     Ok(ops::publish_confirmed(

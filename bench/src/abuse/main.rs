@@ -16,6 +16,7 @@ mod conn;
 mod attacks;
 mod monitor;
 mod mqtt_door;
+mod noack;
 mod ops;
 mod raw;
 mod retained;
@@ -158,6 +159,18 @@ enum Attack {
     LoginRate {
         #[arg(long, default_value_t = 5)]
         secs: u64,
+    },
+    /// Issue 20/1: COUNT persistent SIZE-byte messages, then one no-ack consumer for at most SECS
+    /// seconds, reading at most READ_MBPS MB/s of bodies (0: as fast as it can).
+    NoackDrain {
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        #[arg(long, default_value_t = 300)]
+        size: usize,
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        #[arg(long, default_value_t = 0)]
+        read_mbps: u64,
     },
     /// 11b: fill a queue with COUNT transient SIZE-byte messages, purge, delete; RSS before and after.
     Trim {
@@ -396,6 +409,12 @@ async fn run(args: Args) -> Result<String> {
                 size,
                 max,
             } => retained::budget(*mqtt, user, *size, *max).await,
+            Attack::NoackDrain {
+                count,
+                size,
+                secs,
+                read_mbps,
+            } => noack::noack_drain(&target, *count, *size, *secs, *read_mbps).await,
             Attack::Flip { .. } => unreachable!("handled above"),
         }
     };

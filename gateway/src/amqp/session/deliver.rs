@@ -27,6 +27,7 @@ impl Session {
     /// encoded) for the socket to drain. What waits is bounded by the
     /// connection's unsent window: past it the messages stay in their queues.
     pub(super) fn write_deliveries(&mut self) {
+        self.deliveries_wait_room = false;
         let Some(client) = self.client.as_mut() else {
             return;
         };
@@ -99,6 +100,11 @@ impl Session {
             }
             client.lease(d.consumer.scope(), tag, d, batch_time, batch_ms);
         }
+        // Stopped by the high-water mark with deliveries in hand (not the
+        // held ones: their channel's reply wakes us): the run loop comes
+        // back for them once the buffer drains.
+        self.deliveries_wait_room =
+            client.pending_deliveries() > 0 && self.conn.out().len() >= DELIVERY_HIGH_WATER;
         // Held deliveries go back first in line, in their order.
         while let Some(d) = self.held.pop() {
             client.defer(d);
@@ -106,7 +112,12 @@ impl Session {
         // Direct reply-to replies: no lease (their consumers never ack).
         // While any method reply waits, they wait in their boxes too, so a
         // reply never overtakes its consumer's consume-ok.
-        while self.replies.is_empty() && self.conn.out().len() < DELIVERY_HIGH_WATER {
+        while self.replies.is_empty() {
+            if self.conn.out().len() >= DELIVERY_HIGH_WATER {
+                // Replies may wait in their boxes, woken for already.
+                self.deliveries_wait_room |= client.has_reply_consumers();
+                break;
+            }
             let Some(r) = client.next_reply() else {
                 break;
             };

@@ -129,6 +129,7 @@ async fn serve_on<R: ReadSide, W: WriteSide>(
         replies: Replies::default(),
         notices: Vec::new(),
         held: Vec::new(),
+        deliveries_wait_room: false,
         next_epoch: 0,
         next_consumer_tag: 0,
         login_refusal: None,
@@ -193,6 +194,13 @@ struct Session {
     notices: Vec<crate::engine::consumer::Notice>,
     /// Deliveries of consumers whose consume-ok is still queued (reused).
     held: Vec<crate::engine::consumer::Delivery>,
+    /// The last [`Session::write_deliveries`] stopped at
+    /// [`DELIVERY_HIGH_WATER`] with deliveries (or replies) left: once the
+    /// buffer drains below it, the loop must come back for them by itself.
+    /// They were already taken from the outbox (no wake-up is pending for
+    /// them), they hold their consumer's credit (the queue pushes nothing
+    /// more), and a no-ack consumer sends nothing that would wake us.
+    deliveries_wait_room: bool,
     /// Counter behind [`Channel::epoch`].
     next_epoch: u64,
     /// Counter behind server-generated consumer tags.
@@ -420,6 +428,12 @@ impl Session {
                 }
             }
             let want_write = !self.conn.out().is_empty() || wr.has_unflushed();
+            // Deliveries left behind by the high-water mark, and the write
+            // above took the buffer below it (a fast reader can take all of
+            // it at once): encode more now, nothing else would wake us.
+            let room_for_deliveries = self.deliveries_wait_room
+                && self.conn.out().len() < DELIVERY_HIGH_WATER
+                && self.conn.is_open();
             let refusal_at = self.login_refusal.as_ref().map(|r| r.at);
             tokio::select! {
                 r = rd.read_some(&mut input), if want_read => {
@@ -443,6 +457,12 @@ impl Session {
                 }
                 r = wr.writable(), if want_write => { r?; }
                 _ = notified(self.client.as_ref()) => {}
+                // Ready at once while the task's cooperative budget lasts
+                // (then it yields, as a ready socket would make it): a
+                // reader that takes everything cannot keep this worker.
+                // Among ready branches `select!` picks at random, so reads
+                // still get their turn.
+                () = tokio::task::consume_budget(), if room_for_deliveries => {}
                 () = self.replies.durable(), if self.replies.is_waiting() => {
                     self.send_ready_replies();
                 }
