@@ -7,6 +7,7 @@
 #
 # Attacks: login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
 #          memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
+#          http-slowloris http-idle-fds http-metrics-unread http-list-scrapers (issue 20, item 3)
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -28,7 +29,8 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-process disk-full
-     memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim)
+     memory-64k memory-256b amplification stalled-consumer partial-content fanout login-rate trim
+     http-slowloris http-idle-fds http-metrics-unread http-list-scrapers)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -266,6 +268,35 @@ attack_disk_full() {
   emit disk-full "$out"
 }
 
+# The address a listener of the running broker bound ("<WHAT> listener ready addr=…" in its log).
+listen_addr() {
+  sed -e 's/\x1b\[[0-9;]*m//g' "$DIR/weir.log" | grep -a "$1 listener ready" | tail -1 |
+    grep -o 'addr=[0-9.:]*' | cut -d= -f2
+}
+
+# run_http NAME [--nofile N] TOOL-ARGS...: run_simple with @HTTP@ and @MQTT@ in the arguments
+# replaced by the broker's HTTP and MQTT addresses; --nofile lowers the broker's `ulimit -n` first
+# (prlimit), so an attack on file descriptors needs fewer than the client's own limit.
+run_http() {
+  local name=$1 nofile="" http mqtt out; shift
+  if [ "$1" = --nofile ]; then nofile=$2; shift 2; fi
+  if ! start_broker "$DIR/data" "$DIR/weir.log"; then
+    emit "$name" "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
+  fi
+  [ -n "$nofile" ] && prlimit --pid "$PID" --nofile="$nofile:$nofile"
+  http=$(listen_addr HTTP) mqtt=$(listen_addr MQTT)
+  local args=("${@//@HTTP@/$http}")
+  args=("${args[@]//@MQTT@/$mqtt}")
+  out=$(abuse --pid "$PID" --timeout 600 "${args[@]}")
+  [ -n "$nofile" ] && out="broker_nofile=$nofile $out"
+  sleep 0.5
+  if ! kill -0 "$PID" 2>/dev/null; then
+    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
+  fi
+  kill9 "$PID"
+  emit "$name" "$out"
+}
+
 run_attack() {
   case $1 in
     login-arrays)     run_simple "$1" login-nesting --kind arrays --depth 2100 ;;
@@ -285,6 +316,13 @@ run_attack() {
     fanout)           run_simple "$1" fanout --queues 1000,4000,8000 --publishes 200 ;;
     login-rate)       run_simple "$1" login-rate --secs 5 ;;
     trim)             run_simple "$1" trim --count 2100000 --size 256 ;;
+    http-slowloris)   run_http "$1" http-slowloris --http @HTTP@ --conns 2000 --secs 30 ;;
+    http-idle-fds)    run_http "$1" --nofile 4096 http-idle-fds --http @HTTP@ --mqtt @MQTT@ \
+                        --conns 6000 --secs 5 ;;
+    http-metrics-unread) run_http "$1" http-metrics-unread --http @HTTP@ --queues 12000 --conns 150 \
+                        --secs 30 ;;
+    http-list-scrapers) run_http "$1" http-list-scrapers --http @HTTP@ --queues 12000 \
+                        --scrapers 0,4,32 --secs 15 ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }
