@@ -200,13 +200,15 @@ fn connections_beyond_the_limit_get_503_with_json() {
 
 #[tokio::test]
 async fn clients_not_reading_metrics_pin_no_memory_and_stall_no_amqp_client() {
-    let (b, _dir) = broker_with(&[("WEIR_HTTP_IDLE_TIMEOUT", "30")]);
+    let (b, _dir) = broker_with(&[("WEIR_HTTP_IDLE_TIMEOUT", "3")]);
     let conn = connect(&b.url()).await;
     let ch = conn.create_channel().await.expect("channel");
-    // ~2,000 queues with long names: a per-queue scrape of several MB.
-    for i in 0..2000 {
+    // 6,000 queues with 200-byte names: a per-queue scrape of ~22 MB, more
+    // than the kernel's socket buffers take off the broker's hands.
+    let long = "x".repeat(180);
+    for i in 0..6000 {
         ch.queue_declare(
-            &format!("unread.metrics.a-rather-long-queue-name-to-make-series-longer.{i:05}"),
+            format!("unread.metrics.{long}.{i:05}").as_str().into(),
             QueueDeclareOptions::default(),
             FieldTable::default(),
         )
@@ -217,7 +219,7 @@ async fn clients_not_reading_metrics_pin_no_memory_and_stall_no_amqp_client() {
         .get("/metrics")
         .text
         .len();
-    assert!(size > 2_000_000, "a scrape is only {size} bytes");
+    assert!(size > 10_000_000, "a scrape is only {size} bytes");
     let before = broker_rss(&b);
     // 60 scrapers (logged in as guest, so the per-queue answer) that never
     // read a byte of it.
@@ -231,35 +233,64 @@ async fn clients_not_reading_metrics_pin_no_memory_and_stall_no_amqp_client() {
         hold.push(s);
     }
     // A fresh AMQP client meanwhile, repeatedly while the scrapes are served.
-    let mut worst = Duration::ZERO;
+    let mut rounds = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
         let c = connect(&b.url()).await;
         let ch = c.create_channel().await.expect("channel");
         ch.queue_declare(
-            "unread.metrics.probe",
+            "unread.metrics.probe".into(),
             QueueDeclareOptions::default(),
             FieldTable::default(),
         )
         .await
         .expect("declare");
-        worst = worst.max(t.elapsed());
-        let _ = c.close(200, "bye").await;
+        rounds.push(t.elapsed());
+        let _ = c.close(200, "bye".into()).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let grown = broker_rss(&b).saturating_sub(before);
-    assert!(
-        worst < Duration::from_secs(1),
-        "a fresh AMQP client took {worst:?} while 60 scrapes were held"
+    // The highest RSS over the next 4 s (answers still being rendered).
+    let mut peak = broker_rss(&b);
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(broker_rss(&b));
+    }
+    let grown = peak.saturating_sub(before);
+    rounds.sort();
+    eprintln!(
+        "scrape {} KB; 60 unread: RSS +{} MB; fresh AMQP client rounds {rounds:?}",
+        size >> 10,
+        grown >> 20
     );
     // One shared answer, not 60 of them (~60 × the scrape size).
     assert!(
-        (grown as usize) < 8 * size + (64 << 20),
+        (grown as usize) < 4 * size + (32 << 20),
         "RSS grew by {} MB for 60 unread scrapes of {} KB",
         grown >> 20,
         size >> 10
     );
-    drop(hold);
+    // The median round: one slow round is noise on a shared 2-core machine;
+    // workers busy rendering make every round slow.
+    assert!(
+        rounds[2] < Duration::from_secs(1),
+        "a fresh AMQP client took {rounds:?} while 60 scrapes were held"
+    );
+    // Past the idle timeout (3 s; the rounds above took longer) the unread
+    // answers were given up: a client reading now gets what the kernel's
+    // socket buffers held, then the end, not the whole answer.
+    std::thread::sleep(Duration::from_secs(4));
+    for s in hold.iter_mut().take(3) {
+        s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+            assert!(got < size, "an unread answer was kept whole: {got} bytes");
+        }
+    }
 }
 
 #[test]

@@ -80,7 +80,8 @@ pub async fn serve(
     let mut backoff = Duration::from_millis(10);
     loop {
         let (tcp, peer) = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
+            // (The guard `wait_for` returns is not Send: dropped inside.)
+            _ = async { drop(shutdown.wait_for(|s| *s).await) } => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {

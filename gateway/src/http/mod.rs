@@ -14,7 +14,6 @@ pub mod error;
 pub mod metrics;
 pub mod render;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
