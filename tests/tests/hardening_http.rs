@@ -117,7 +117,9 @@ fn slow_loris_and_idle_connections_are_closed() {
     ]);
     // Slow loris: a header line every 300 ms, never the end of the head.
     let mut loris = connect_http(&b);
-    loris.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").expect("send");
+    loris
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .expect("send");
     let start = Instant::now();
     let mut closed = false;
     for i in 0..40 {
@@ -152,7 +154,10 @@ fn slow_loris_and_idle_connections_are_closed() {
     // A connection that never says anything.
     let mut silent = connect_http(&b);
     let took = closed_within(&mut silent, Duration::from_secs(10));
-    assert!(took >= Duration::from_millis(1500), "closed too early: {took:?}");
+    assert!(
+        took >= Duration::from_millis(1500),
+        "closed too early: {took:?}"
+    );
 
     // A keep-alive connection idle after its answer.
     let mut ka = connect_http(&b);
@@ -315,7 +320,8 @@ fn per_queue_metrics_need_a_monitoring_login() {
         "an anonymous scrape names the queues"
     );
     assert!(
-        anon.text.contains("rabbitmq_queue_messages_ready{vhost=\"/\"}"),
+        anon.text
+            .contains("rabbitmq_queue_messages_ready{vhost=\"/\"}"),
         "the per-tenant sums are public: {}",
         &anon.text[..anon.text.len().min(2000)]
     );
@@ -343,7 +349,11 @@ fn request_bodies_must_be_json() {
         let v: serde_json::Value = serde_json::from_str(body).expect("JSON body");
         assert!(v["reason"].is_string(), "{v}");
     }
-    let a = raw_request(&b, "PUT /api/queues/%2F/ctype.q HTTP/1.1", r#"{"durable":true}"#);
+    let a = raw_request(
+        &b,
+        "PUT /api/queues/%2F/ctype.q HTTP/1.1",
+        r#"{"durable":true}"#,
+    );
     assert!(a.starts_with("HTTP/1.1 415"), "no content type: {a}");
     let http = Http::new(b.http_port(), "guest", "guest");
     assert_eq!(http.get("/api/queues/%2F/ctype.q").status, 404);

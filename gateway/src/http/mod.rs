@@ -97,8 +97,7 @@ pub async fn serve(
 async fn json_bodies_only(req: Request, next: Next) -> Response {
     let h = req.headers();
     let has_body = h.contains_key(header::TRANSFER_ENCODING)
-        || h
-            .get(header::CONTENT_LENGTH)
+        || h.get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim() != "0");
     if has_body && !is_json(h.get(header::CONTENT_TYPE)) {
@@ -117,6 +116,11 @@ fn is_json(v: Option<&axum::http::HeaderValue>) -> bool {
     let Some(t) = v.and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let t = t.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let t = t
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     t == "application/json" || (t.starts_with("application/") && t.ends_with("+json"))
 }

@@ -166,7 +166,11 @@ async fn list_all(
     // Off the runtime's workers, one render at a time (crate::http::render).
     let (key, st) = (crate::http::render::list_key(&uri, &v), state.clone());
     let render = move || crate::http::render::json(list(&q, items(&st, v)));
-    Ok(state.gates.bindings.serve(key, crate::http::render::JSON, render).await)
+    Ok(state
+        .gates
+        .bindings
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 fn dest_kind(k: &str) -> Result<DestinationKind, ApiError> {

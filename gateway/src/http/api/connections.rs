@@ -110,12 +110,20 @@ async fn list_connections(
         let items = visible(&st, &caller).into_iter().map(item).collect();
         crate::http::render::json(list(&q, items))
     };
-    Ok(state.gates.connections.serve(key, crate::http::render::JSON, render).await)
+    Ok(state
+        .gates
+        .connections
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 /// Monitors see every connection, others their own: the render's key.
 fn connections_key(uri: &axum::http::Uri, caller: &Caller) -> String {
-    let who = if caller.is_monitor() { "" } else { &caller.name };
+    let who = if caller.is_monitor() {
+        ""
+    } else {
+        &caller.name
+    };
     crate::http::render::list_key(uri, &[who.to_string()])
 }
 
@@ -136,7 +144,11 @@ async fn vhost_connections(
             .collect();
         crate::http::render::json(list(&q, items))
     };
-    Ok(state.gates.connections.serve(key, crate::http::render::JSON, render).await)
+    Ok(state
+        .gates
+        .connections
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 fn find(

@@ -124,7 +124,11 @@ async fn list_all(
     // Off the runtime's workers, one render at a time (crate::http::render).
     let (key, st) = (crate::http::render::list_key(&uri, &v), state.clone());
     let render = move || crate::http::render::json(list(&q, items(&st, v)));
-    Ok(state.gates.exchanges.serve(key, crate::http::render::JSON, render).await)
+    Ok(state
+        .gates
+        .exchanges
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 fn find(

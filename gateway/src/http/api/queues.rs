@@ -243,7 +243,11 @@ async fn list_all(
     // Off the runtime's workers, one render at a time (crate::http::render).
     let (key, st) = (crate::http::render::list_key(&uri, &vhosts), state.clone());
     let render = move || crate::http::render::json(list(&q, items(&st, vhosts)));
-    Ok(state.gates.queues.serve(key, crate::http::render::JSON, render).await)
+    Ok(state
+        .gates
+        .queues
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 /// The queue, if the caller may see its vhost; 404 otherwise.
