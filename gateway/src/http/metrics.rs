@@ -5,7 +5,8 @@
 //! `monitoring` or `administrator` user (HTTP Basic); without credentials
 //! the queue series are summed per tenant. Wrong credentials are 401, a
 //! user without those tags 403. Renders go through the `/metrics` gate
-//! (off the runtime's workers, one at a time, reused for a second).
+//! (off the runtime's workers, one at a time, shared by scrapes that
+//! waited for the same render).
 
 use axum::extract::{FromRequestParts, State};
 use axum::http::header::AUTHORIZATION;

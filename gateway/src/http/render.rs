@@ -4,12 +4,16 @@
 //!
 //! A [`Gate`] per kind: a request waits (asynchronously, holding no
 //! worker) for the kind's single slot, then renders on the blocking pool.
-//! A request that waited while an identical one (same key: path, query and
-//! what the caller may see) was rendered takes that answer instead of
-//! rendering again; with a TTL (`/metrics`), so do requests within the TTL
-//! of the last render. So 32 scrapers of `GET /api/queues` cost one render
-//! at a time, not 32 at once on the workers that serve AMQP and MQTT; and
-//! clients that never read their answer all hold the same bytes.
+//! A request that arrived before an identical render started (same key:
+//! path, query and what the caller may see) takes that answer instead of
+//! rendering again. So 32 scrapers of `GET /api/queues` cost one render at
+//! a time, not 32 at once on the workers that serve AMQP and MQTT, a burst
+//! of identical requests costs at most two renders, and clients that never
+//! read their answer all hold the same bytes.
+//!
+//! No answer is older than its request: a client that just changed
+//! something and asks sees the change (a TTL cache would break that; the
+//! [`Gate::new`] TTL exists for kinds where staleness is acceptable).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -122,7 +126,7 @@ pub const JSON: &str = "application/json";
 
 /// The gates of the HTTP listener, one per kind of expensive answer.
 pub struct Gates {
-    /// `/metrics` (reused for [`METRICS_TTL`]).
+    /// `/metrics`.
     pub metrics: Gate,
     /// `GET /api/queues[/{vhost}]`.
     pub queues: Gate,
@@ -134,15 +138,10 @@ pub struct Gates {
     pub connections: Gate,
 }
 
-/// How long a `/metrics` render answers other scrapes: short against
-/// Prometheus' scrape interval, long enough that a burst of scrapers costs
-/// one render.
-pub const METRICS_TTL: Duration = Duration::from_secs(1);
-
 impl Default for Gates {
     fn default() -> Self {
         Gates {
-            metrics: Gate::new(METRICS_TTL),
+            metrics: Gate::new(Duration::ZERO),
             queues: Gate::new(Duration::ZERO),
             exchanges: Gate::new(Duration::ZERO),
             bindings: Gate::new(Duration::ZERO),
