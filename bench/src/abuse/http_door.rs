@@ -134,14 +134,21 @@ async fn open_many(
     until: Instant,
 ) -> Arc<Held> {
     let held = Arc::new(Held::default());
+    let mut failed_in_a_row = 0;
     for _ in 0..conns {
-        match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(http)).await {
+        match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(http)).await {
             Ok(Ok(s)) => {
+                failed_in_a_row = 0;
                 held.open.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(hold(s, head.to_string(), trickle, until, held.clone()));
             }
             _ => {
                 held.failed.fetch_add(1, Ordering::Relaxed);
+                // The listener's backlog is full: it no longer accepts.
+                failed_in_a_row += 1;
+                if failed_in_a_row == 10 {
+                    break;
+                }
             }
         }
     }
@@ -201,7 +208,8 @@ pub async fn idle_fds(
     conns: usize,
     secs: u64,
 ) -> Result<String> {
-    let until = Instant::now() + Duration::from_secs(secs + 120);
+    // Held until the process ends.
+    let until = Instant::now() + Duration::from_secs(3600);
     let held = open_many(http, conns, "", false, until).await;
     // Let the broker accept what it will.
     tokio::time::sleep(Duration::from_secs(secs)).await;
@@ -211,22 +219,46 @@ pub async fn idle_fds(
         held.refused_503.load(Ordering::Relaxed),
         held.failed.load(Ordering::Relaxed)
     );
+    // Five rounds of each fresh client: the slowest (or the first failure) counts.
     let limit = Duration::from_secs(10);
-    let a = Instant::now();
-    match tokio::time::timeout(limit, t.conn()).await {
-        Ok(Ok(c)) => {
-            out += &format!(" amqp_ms={}", a.elapsed().as_millis());
-            c.close().await;
+    let mut amqp = Duration::ZERO;
+    let mut failed = None;
+    for _ in 0..5 {
+        let a = Instant::now();
+        match tokio::time::timeout(limit, t.conn()).await {
+            Ok(Ok(c)) => {
+                amqp = amqp.max(a.elapsed());
+                c.close().await;
+            }
+            Ok(Err(e)) => failed = Some(format!("failed({})", crate::attacks::short_err(&e.0))),
+            Err(_) => failed = Some("timeout(10s)".into()),
         }
-        Ok(Err(e)) => out += &format!(" amqp=failed({})", crate::attacks::short_err(&e.0)),
-        Err(_) => out += " amqp=timeout(10s)",
+        if failed.is_some() {
+            break;
+        }
     }
+    out += &match failed {
+        Some(f) => format!(" amqp={f}"),
+        None => format!(" amqp_max_ms={}", amqp.as_millis()),
+    };
     if let Some(m) = mqtt {
-        match tokio::time::timeout(limit, mqtt_connect(t, m)).await {
-            Ok(Ok((d, rc))) => out += &format!(" mqtt_ms={} mqtt_rc={rc}", d.as_millis()),
-            Ok(Err(e)) => out += &format!(" mqtt=failed({})", crate::attacks::short_err(&e.0)),
-            Err(_) => out += " mqtt=timeout(10s)",
+        let mut worst = Duration::ZERO;
+        let mut failed = None;
+        for _ in 0..5 {
+            match tokio::time::timeout(limit, mqtt_connect(t, m)).await {
+                Ok(Ok((d, 0))) => worst = worst.max(d),
+                Ok(Ok((_, rc))) => failed = Some(format!("rc{rc}")),
+                Ok(Err(e)) => failed = Some(format!("failed({})", crate::attacks::short_err(&e.0))),
+                Err(_) => failed = Some("timeout(10s)".into()),
+            }
+            if failed.is_some() {
+                break;
+            }
         }
+        out += &match failed {
+            Some(f) => format!(" mqtt={f}"),
+            None => format!(" mqtt_max_ms={}", worst.as_millis()),
+        };
     }
     let h = Instant::now();
     match tokio::time::timeout(limit, get(http, "/api/overview", &basic_auth(t))).await {
