@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::attacks::Target;
-use crate::conn::{err, Context, Result, CHANNEL};
+use crate::conn::{Context, Result, CHANNEL};
 use crate::monitor::RssSampler;
 use crate::ops;
 
@@ -313,6 +313,11 @@ pub async fn list_scrapers(
     let auth = basic_auth(t);
     let mut out = vec![format!("queues={queues}")];
     for &n in scrapers {
+        // The publisher connects before the scrapers start.
+        let mut c = t.conn().await?;
+        ops::declare_queue(&mut c, "abuse.list.confirms", true).await?;
+        c.confirm_select().await?;
+        let frames = ops::encode_publish(c.frame_max, "", "abuse.list.confirms", 100, true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let scrapes = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
@@ -328,17 +333,17 @@ pub async fn list_scrapers(
                 }
             }));
         }
-        let mut c = t.conn().await?;
-        ops::declare_queue(&mut c, "abuse.list.confirms", true).await?;
-        c.confirm_select().await?;
-        let frames = ops::encode_publish(c.frame_max, "", "abuse.list.confirms", 100, true)?;
         let end = Instant::now() + Duration::from_secs(secs);
         let (mut max, mut sent) = (Duration::ZERO, 0u64);
         let mut lat = Vec::new();
-        while Instant::now() < end {
+        let mut failure = None;
+        'publish: while Instant::now() < end {
             let t0 = Instant::now();
             c.wbuf.extend_from_slice(&frames);
-            c.flush().await?;
+            if let Err(e) = c.flush().await {
+                failure = Some(crate::attacks::short_err(&e.0));
+                break;
+            }
             sent += 1;
             loop {
                 match tokio::time::timeout(Duration::from_secs(120), c.recv_frame()).await {
@@ -346,8 +351,14 @@ pub async fn list_scrapers(
                         break
                     }
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return err(format!("publisher: {}", e.0)),
-                    Err(_) => return err("publisher: no confirm in 120 s: timeout"),
+                    Ok(Err(e)) => {
+                        failure = Some(crate::attacks::short_err(&e.0));
+                        break 'publish;
+                    }
+                    Err(_) => {
+                        failure = Some("timeout(120s)".into());
+                        break 'publish;
+                    }
                 }
             }
             let d = t0.elapsed();
@@ -361,12 +372,16 @@ pub async fn list_scrapers(
         }
         lat.sort();
         let p50 = lat.get(lat.len() / 2).copied().unwrap_or_default();
-        out.push(format!(
+        let mut line = format!(
             "scrapers={n}: confirms={sent} confirm_p50_ms={:.1} confirm_max_ms={:.1} scrapes={}",
             p50.as_secs_f64() * 1e3,
             max.as_secs_f64() * 1e3,
             scrapes.load(Ordering::Relaxed)
-        ));
+        );
+        if let Some(f) = failure {
+            line += &format!(" publisher={f}");
+        }
+        out.push(line);
     }
     Ok(out.join(" "))
 }

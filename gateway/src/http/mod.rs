@@ -49,12 +49,12 @@ impl HttpState {
     /// The state of a listener configured by `cfg`.
     pub fn new(shared: Arc<Shared>, started: Instant, cfg: &crate::config::HttpConfig) -> State {
         Arc::new(HttpState {
+            gates: render::Gates::new(&shared),
             shared,
             started,
             metrics_per_queue: cfg.metrics_per_queue,
             metrics_auth: cfg.metrics_auth,
             rates: Default::default(),
-            gates: Default::default(),
         })
     }
 

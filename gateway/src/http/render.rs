@@ -50,16 +50,24 @@ pub struct Gate {
     slot: Semaphore,
     last: Mutex<Option<Last>>,
     ttl: Duration,
+    /// Asked to trim the heap after a large render (see below).
+    shared: Arc<crate::server::Shared>,
 }
+
+/// A render this large asks for a heap trim: its JSON tree was freed on a
+/// blocking-pool thread whose malloc arena would otherwise keep the pages
+/// (renders on different threads then add up in RSS).
+const TRIM_AFTER: usize = 1 << 20;
 
 impl Gate {
     /// A gate whose answers are reused for `ttl` (zero: only by requests
     /// that waited while it was rendered).
-    pub fn new(ttl: Duration) -> Self {
+    pub fn new(ttl: Duration, shared: Arc<crate::server::Shared>) -> Self {
         Gate {
             slot: Semaphore::new(1),
             last: Mutex::new(None),
             ttl,
+            shared,
         }
     }
 
@@ -79,7 +87,12 @@ impl Gate {
         }
         let started = Instant::now();
         let body = match tokio::task::spawn_blocking(f).await {
-            Ok(Ok(b)) => Arc::new(b),
+            Ok(Ok(b)) => {
+                if b.len() >= TRIM_AFTER {
+                    self.shared.request_trim();
+                }
+                Arc::new(b)
+            }
             Ok(Err(e)) => return e.into_response(),
             Err(_) => return ApiError::internal("rendering failed").into_response(),
         };
@@ -138,14 +151,17 @@ pub struct Gates {
     pub connections: Gate,
 }
 
-impl Default for Gates {
-    fn default() -> Self {
+impl Gates {
+    /// The gates of one listener (no TTL: answers are never older than
+    /// their request).
+    pub fn new(shared: &Arc<crate::server::Shared>) -> Self {
+        let gate = || Gate::new(Duration::ZERO, shared.clone());
         Gates {
-            metrics: Gate::new(Duration::ZERO),
-            queues: Gate::new(Duration::ZERO),
-            exchanges: Gate::new(Duration::ZERO),
-            bindings: Gate::new(Duration::ZERO),
-            connections: Gate::new(Duration::ZERO),
+            metrics: gate(),
+            queues: gate(),
+            exchanges: gate(),
+            bindings: gate(),
+            connections: gate(),
         }
     }
 }
