@@ -13,6 +13,7 @@
 #          mqtt-sub-dup mqtt-sub-wildcards retained-budget
 #          http-publish-alarm http-publish-rate big-arguments import-kill (HTTP clients: abuse-publish.py)
 #          noack-drain
+#          http-slowloris http-idle-fds http-metrics-unread http-list-scrapers (issue 20, item 3)
 #
 # Environment:
 #   WEIR_BIN         broker binary (default: build the release `weir` of this checkout)
@@ -41,7 +42,8 @@ ALL=(login-arrays login-tables topic-backtrack bind-burst corruption second-proc
      mqtt-sub-dup mqtt-sub-wildcards retained-budget
      corruption-last-record
      http-publish-alarm http-publish-rate big-arguments import-kill
-     noack-drain)
+     noack-drain
+     http-slowloris http-idle-fds http-metrics-unread http-list-scrapers)
 
 if [ -z "${WEIR_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -q -p weir-gateway --bin weir) || exit 1
@@ -413,6 +415,35 @@ TOML
   emit "$name" "$out"
 }
 
+# The address a listener of the running broker bound ("<WHAT> listener ready addr=…" in its log).
+listen_addr() {
+  sed -e 's/\x1b\[[0-9;]*m//g' "$DIR/weir.log" | grep -a "$1 listener ready" | tail -1 |
+    grep -o 'addr=[0-9.:]*' | cut -d= -f2
+}
+
+# run_http NAME [--nofile N] TOOL-ARGS...: run_simple with @HTTP@ and @MQTT@ in the arguments
+# replaced by the broker's HTTP and MQTT addresses; --nofile lowers the broker's `ulimit -n` first
+# (prlimit), so an attack on file descriptors needs fewer than the client's own limit.
+run_http() {
+  local name=$1 nofile="" http mqtt out; shift
+  if [ "$1" = --nofile ]; then nofile=$2; shift 2; fi
+  if ! start_broker "$DIR/data" "$DIR/weir.log"; then
+    emit "$name" "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
+  fi
+  [ -n "$nofile" ] && prlimit --pid "$PID" --nofile="$nofile:$nofile"
+  http=$(listen_addr HTTP) mqtt=$(listen_addr MQTT)
+  local args=("${@//@HTTP@/$http}")
+  args=("${args[@]//@MQTT@/$mqtt}")
+  out=$(abuse --pid "$PID" --timeout 600 "${args[@]}")
+  [ -n "$nofile" ] && out="broker_nofile=$nofile $out"
+  sleep 0.5
+  if ! kill -0 "$PID" 2>/dev/null; then
+    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
+  fi
+  kill9 "$PID"
+  emit "$name" "$out"
+}
+
 # The HTTP listener's address of the broker started last (from its log).
 http_addr() {
   sed -e 's/\x1b\[[0-9;]*m//g' "$1" | grep -a "HTTP listener ready" | tail -1 | grep -o 'addr=[0-9.:]*' | cut -d= -f2
@@ -509,6 +540,13 @@ run_attack() {
     # Issue 20/1: 200,000 persistent 300 B messages, one no-ack consumer reading at most 2 MB/s
     # (pika's pace) for 60 s: received, longest pause between deliveries, ready left.
     noack-drain)      run_simple "$1" noack-drain --count 200000 --size 300 --secs 60 --read-mbps 2 ;;
+    http-slowloris)   run_http "$1" http-slowloris --http @HTTP@ --conns 2000 --secs 30 ;;
+    http-idle-fds)    run_http "$1" --nofile 4096 http-idle-fds --http @HTTP@ --mqtt @MQTT@ \
+                        --conns 6000 --secs 5 ;;
+    http-metrics-unread) run_http "$1" http-metrics-unread --http @HTTP@ --queues 12000 --conns 150 \
+                        --secs 30 ;;
+    http-list-scrapers) run_http "$1" http-list-scrapers --http @HTTP@ --queues 12000 \
+                        --scrapers 0,4,32 --secs 15 ;;
     *) echo "abuse.sh: unknown attack '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }

@@ -132,13 +132,13 @@ if [ "$ONLY" != ab ]; then
     echo
     echo "| request | status | median s (5) | max s | bytes | load avg (1/5/15 min) |"
     echo "|---|---|---:|---:|---:|---|"
-    time_get "http://127.0.0.1:$HTTP_PORT/metrics" "GET /metrics (per queue)"
+    time_get "http://guest:guest@127.0.0.1:$HTTP_PORT/metrics" "GET /metrics (per queue)"
     time_get "http://guest:guest@127.0.0.1:$HTTP_PORT/api/queues?page=1&page_size=100" \
       "GET /api/queues?page=1&page_size=100"
   } >>"$OUT/results.md.part"
   stop_weir
   start_weir "$DATA" --http-metrics-per-queue false
-  time_get "http://127.0.0.1:$HTTP_PORT/metrics" "GET /metrics (aggregated per tenant)" >>"$OUT/results.md.part"
+  time_get "http://guest:guest@127.0.0.1:$HTTP_PORT/metrics" "GET /metrics (aggregated per tenant)" >>"$OUT/results.md.part"
   stop_weir
   rm -rf "$DATA"
   cat "$OUT/results.md.part" >>"$OUT/results.md"; rm -f "$OUT/results.md.part"
@@ -157,7 +157,7 @@ if [ "$ONLY" != scale ]; then
     local side="$1" r="$2" json="$OUT/ab-$1-r$2.json" before after
     before="$(load)"
     if [ "$side" = B ]; then
-      ( while true; do curl -s -o /dev/null "http://127.0.0.1:$HTTP_PORT/metrics"; sleep 1; done ) &
+      ( while true; do curl -s -o /dev/null "http://guest:guest@127.0.0.1:$HTTP_PORT/metrics"; sleep 1; done ) &
       SCRAPER_PID=$!
     fi
     "$BENCH" --url "$URL" --queue-type classic --publishers 2 --consumers 2 --size 256 --window 256 \

@@ -120,6 +120,19 @@ settings! {
     "http.metrics_per_queue", "http-metrics-per-queue", "WEIR_HTTP_METRICS_PER_QUEUE", Bool, None,
         "/metrics: one series per queue (false: queue series summed per tenant, for very large \
          installations) [default: true]";
+    "http.metrics_auth", "http-metrics-auth", "WEIR_HTTP_METRICS_AUTH", Bool, None,
+        "/metrics: the per-queue series need Basic auth of a `monitoring` or `administrator` \
+         user; without credentials the answer sums queue series per tenant [default: true]";
+    "http.max_connections", "http-max-connections", "WEIR_HTTP_MAX_CONNECTIONS", Uint, None,
+        "Most HTTP connections at once (0 = no limit); more are answered 503 and closed \
+         [default: 1024]";
+    "http.header_timeout", "http-header-timeout", "WEIR_HTTP_HEADER_TIMEOUT", Uint, None,
+        "Seconds a client has to send a request's headers, counted from when the connection \
+         opens or its previous answer was sent (so also how long a keep-alive connection may \
+         wait idle) [default: 15]";
+    "http.idle_timeout", "http-idle-timeout", "WEIR_HTTP_IDLE_TIMEOUT", Uint, None,
+        "Seconds an HTTP connection may move no byte either way (a client that does not read \
+         its answer, a stalled request body) before it is closed [default: 60]";
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
         "Native protocol listen address (reserved: not served yet)";
     "store.kind", "store", "WEIR_STORE", Str, None,
@@ -449,6 +462,18 @@ pub struct HttpConfig {
     /// `/metrics` writes one series per queue; false sums the queue series
     /// per tenant (RabbitMQ's aggregated mode), for very large installations.
     pub metrics_per_queue: bool,
+    /// `/metrics` writes the per-queue series only for a `monitoring` or
+    /// `administrator` user (Basic auth); without credentials it sums them
+    /// per tenant, so queue names stay private.
+    pub metrics_auth: bool,
+    /// Most HTTP connections at once (0 = no limit); more get a 503.
+    pub max_connections: usize,
+    /// Seconds to receive a request's headers, from when the connection is
+    /// ready for them (opened, or its previous answer sent): also the
+    /// keep-alive idle time. 0 = no limit.
+    pub header_timeout: u64,
+    /// Seconds a connection may move no byte either way. 0 = no limit.
+    pub idle_timeout: u64,
 }
 
 /// The HTTP listener's default address, as RabbitMQ's management plugin.
@@ -460,6 +485,10 @@ impl Default for HttpConfig {
         HttpConfig {
             listen: HTTP_DEFAULT_LISTEN,
             metrics_per_queue: true,
+            metrics_auth: true,
+            max_connections: 1024,
+            header_timeout: 15,
+            idle_timeout: 60,
         }
     }
 }

@@ -205,8 +205,8 @@ pub struct Broker {
     limits: Limits,
     /// When the store began opening (uptime).
     started: std::time::Instant,
-    /// `[http] metrics_per_queue`.
-    metrics_per_queue: bool,
+    /// `[http]`: /metrics options, connection limit and timeouts.
+    http: crate::config::HttpConfig,
 }
 
 /// The TLS listeners (with `[tls]`) and the certificates they share.
@@ -478,7 +478,7 @@ impl Broker {
             http_listener,
             tls,
             started,
-            metrics_per_queue: cfg.http.metrics_per_queue,
+            http: cfg.http.clone(),
             limits: Limits {
                 memory: cfg.quota.memory_limit,
                 disk_free: cfg.quota.disk_free_limit,
@@ -553,12 +553,8 @@ impl Broker {
         }
         let http = tokio::spawn(crate::http::serve(
             self.http_listener,
-            Arc::new(crate::http::HttpState {
-                shared: self.shared.clone(),
-                started: self.started,
-                metrics_per_queue: self.metrics_per_queue,
-                rates: Default::default(),
-            }),
+            crate::http::HttpState::new(self.shared.clone(), self.started, &self.http),
+            crate::http::Limits::of(&self.http),
             shutdown_rx.clone(),
         ));
         let tls_watch = self.tls.as_mut().map(|t| {

@@ -6,6 +6,7 @@ WEIR_TEST_URL.
 """
 from __future__ import annotations
 
+import base64
 import os
 import urllib.request
 
@@ -89,8 +90,12 @@ def weir(tmp_path):
 
 
 def scrape(w):
-    """The parsed scrape: {family name: family}, and every sample."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{w.http_port}/metrics", timeout=10) as r:
+    """The parsed scrape: {family name: family}, and every sample. Logged in
+    (guest is an administrator): the per-queue series need a monitoring or
+    administrator user ([http] metrics_auth)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{w.http_port}/metrics")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()

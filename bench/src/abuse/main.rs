@@ -14,6 +14,7 @@
 mod conn;
 
 mod attacks;
+mod http_door;
 mod monitor;
 mod mqtt_door;
 mod noack;
@@ -252,6 +253,53 @@ enum Attack {
         #[arg(long, default_value_t = 200)]
         max: u16,
     },
+    /// 20.3: CONNS HTTP connections trickle a request head forever; how many are open after SECS.
+    HttpSlowloris {
+        #[arg(long)]
+        http: SocketAddr,
+        #[arg(long, default_value_t = 2000)]
+        conns: usize,
+        #[arg(long, default_value_t = 30)]
+        secs: u64,
+    },
+    /// 20.3: CONNS idle HTTP connections; then can AMQP, MQTT and HTTP clients connect?
+    HttpIdleFds {
+        #[arg(long)]
+        http: SocketAddr,
+        #[arg(long)]
+        mqtt: Option<SocketAddr>,
+        #[arg(long, default_value_t = 20_000)]
+        conns: usize,
+        /// Seconds to wait after opening them.
+        #[arg(long, default_value_t = 5)]
+        secs: u64,
+    },
+    /// 20.3: CONNS clients ask for /metrics over QUEUES queues and never read; RSS after SECS.
+    HttpMetricsUnread {
+        #[arg(long)]
+        http: SocketAddr,
+        #[arg(long, default_value_t = 12_000)]
+        queues: usize,
+        #[arg(long, default_value_t = 150)]
+        conns: usize,
+        /// Log in (as the URL's user) instead of scraping anonymously.
+        #[arg(long, default_value_t = false, action = ArgAction::Set)]
+        auth: bool,
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
+    },
+    /// 20.3: scrapers of unpaged GET /api/queues over QUEUES queues; AMQP confirm latency.
+    HttpListScrapers {
+        #[arg(long)]
+        http: SocketAddr,
+        #[arg(long, default_value_t = 12_000)]
+        queues: usize,
+        #[arg(long, value_delimiter = ',', default_value = "0,4,32")]
+        scrapers: Vec<usize>,
+        /// Seconds of publishing per scraper count.
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
+    },
 }
 
 fn flip(file: &std::path::Path, offset: u64) -> Result<String> {
@@ -415,6 +463,39 @@ async fn run(args: Args) -> Result<String> {
                 secs,
                 read_mbps,
             } => noack::noack_drain(&target, *count, *size, *secs, *read_mbps).await,
+            Attack::HttpSlowloris { http, conns, secs } => {
+                http_door::slowloris(*http, *conns, *secs).await
+            }
+            Attack::HttpIdleFds {
+                http,
+                mqtt,
+                conns,
+                secs,
+            } => http_door::idle_fds(&target, *http, *mqtt, *conns, *secs).await,
+            Attack::HttpMetricsUnread {
+                http,
+                queues,
+                conns,
+                auth,
+                secs,
+            } => {
+                http_door::metrics_unread(
+                    &target,
+                    *http,
+                    *queues,
+                    *conns,
+                    *auth,
+                    *secs,
+                    rss.as_ref(),
+                )
+                .await
+            }
+            Attack::HttpListScrapers {
+                http,
+                queues,
+                scrapers,
+                secs,
+            } => http_door::list_scrapers(&target, *http, *queues, scrapers, *secs).await,
             Attack::Flip { .. } => unreachable!("handled above"),
         }
     };

@@ -160,9 +160,17 @@ async fn list_all(
     caller: Caller,
     vhost: Option<Path<String>>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, ApiError> {
     let v = vhosts_of(&state, &caller, vhost.as_deref().map(String::as_str))?;
-    Ok(Json(list(&q, items(&state, v))?))
+    // Off the runtime's workers, one render at a time (crate::http::render).
+    let (key, st) = (crate::http::render::list_key(&uri, &v), state.clone());
+    let render = move || crate::http::render::json(list(&q, items(&st, v)));
+    Ok(state
+        .gates
+        .bindings
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 fn dest_kind(k: &str) -> Result<DestinationKind, ApiError> {

@@ -103,9 +103,28 @@ async fn list_connections(
     State(state): State<crate::http::State>,
     caller: Caller,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
-    let items = visible(&state, &caller).into_iter().map(item).collect();
-    Ok(Json(list(&q, items)?))
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, ApiError> {
+    let (key, st) = (connections_key(&uri, &caller), state.clone());
+    let render = move || {
+        let items = visible(&st, &caller).into_iter().map(item).collect();
+        crate::http::render::json(list(&q, items))
+    };
+    Ok(state
+        .gates
+        .connections
+        .serve(key, crate::http::render::JSON, render)
+        .await)
+}
+
+/// Monitors see every connection, others their own: the render's key.
+fn connections_key(uri: &axum::http::Uri, caller: &Caller) -> String {
+    let who = if caller.is_monitor() {
+        ""
+    } else {
+        &caller.name
+    };
+    crate::http::render::list_key(uri, &[who.to_string()])
 }
 
 async fn vhost_connections(
@@ -113,14 +132,23 @@ async fn vhost_connections(
     caller: Caller,
     Path(vhost): Path<String>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, ApiError> {
     caller.require_vhost(engine(&state), &vhost)?;
-    let items = visible(&state, &caller)
-        .into_iter()
-        .filter(|c| c.vhost == vhost)
-        .map(item)
-        .collect();
-    Ok(Json(list(&q, items)?))
+    let (key, st) = (connections_key(&uri, &caller), state.clone());
+    let render = move || {
+        let items = visible(&st, &caller)
+            .into_iter()
+            .filter(|c| c.vhost == vhost)
+            .map(item)
+            .collect();
+        crate::http::render::json(list(&q, items))
+    };
+    Ok(state
+        .gates
+        .connections
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 fn find(

@@ -237,9 +237,17 @@ async fn list_all(
     caller: Caller,
     vhost: Option<Path<String>>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, ApiError> {
     let vhosts = vhosts_of(&state, &caller, vhost.as_deref().map(String::as_str))?;
-    Ok(Json(list(&q, items(&state, vhosts))?))
+    // Off the runtime's workers, one render at a time (crate::http::render).
+    let (key, st) = (crate::http::render::list_key(&uri, &vhosts), state.clone());
+    let render = move || crate::http::render::json(list(&q, items(&st, vhosts)));
+    Ok(state
+        .gates
+        .queues
+        .serve(key, crate::http::render::JSON, render)
+        .await)
 }
 
 /// The queue, if the caller may see its vhost; 404 otherwise.
