@@ -150,6 +150,17 @@ emit() {
   return 0
 }
 
+# finish NAME OUT: the attack's figures line once its client is done; the broker is killed.
+finish() {
+  local out=$2
+  sleep 0.5
+  if ! kill -0 "$PID" 2>/dev/null; then
+    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
+  fi
+  kill9 "$PID"
+  emit "$1" "$out"
+}
+
 # run_simple NAME TOOL-ARGS...: fresh broker, the tool with RSS sampling and the probe, kill.
 run_simple() {
   local name=$1; shift
@@ -158,12 +169,7 @@ run_simple() {
   fi
   local out
   out=$(abuse --pid "$PID" "$@")
-  sleep 0.5
-  if ! kill -0 "$PID" 2>/dev/null; then
-    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
-  fi
-  kill9 "$PID"
-  emit "$name" "$out"
+  finish "$name" "$out"
 }
 
 # The address the running broker's LISTENER logged ("MQTT listener ready addr=…"), within 5 s.
@@ -187,12 +193,7 @@ run_mqtt() {
   mqtt=$(listener MQTT) ws=$(listener "MQTT WebSocket")
   for a in "$@"; do a=${a/@MQTT/$mqtt}; args+=("${a/@WS/$ws}"); done
   out=$(abuse --pid "$PID" "${args[@]}")
-  sleep 0.5
-  if ! kill -0 "$PID" 2>/dev/null; then
-    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
-  fi
-  kill9 "$PID"
-  emit "$name" "$out"
+  finish "$name" "$out"
 }
 
 attack_corruption() {
@@ -360,12 +361,8 @@ attack_login_flood() {
   if ! start_broker "$DIR/data" "$DIR/weir.log"; then
     emit login-flood "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
   fi
-  local http="" out i
-  for i in $(seq 50); do
-    http=$(grep -a "HTTP listener ready" "$DIR/weir.log" | tail -1 | grep -o '127\.0\.0\.1:[0-9]*' | cut -d: -f2)
-    [ -n "$http" ] && break
-    sleep 0.1
-  done
+  local http out
+  http=$(listener HTTP); http=${http##*:}
   if [ -z "$http" ]; then
     emit login-flood "skipped: no HTTP listener address in the log"; kill9 "$PID"; return
   fi
@@ -373,12 +370,6 @@ attack_login_flood() {
   kill -0 "$PID" 2>/dev/null && out+=" broker=alive" || out+=" broker=dead$(death "$DIR/weir.log")"
   kill9 "$PID"
   emit login-flood "$out"
-}
-
-# The running broker's MQTT address, from its log ("MQTT listener ready addr=…").
-mqtt_addr() {
-  sed -e 's/\x1b\[[0-9;]*m//g' "$DIR/weir.log" | grep -a "MQTT listener ready" | tail -1 |
-    grep -o 'addr=[0-9.]*:[0-9]*' | cut -d= -f2
 }
 
 # Issue 20 #6/#7: retained messages and subscriptions (MQTT). The broker's MQTT port is chosen at
@@ -406,19 +397,8 @@ TOML
     emit "$name" "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
   fi
   local out
-  out=$(abuse --pid "$PID" "$@" --mqtt "$(mqtt_addr)")
-  sleep 0.5
-  if ! kill -0 "$PID" 2>/dev/null; then
-    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
-  fi
-  kill9 "$PID"
-  emit "$name" "$out"
-}
-
-# The address a listener of the running broker bound ("<WHAT> listener ready addr=…" in its log).
-listen_addr() {
-  sed -e 's/\x1b\[[0-9;]*m//g' "$DIR/weir.log" | grep -a "$1 listener ready" | tail -1 |
-    grep -o 'addr=[0-9.:]*' | cut -d= -f2
+  out=$(abuse --pid "$PID" "$@" --mqtt "$(listener MQTT)")
+  finish "$name" "$out"
 }
 
 # run_http NAME [--nofile N] TOOL-ARGS...: run_simple with @HTTP@ and @MQTT@ in the arguments
@@ -431,23 +411,14 @@ run_http() {
     emit "$name" "skipped: broker did not start: $(quote "$(tail -1 "$DIR/weir.log")")"; return
   fi
   [ -n "$nofile" ] && prlimit --pid "$PID" --nofile="$nofile:$nofile"
-  http=$(listen_addr HTTP) mqtt=$(listen_addr MQTT)
+  http=$(listener HTTP) mqtt=$(listener MQTT)
   local args=("${@//@HTTP@/$http}")
   args=("${args[@]//@MQTT@/$mqtt}")
   out=$(abuse --pid "$PID" --timeout 600 "${args[@]}")
   [ -n "$nofile" ] && out="broker_nofile=$nofile $out"
-  sleep 0.5
-  if ! kill -0 "$PID" 2>/dev/null; then
-    out="${out/broker=alive/broker=dead}$(death "$DIR/weir.log")"
-  fi
-  kill9 "$PID"
-  emit "$name" "$out"
+  finish "$name" "$out"
 }
 
-# The HTTP listener's address of the broker started last (from its log).
-http_addr() {
-  sed -e 's/\x1b\[[0-9;]*m//g' "$1" | grep -a "HTTP listener ready" | tail -1 | grep -o 'addr=[0-9.:]*' | cut -d= -f2
-}
 PUBLISH_PY=$ROOT/scripts/abuse-publish.py
 # A config file for the default tenant's quotas (the default guest keeps its permissions).
 tenant_config() { printf '[[tenants]]\nname = "/"\n%s\n' "$2" >"$1"; }
@@ -456,7 +427,7 @@ attack_http_publish_alarm() {
   start_broker "$DIR/data" "$DIR/weir.log" --disk-free-limit 1PB ||
     { emit http-publish-alarm "skipped: broker did not start"; return; }
   local out
-  out=$(python3 "$PUBLISH_PY" publish-alarm --http "$(http_addr "$DIR/weir.log")" --secs 20)
+  out=$(python3 "$PUBLISH_PY" publish-alarm --http "$(listener HTTP)" --secs 20)
   kill -0 "$PID" 2>/dev/null || out+=" broker=dead$(death "$DIR/weir.log")"
   kill9 "$PID"
   emit http-publish-alarm "disk alarm, 4 HTTP publishers of 512 KB: $out"
@@ -467,12 +438,12 @@ attack_http_publish_rate() {
   tenant_config "$DIR/rate.toml" "publish-rate = 10"
   start_broker "$DIR/data" "$DIR/weir.log" --config "$DIR/rate.toml" ||
     { emit http-publish-rate "skipped: broker did not start"; return; }
-  rate=$(python3 "$PUBLISH_PY" publish-rate --http "$(http_addr "$DIR/weir.log")" --secs 5)
+  rate=$(python3 "$PUBLISH_PY" publish-rate --http "$(listener HTTP)" --secs 5)
   kill9 "$PID"
   tenant_config "$DIR/queued.toml" "max-queued-messages = 100"
   start_broker "$DIR/data2" "$DIR/weir.log" --config "$DIR/queued.toml" ||
     { emit http-publish-rate "skipped: broker did not start"; return; }
-  queued=$(python3 "$PUBLISH_PY" publish-queued --http "$(http_addr "$DIR/weir.log")")
+  queued=$(python3 "$PUBLISH_PY" publish-queued --http "$(listener HTTP)")
   kill9 "$PID"
   emit http-publish-rate "publish-rate=10: $rate | max-queued-messages=100: $queued"
 }
@@ -481,7 +452,7 @@ attack_big_arguments() {
   local out
   start_broker "$DIR/data" "$DIR/weir.log" ||
     { emit big-arguments "skipped: broker did not start"; return; }
-  out=$(python3 "$PUBLISH_PY" big-arguments --http "$(http_addr "$DIR/weir.log")" --pid "$PID")
+  out=$(python3 "$PUBLISH_PY" big-arguments --http "$(listener HTTP)" --pid "$PID")
   kill -0 "$PID" 2>/dev/null || out+=" broker=dead$(death "$DIR/weir.log")"
   stop "$PID"
   emit big-arguments "$out data_mb=$(du -sm "$DIR/data" | cut -f1)"
@@ -491,16 +462,16 @@ attack_import_kill() {
   local n=${IMPORT_QUEUES:-10000} timed after
   start_broker "$DIR/data" "$DIR/weir.log" ||
     { emit import-kill "skipped: broker did not start"; return; }
-  timed=$(python3 "$PUBLISH_PY" import --http "$(http_addr "$DIR/weir.log")" --queues "$n")
+  timed=$(python3 "$PUBLISH_PY" import --http "$(listener HTTP)" --queues "$n")
   kill9 "$PID"
   # Again on a fresh broker, killed -9 once the first imported queue shows.
   start_broker "$DIR/data2" "$DIR/weir.log" ||
     { emit import-kill "skipped: broker did not start"; return; }
-  python3 "$PUBLISH_PY" import --http "$(http_addr "$DIR/weir.log")" --queues "$n" --no-wait >/dev/null
+  python3 "$PUBLISH_PY" import --http "$(listener HTTP)" --queues "$n" --no-wait >/dev/null
   kill9 "$PID"
   start_broker "$DIR/data2" "$DIR/weir.log" ||
     { emit import-kill "skipped: broker did not restart"; return; }
-  after=$(python3 "$PUBLISH_PY" count-imported --http "$(http_addr "$DIR/weir.log")")
+  after=$(python3 "$PUBLISH_PY" count-imported --http "$(listener HTTP)")
   kill9 "$PID"
   emit import-kill "$timed | kill -9 once queues show, restart: $after (of $n each; all or none)"
 }
