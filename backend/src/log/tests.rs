@@ -442,7 +442,12 @@ fn torn_meta_batch_applies_nothing() {
     let whole = std::fs::read(&path).unwrap();
     let len = whole.len() - start;
     for cut in [1, FRAME_HEADER, len / 2, len - 1] {
-        std::fs::write(&path, &whole[..start + cut]).unwrap();
+        // A crash mid-write: the batch was never fsynced, so the header's
+        // recorded end (the clean close put the whole segment there) could
+        // at most cover what came before it.
+        let mut torn = whole[..start + cut].to_vec();
+        segment::set_recorded_end(&mut torn, start as u64);
+        std::fs::write(&path, &torn).unwrap();
         let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
         let rec = take_recovered(&store);
         assert_eq!(rec.truncated_bytes, cut as u64, "cut {cut}");
