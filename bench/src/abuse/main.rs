@@ -22,6 +22,11 @@ mod ops;
 mod raw;
 mod retained;
 
+// weir-mqtt-bench's hand-written MQTT encoders; the attacks use a few of them.
+#[path = "../mqtt/wire.rs"]
+#[allow(dead_code)]
+mod mqtt_wire;
+
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::SocketAddr;
 use std::process::ExitCode;

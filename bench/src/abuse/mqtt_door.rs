@@ -20,23 +20,16 @@ use crate::ops;
 /// The configured maximum packet size (Weir's default).
 const SIXTEEN_MIB: usize = 16 << 20;
 
-fn varint(mut v: usize) -> Vec<u8> {
+fn varint(v: usize) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let mut b = (v % 128) as u8;
-        v /= 128;
-        if v > 0 {
-            b |= 0x80;
-        }
-        out.push(b);
-        if v == 0 {
-            return out;
-        }
-    }
+    crate::mqtt_wire::put_len(&mut out, v);
+    out
 }
 
 fn string(s: &[u8]) -> Vec<u8> {
-    [&(s.len() as u16).to_be_bytes()[..], s].concat()
+    let mut out = Vec::new();
+    crate::mqtt_wire::put_str(&mut out, s);
+    out
 }
 
 /// A 3.1.1 CONNECT, guest/guest, clean session, keep-alive `keep_alive`

@@ -22,6 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::conn::{err, Context, Result};
+use crate::mqtt_wire::{put_len, put_str};
 
 const CONNECT: u8 = 1;
 const CONNACK: u8 = 2;
@@ -29,25 +30,6 @@ const PUBLISH: u8 = 3;
 const PUBACK: u8 = 4;
 const SUBSCRIBE: u8 = 8;
 const SUBACK: u8 = 9;
-
-fn put_len(out: &mut Vec<u8>, mut n: usize) {
-    loop {
-        let mut b = (n % 128) as u8;
-        n /= 128;
-        if n > 0 {
-            b |= 0x80;
-        }
-        out.push(b);
-        if n == 0 {
-            break;
-        }
-    }
-}
-
-fn put_str(out: &mut Vec<u8>, s: &[u8]) {
-    out.extend_from_slice(&(s.len() as u16).to_be_bytes());
-    out.extend_from_slice(s);
-}
 
 fn packet(out: &mut Vec<u8>, first: u8, body: &[u8]) {
     out.push(first);

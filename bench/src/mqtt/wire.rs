@@ -21,7 +21,7 @@ const DISCONNECT: u8 = 14;
 pub const STAMP: usize = 16;
 
 /// Append the MQTT variable-length "remaining length".
-fn put_len(out: &mut Vec<u8>, mut n: usize) {
+pub fn put_len(out: &mut Vec<u8>, mut n: usize) {
     loop {
         let mut b = (n % 128) as u8;
         n /= 128;
@@ -35,7 +35,8 @@ fn put_len(out: &mut Vec<u8>, mut n: usize) {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &[u8]) {
+/// Append a length-prefixed MQTT string (or binary data).
+pub fn put_str(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(&(s.len() as u16).to_be_bytes());
     out.extend_from_slice(s);
 }
