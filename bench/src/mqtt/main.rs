@@ -1,6 +1,6 @@
 //! `weir-mqtt-bench`: a lean MQTT 3.1.1 load generator, the same client for Weir and Mosquitto.
 //!
-//! Three workloads (issue 8's benchmarks), one per subcommand:
+//! Four workloads (issue 8's benchmarks, and issue 21's reconnect storm), one per subcommand:
 //!
 //! - `qos1`: N publishers keep a window of unacknowledged QoS 1 publishes to one topic; a
 //!   persistent-session subscriber (clean session off) at QoS 1 acks every delivery. Reports
@@ -10,6 +10,8 @@
 //!   msg/s, publish → deliver latency per delivery and the time until the last subscriber has it.
 //! - `idle`: thousands of connections that connect and then do nothing (keep-alive 60 s); reports
 //!   the broker's RSS growth per connection (`VmRSS` of `--broker-pid` before and after).
+//! - `storm` (issue 21): thousands of persistent sessions with a subscription each, made and left,
+//!   then all reconnecting at once; reports the time to the last CONNACK and the broker's CPU.
 //!
 //! The packets are written and read by hand (`wire.rs`), as weir-bench does for AMQP, and every
 //! connection is multiplexed on one thread by default (`--threads 1`), so the client uses at most
@@ -29,6 +31,7 @@ mod client;
 mod fanout;
 mod idle;
 mod qos1;
+mod storm;
 mod wire;
 
 use std::net::SocketAddr;
@@ -94,6 +97,8 @@ enum Workload {
     Fanout(fanout::Args),
     /// Thousands of idle connections; the broker's RSS per connection.
     Idle(idle::Args),
+    /// Thousands of persistent sessions reconnecting at once; time and broker CPU.
+    Storm(storm::Args),
 }
 
 impl Common {
@@ -148,6 +153,7 @@ fn main() {
                 Workload::Qos1(a) => qos1::run(&c, a).await,
                 Workload::Fanout(a) => fanout::run(&c, a).await,
                 Workload::Idle(a) => idle::run(&c, a).await,
+                Workload::Storm(a) => storm::run(&c, a).await,
             }
         })
     });
