@@ -7,6 +7,7 @@
 //! routing-key words), with no backtracking however many `#` a pattern has.
 
 use super::queue::Queue;
+use crate::topic::AMQP_SEPARATOR;
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use std::cell::RefCell;
@@ -452,7 +453,7 @@ impl Bindings {
 }
 
 /// The binding patterns of a topic exchange as a trie over words, as
-/// RabbitMQ keeps them. Matching runs the trie as an automaton over the
+/// RabbitMQ keeps them ([`crate::topic`]'s AMQP rules). Matching runs the trie as an automaton over the
 /// routing key's words, one set of live nodes per word, so the cost is at
 /// most (nodes × words) whatever the wildcards: no backtracking.
 struct Trie {
@@ -521,7 +522,7 @@ impl Trie {
     fn insert(&mut self, pattern: &str) -> NodeId {
         let mut at = ROOT;
         self.nodes[ROOT as usize].refs += 1;
-        for w in pattern.split('.') {
+        for w in pattern.split(AMQP_SEPARATOR) {
             if w == "#" && self.nodes[at as usize].is_hash {
                 continue;
             }
@@ -630,7 +631,7 @@ impl Trie {
         live.clear();
         live.push(ROOT);
         self.close(live);
-        for w in routing_key.split('.') {
+        for w in routing_key.split(AMQP_SEPARATOR) {
             next.clear();
             for &n in live.iter() {
                 let node = &self.nodes[n as usize];
@@ -918,34 +919,6 @@ fn dedup(out: &mut Vec<Arc<Queue>>) {
     out.dedup_by(|a, b| Arc::ptr_eq(a, b));
 }
 
-/// AMQP topic matching: `*` matches exactly one word, `#` zero or more.
-///
-/// A dynamic program over (pattern words × key words), O(p·w) time and
-/// O(w) space: no backtracking. Routing uses the trie in [`Exchange`];
-/// this is the reference it is tested against.
-pub fn topic_matches<P: AsRef<str>>(pattern: &[P], words: &[&str]) -> bool {
-    // ok[j]: the pattern words seen so far match exactly words[..j].
-    let mut ok = vec![false; words.len() + 1];
-    ok[0] = true;
-    for p in pattern {
-        match p.as_ref() {
-            "#" => {
-                // Zero or more words: reachable from any earlier j.
-                for j in 1..=words.len() {
-                    ok[j] = ok[j] || ok[j - 1];
-                }
-            }
-            p => {
-                for j in (1..=words.len()).rev() {
-                    ok[j] = ok[j - 1] && (p == "*" || p == words[j - 1]);
-                }
-                ok[0] = false;
-            }
-        }
-    }
-    ok[words.len()]
-}
-
 /// Headers-exchange matching: every (`x-match: all`, the default) or any
 /// (`x-match: any`) non-`x-` binding argument equals the message header; an
 /// argument with no value (void) only requires the header to be present.
@@ -1009,7 +982,7 @@ mod tests {
     fn dp(p: &str, k: &str) -> bool {
         let pat: Vec<&str> = p.split('.').collect();
         let words: Vec<&str> = k.split('.').collect();
-        topic_matches(&pat, &words)
+        crate::topic::amqp_matches(&pat, &words)
     }
 
     /// The trie's answer for one pattern.

@@ -18,6 +18,8 @@
 //! * [`permissions`], [`definitions`]: users' permissions per tenant and
 //!   topic, durable users and permissions, definitions import (one batch).
 //! * [`bounds`]: size limits of names, arguments and other definitions.
+//! * [`topic`]: topic matching (AMQP patterns, MQTT filters) and the
+//!   mapping between MQTT topics and AMQP routing keys, in one place.
 
 #![forbid(unsafe_code)]
 
@@ -44,6 +46,7 @@ pub mod session_state;
 pub mod stats;
 pub mod tenant;
 pub mod timers;
+pub mod topic;
 
 pub use client::Client;
 pub use error::{ClientError, EngineError, Result};

@@ -27,14 +27,15 @@
 //!   periodically), and at restart.
 //! * **Indexed** by topic level (a trie: a set or clear costs its topic's
 //!   levels, not the number of topics) and **looked up lazily** by MQTT
-//!   topic filter ([`topic_matches`]'s rules, `$`-topic rule included): a
+//!   topic filter ([`crate::topic::mqtt_matches`]'s rules, `$`-topic rule included): a
 //!   [`RetainedCursor`] walks the trie in bounded steps
 //!   ([`Tenant::retained_next`]), each visiting at most [`STEP_NODES`]
 //!   nodes under the tenant's lock, so a subscriber takes retained messages
 //!   as its window allows and a wide filter never holds a thread long.
 //!
-//! The engine never depends on the protocol crates (`engine/tests/layers.rs`),
-//! so the MQTT filter match is implemented here, on plain strings.
+//! The filter rules are [`crate::topic`]'s (the trie walk applies them
+//! level by level; `tests/retained.rs` checks it against
+//! [`crate::topic::mqtt_matches`]).
 
 use crate::error::EngineError;
 use crate::properties::{HeaderFormat, MessageHeader};
@@ -310,7 +311,7 @@ impl Inner {
         let resuming = after_owned.is_some();
         let after: &[Box<str>] = after_owned.as_deref().unwrap_or(&[]);
         // A filter starting with a wildcard never matches a `$` topic.
-        let wild_root = matches!(filter[0], "+" | "#");
+        let root_filter = filter[0];
         let mut stack = vec![Frame {
             level: "",
             fi: 0,
@@ -326,7 +327,7 @@ impl Inner {
             };
             visited += 1;
             let parent_depth = stack.len() - 1;
-            if parent_depth == 0 && wild_root && level.starts_with('$') {
+            if parent_depth == 0 && crate::topic::wildcard_skips(root_filter, level) {
                 if visited >= STEP_NODES {
                     cursor.after = Some(vec![level.clone()]);
                     return;
@@ -551,29 +552,6 @@ fn decode_parts(
     ))
 }
 
-/// Whether MQTT topic filter `filter` matches topic name `topic`: `+`
-/// matches one level (an empty one too), `#` (last) the parent level and
-/// everything under it; a filter starting with a wildcard does not match a
-/// topic starting with `$` (MQTT-4.7.2-1). Both are assumed valid (the
-/// adapter checks them); a shared subscription's `$share/group/` prefix is
-/// the caller's to strip.
-pub fn topic_matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
-        return false;
-    }
-    let mut f = filter.split('/');
-    let mut t = topic.split('/');
-    loop {
-        match (f.next(), t.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(fl), Some(tl)) if fl == tl => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
 impl Retained {
     /// Sets (non-empty `body`) or clears (empty) `topic`'s retained message.
     #[allow(clippy::too_many_arguments)]
@@ -747,7 +725,7 @@ impl Tenant {
     }
 
     /// Every retained message whose topic matches MQTT filter `filter`
-    /// (see [`topic_matches`]) and that has not expired at `now_ms`, in
+    /// (see [`crate::topic::mqtt_matches`]) and that has not expired at `now_ms`, in
     /// trie order (by topic level by level). All at once, in as many steps
     /// as it takes: for tests and small sets; a subscriber's session takes
     /// them with [`Self::retained_next`] as its window allows.
@@ -796,45 +774,6 @@ impl Tenant {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn filter_matching_follows_mqtt() {
-        let yes = [
-            ("a/b", "a/b"),
-            ("a/+", "a/b"),
-            ("a/+", "a/"),
-            ("+/+", "/a"),
-            ("a/#", "a"),
-            ("a/#", "a/b/c"),
-            ("#", "a/b"),
-            ("#", "/"),
-            ("+", "a"),
-            ("+/b/#", "x/b"),
-            ("$SYS/#", "$SYS/broker"),
-            ("$SYS/+", "$SYS/x"),
-            ("a/$x", "a/$x"),
-            ("+/$x", "a/$x"),
-        ];
-        for (f, t) in yes {
-            assert!(topic_matches(f, t), "{f} should match {t}");
-        }
-        let no = [
-            ("a/b", "a/c"),
-            ("a/+", "a"),
-            ("a/+", "a/b/c"),
-            ("+", "/a"),
-            ("a", "a/b"),
-            ("a/b", "a"),
-            ("#", "$SYS/x"),
-            ("+/broker", "$SYS/broker"),
-            ("+", "$x"),
-            ("a/#", "ab"),
-            ("a/b/#", "a"),
-        ];
-        for (f, t) in no {
-            assert!(!topic_matches(f, t), "{f} should not match {t}");
-        }
-    }
 
     #[test]
     fn values_round_trip_and_garbage_is_refused() {

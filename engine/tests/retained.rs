@@ -12,7 +12,7 @@ use weir_backend::{Op, Store};
 use weir_engine::message::now_ms;
 use weir_engine::properties::{HeaderFormat, MessageHeader};
 use weir_engine::retained::{
-    topic_matches, RetainError, RetainedCursor, RetainedLimits, RetainedMessage, STEP_NODES,
+    RetainError, RetainedCursor, RetainedLimits, RetainedMessage, STEP_NODES,
 };
 use weir_engine::{DurableWait, Engine, Tenant, DEFAULT_TENANT};
 
@@ -491,7 +491,7 @@ fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
 /// Every topic of 1 to 3 levels over a small alphabet (empty levels, `$`
 /// levels, a character sorting before `/`), and every filter over the same
 /// levels and the wildcards: the trie finds exactly what a scan of every
-/// topic with `topic_matches` finds, also when walked one message per step.
+/// topic with `topic::mqtt_matches` finds, also when walked one message per step.
 #[test]
 fn the_trie_finds_what_a_scan_of_every_topic_finds() {
     let e = Engine::open(MemStore::new()).expect("engine");
@@ -539,7 +539,7 @@ fn the_trie_finds_what_a_scan_of_every_topic_finds() {
     for f in &filters {
         let mut expected: Vec<String> = all
             .iter()
-            .filter(|tp| topic_matches(f, tp))
+            .filter(|tp| weir_engine::topic::mqtt_matches(f, tp))
             .cloned()
             .collect();
         expected.sort();

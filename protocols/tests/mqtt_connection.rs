@@ -7,8 +7,8 @@ use bytes::{Bytes, BytesMut};
 use mqttbytes::{v4, v5};
 use std::time::{Duration, Instant};
 use weir_protocols::mqtt::{
-    matches, reason, ConnectAccept, ConnectRefusal, Connection, Event, MessageProperties,
-    OutgoingPublish, QoS, SendError, ServerConfig, Timeout, Version,
+    reason, ConnectAccept, ConnectRefusal, Connection, Event, MessageProperties, OutgoingPublish,
+    QoS, SendError, ServerConfig, Timeout, Version,
 };
 
 // ---------------------------------------------------------------- helpers
@@ -1768,42 +1768,6 @@ fn answers_after_the_end_write_nothing() {
         p.c.publish(outgoing("t", QoS::AtMostOnce)),
         Err(SendError::NotConnected)
     );
-}
-
-// ---------------------------------------------------------------- topics
-
-#[test]
-fn topic_matching() {
-    let yes = [
-        ("a/b", "a/b"),
-        ("a/+", "a/b"),
-        ("+/+", "a/b"),
-        ("a/#", "a/b/c"),
-        ("a/#", "a"),
-        ("#", "a/b"),
-        ("+", ""),
-        ("a/+/c", "a//c"),
-        ("+/b", "/b"),
-        ("$SYS/#", "$SYS/x"),
-        ("$SYS/+", "$SYS/x"),
-    ];
-    for (f, t) in yes {
-        assert!(matches(f, t), "{f} should match {t}");
-    }
-    let no = [
-        ("a/b", "a/c"),
-        ("a/+", "a/b/c"),
-        ("a/+", "a"),
-        ("a/b/#", "a/c"),
-        ("+", "a/b"),
-        ("#", "$SYS/x"),
-        ("+/x", "$SYS/x"),
-        ("a", "a/b"),
-        ("a/b", "a"),
-    ];
-    for (f, t) in no {
-        assert!(!matches(f, t), "{f} should not match {t}");
-    }
 }
 
 // ---------------------------------------------------------------- memory

@@ -9,11 +9,12 @@
 //! |---|---|---|
 //! | topic `sensors/7/temp` | routing key `sensors.7.temp` | [`topic_to_routing_key`] |
 //! | topic `spBv1.0/g/n` | routing key `spBv1/0.g.n` | a `.` inside a level becomes `/` |
-//! | filter `sensors/+/temp` | binding key `sensors.*.temp` | [`filter_to_binding_key`] |
+//! | filter `sensors/+/temp` | binding key `sensors.*.temp` | [`filter_to_binding_key`](crate::engine::topic::filter_to_binding_key) |
 //! | filter `sensors/#` | binding key `sensors.#` | |
 //! | routing key `a.b/c` | topic `a/b.c` | [`routing_key_to_topic`]: the inverse |
 //!
-//! `/` and `.` swap, so the mapping is its own inverse and every topic
+//! The mapping is the engine's ([`crate::engine::topic`]), with the
+//! matching rules of both sides. `/` and `.` swap, so the mapping is its own inverse and every topic
 //! survives MQTT → AMQP → MQTT. *Difference from RabbitMQ:* its MQTT plugin
 //! only turns `/` into `.` (and `.` back into `/`), so a `.` inside an MQTT
 //! topic level becomes a level separator there and comes back as `/`
@@ -98,6 +99,7 @@ use crate::engine::properties::{
     PropertiesError, Reader, Table, Value,
 };
 use crate::engine::retained::RetainedMessage;
+use crate::engine::topic::{routing_key_to_topic, topic_to_routing_key};
 use bytes::Bytes;
 use weir_protocols::mqtt::{MessageProperties, Publish, QoS};
 
@@ -110,46 +112,6 @@ pub const PAYLOAD_FORMAT_HEADER: &str = "x-mqtt-payload-format-indicator";
 
 /// The longest MQTT string or binary field.
 const MQTT_MAX_STRING: usize = u16::MAX as usize;
-
-/// `/` ⇄ `.`; every other character is kept.
-fn swap_separators(s: &str) -> String {
-    s.chars()
-        .map(|c| match c {
-            '/' => '.',
-            '.' => '/',
-            c => c,
-        })
-        .collect()
-}
-
-/// MQTT topic name → AMQP routing key: `/` → `.`, and a `.` inside a level
-/// → `/` (see the module doc).
-pub fn topic_to_routing_key(topic: &str) -> String {
-    swap_separators(topic)
-}
-
-/// AMQP routing key → MQTT topic name: the inverse of
-/// [`topic_to_routing_key`] (`.` → `/`, `/` → `.`).
-pub fn routing_key_to_topic(key: &str) -> String {
-    swap_separators(key)
-}
-
-/// MQTT topic filter → AMQP binding key: levels joined by `.`, `+` → `*`,
-/// `#` → `#`, a `.` inside a level → `/`. A shared subscription's
-/// `$share/group/` prefix is the caller's to strip first.
-pub fn filter_to_binding_key(filter: &str) -> String {
-    let mut out = String::with_capacity(filter.len());
-    for (i, level) in filter.split('/').enumerate() {
-        if i > 0 {
-            out.push('.');
-        }
-        match level {
-            "+" => out.push('*'),
-            l => out.extend(l.chars().map(|c| if c == '.' { '/' } else { c })),
-        }
-    }
-    out
-}
 
 /// Whether `t` may be sent as an MQTT topic name: not empty, no wildcard,
 /// no NUL, at most 65,535 bytes.
@@ -839,8 +801,6 @@ fn to_mqtt_properties(p: Properties) -> MessageProperties {
 mod tests {
     use super::*;
     use crate::amqp::convert::{amqp_to_properties, properties_to_amqp, AmqpCodec};
-    use crate::engine::exchange::topic_matches as amqp_matches;
-    use crate::engine::retained::topic_matches as mqtt_matches;
     use std::sync::Arc;
 
     fn codecs() -> HeaderCodecs {
@@ -872,86 +832,6 @@ mod tests {
         fn text(&mut self) -> String {
             self.from(&["a", "é", "✓", " ", "z", "/", "."], 8)
         }
-    }
-
-    #[test]
-    fn topics_map_as_documented() {
-        for (topic, key) in [
-            ("sensors/7/temp", "sensors.7.temp"),
-            ("a", "a"),
-            ("/a", ".a"),
-            ("a/", "a."),
-            ("a//b", "a..b"),
-            ("spBv1.0/group/NBIRTH/node", "spBv1/0.group.NBIRTH.node"),
-            ("v1.2", "v1/2"),
-            ("$SYS/broker", "$SYS.broker"),
-            ("a*b/é", "a*b.é"),
-        ] {
-            assert_eq!(topic_to_routing_key(topic), key, "{topic}");
-            assert_eq!(routing_key_to_topic(key), topic, "{key}");
-        }
-        for (filter, key) in [
-            ("sensors/+/temp", "sensors.*.temp"),
-            ("sensors/#", "sensors.#"),
-            ("#", "#"),
-            ("+", "*"),
-            ("+/+", "*.*"),
-            ("/+", ".*"),
-            ("spBv1.0/+/#", "spBv1/0.*.#"),
-            ("a/b", "a.b"),
-        ] {
-            assert_eq!(filter_to_binding_key(filter), key, "{filter}");
-        }
-    }
-
-    #[test]
-    fn the_topic_mapping_is_reversible() {
-        let mut r = Rng(7);
-        for _ in 0..5_000 {
-            let t = r.from(&["a", "b", "/", ".", "$", "é", "*"], 12);
-            assert_eq!(routing_key_to_topic(&topic_to_routing_key(&t)), t);
-        }
-    }
-
-    /// Through the mapping, AMQP topic matching agrees with MQTT's on every
-    /// topic not starting with `$` (which MQTT wildcards exclude).
-    #[test]
-    fn amqp_routing_agrees_with_mqtt_matching() {
-        let mut r = Rng(11);
-        let levels = ["a", "b", "", "a.b", "c.d"];
-        let mut checked = 0;
-        for _ in 0..20_000 {
-            let n = 1 + r.below(4);
-            let topic: Vec<&str> = (0..n)
-                .map(|_| levels[r.below(levels.len() as u64) as usize])
-                .collect();
-            let topic = topic.join("/");
-            let m = 1 + r.below(4);
-            let mut filter: Vec<&str> = (0..m)
-                .map(|_| match r.below(4) {
-                    0 => "+",
-                    _ => levels[r.below(levels.len() as u64) as usize],
-                })
-                .collect();
-            if r.chance(3) {
-                filter.push("#");
-            }
-            let filter = filter.join("/");
-            let key = topic_to_routing_key(&topic);
-            let binding = filter_to_binding_key(&filter);
-            let words: Vec<&str> = key.split('.').collect();
-            let pattern: Vec<&str> = binding.split('.').collect();
-            assert_eq!(
-                amqp_matches(&pattern, &words),
-                mqtt_matches(&filter, &topic),
-                "filter {filter} topic {topic} (binding {binding}, key {key})"
-            );
-            checked += usize::from(mqtt_matches(&filter, &topic));
-        }
-        assert!(checked > 1_000, "enough matching pairs: {checked}");
-        // `$` topics: AMQP's `#` and `*` match them, MQTT's wildcards not.
-        assert!(amqp_matches(&["#"], &["$SYS", "x"]));
-        assert!(!mqtt_matches("#", "$SYS/x"));
     }
 
     fn full_publish() -> Publish {

@@ -51,5 +51,5 @@ pub use connection::Connection;
 pub use event::*;
 pub use outbound::{OutgoingPublish, SendError};
 pub use timers::Timeout;
-pub use topic::{matches, validate_filter, validate_topic, SharedFilter, TopicError};
+pub use topic::{validate_filter, validate_topic, SharedFilter, TopicError};
 pub use wire::{MAX_USER_PROPERTIES, MAX_USER_PROPERTY_BYTES};

@@ -1,5 +1,7 @@
-//! Topic names and filters: validation, shared-subscription parsing,
-//! matching.
+//! Topic names and filters: validation and shared-subscription parsing.
+//! Matching is the engine's (`weir_engine::topic`, with the topic
+//! exchange's rules and the mapping between the two): this crate only
+//! checks what arrives on the wire.
 //!
 //! Levels are separated by `/`; a level may be empty (`a//b` has three).
 //! Filters may use `+` (exactly one level) and `#` (any number of levels,
@@ -105,27 +107,6 @@ fn check_filter_levels(filter: &str, max_levels: usize) -> Result<(), TopicError
         return Err(TopicError::TooManyLevels);
     }
     Ok(())
-}
-
-/// Whether `topic` (a valid topic name) matches `filter` (a valid filter,
-/// without its `$share/group/` prefix). A filter starting with a wildcard
-/// does not match a topic starting with `$`.
-pub fn matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
-        return false;
-    }
-    let mut f = filter.split('/');
-    let mut t = topic.split('/');
-    loop {
-        match (f.next(), t.next()) {
-            // `#` also matches the parent level: `a/#` matches `a`.
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(fl), Some(tl)) if fl == tl => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
 }
 
 #[cfg(test)]

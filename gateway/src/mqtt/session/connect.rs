@@ -15,7 +15,7 @@ use std::sync::Arc;
 use weir_protocols::mqtt::{Connect, ConnectAccept, ConnectRefusal, QoS, Version, Will};
 
 /// The exchange MQTT topics route through.
-pub(crate) const TOPIC_EXCHANGE: &str = "amq.topic";
+pub(crate) const TOPIC_EXCHANGE: &str = crate::engine::topic::MQTT_EXCHANGE;
 
 /// The session queue of `client_id`, named as RabbitMQ's MQTT plugin names it.
 pub(crate) fn session_queue(client_id: &str) -> String {

@@ -7,9 +7,10 @@
 use super::{state_key, InFlight, Session, DELIVERY_HIGH_WATER, SCOPE};
 use crate::engine::lease::Settle;
 use crate::engine::message::now_ms;
+use crate::engine::topic;
 use crate::mqtt::convert;
 use std::time::Instant;
-use weir_protocols::mqtt::{self, OutgoingPublish, QoS, SendError};
+use weir_protocols::mqtt::{OutgoingPublish, QoS, SendError};
 
 impl Session {
     pub(super) fn write_deliveries(&mut self) {
@@ -58,7 +59,10 @@ impl Session {
                 Some((_, s)) => std::slice::from_ref(s),
                 None => &self.subscriptions,
             };
-            let matching = || subs.iter().filter(|s| mqtt::matches(&s.filter, &out.topic));
+            let matching = || {
+                subs.iter()
+                    .filter(|s| topic::mqtt_matches(&s.filter, &out.topic))
+            };
             let own = out.publisher.as_deref() == Some(self.client_id.as_str());
             let wanted = matching().any(|s| !(own && s.no_local));
             self.next_tag += 1;
