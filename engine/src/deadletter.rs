@@ -471,6 +471,23 @@ fn death_history(headers: &Table) -> Vec<(String, String)> {
     }
 }
 
+/// The queue a dead letter came from, as its headers record it:
+/// `x-first-death-queue`, else the newest `x-death` entry's `queue`; None
+/// for a message that was never dead-lettered (what the management API's
+/// requeue of dead letters moves it back to).
+pub fn death_source(headers: &Table) -> Option<String> {
+    if let Some(q) = str_of(headers.get("x-first-death-queue")) {
+        return Some(q.to_string());
+    }
+    match headers.get("x-death") {
+        Some(Value::Array(a)) => match a.first() {
+            Some(Value::Table(t)) => str_of(t.get("queue")).map(str::to_string),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// RabbitMQ's cycle rule: going back to `queue`, where it died before, is
 /// a cycle unless a rejection happened on the way (newest deaths up to and
 /// including the one in `queue`).
@@ -541,6 +558,11 @@ mod tests {
             "first death kept"
         );
         assert_eq!(str_of(h.get("x-last-death-reason")), Some("rejected"));
+        assert_eq!(death_source(&h).as_deref(), Some("q1"));
+        let mut only_deaths = h.clone();
+        take(&mut only_deaths, "x-first-death-queue");
+        assert_eq!(death_source(&only_deaths).as_deref(), Some("q1"));
+        assert_eq!(death_source(&Table::new()), None);
     }
 
     #[test]

@@ -747,6 +747,18 @@ impl Exchange {
         gone
     }
 
+    /// The bindings from this exchange to `destination`, through the
+    /// exchange's index by destination: O(those bindings), whatever else is
+    /// bound here (a session resuming looks its subscriptions up this way,
+    /// not by walking `amq.topic`'s every binding).
+    pub fn bindings_to(&self, destination: &Destination) -> Vec<Binding> {
+        let b = self.bindings.read();
+        b.by_destination
+            .get(&destination.id())
+            .map(|ids| ids.iter().map(|&id| b.entry(id).binding.clone()).collect())
+            .unwrap_or_default()
+    }
+
     /// Removes every binding from this exchange; returns them.
     pub fn unbind_everything(&self) -> Vec<Binding> {
         let gone = self.bindings.write().clear();

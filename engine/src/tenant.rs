@@ -821,6 +821,24 @@ impl Tenant {
         Ok((count, Some(engine.persist(&ops)?)))
     }
 
+    /// The bindings to queue `name` (another connection's exclusive queue
+    /// is locked), in no particular order: found through the queue's index
+    /// of the exchanges bound to it and each one's index by destination, so
+    /// the cost is the queue's own bindings, whatever else those exchanges
+    /// hold (a reconnect storm of N sessions costs O(N), not O(N²)).
+    pub fn queue_bindings(&self, name: &str, connection: u64) -> Result<Vec<BindingDef>> {
+        let dest = Destination::Queue(self.queue(name, connection)?);
+        let mut out = Vec::new();
+        for x in dest.sources().list() {
+            out.extend(
+                x.bindings_to(&dest)
+                    .iter()
+                    .map(|b| binding_def(&x.def.name, b)),
+            );
+        }
+        Ok(out)
+    }
+
     /// queue.purge; returns the number of messages removed.
     pub fn purge_queue(&self, name: &str, connection: u64) -> Result<u64> {
         let q = self.queue(name, connection)?;

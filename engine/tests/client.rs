@@ -29,9 +29,8 @@ fn client(engine: &Arc<Engine>) -> Client {
     Client::open(engine, DEFAULT_TENANT, "guest").expect("client")
 }
 
-fn declare(c: &Client, name: &str, durable: bool) {
+fn declare(c: &mut Client, name: &str, durable: bool) {
     let (_, wait) = c
-        .tenant()
         .declare_queue(QueueDeclare {
             name: name.into(),
             passive: false,
@@ -127,7 +126,7 @@ fn marked(v: &[(&str, bool)]) -> Vec<(String, bool)> {
 fn publish_routes_to_a_consumer_and_ack_settles() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     assert_eq!(
         publish(&mut c, "nowhere", "x", false),
         Published::Unroutable
@@ -156,7 +155,7 @@ fn publish_routes_to_a_consumer_and_ack_settles() {
 fn credit_bounds_deliveries_and_ack_gives_it_back() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 2)).expect("subscribe");
     for b in ["a", "b", "c", "d", "e"] {
         publish(&mut c, "q", b, false);
@@ -182,7 +181,7 @@ fn credit_bounds_deliveries_and_ack_gives_it_back() {
 fn requeue_restores_position_and_marks_redelivered() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 1)).expect("subscribe");
     for b in ["a", "b", "c"] {
         publish(&mut c, "q", b, false);
@@ -210,7 +209,7 @@ fn release_scope_cancels_its_consumers_and_requeues_its_leases() {
     let e = engine();
     let mut a = client(&e);
     let mut b = client(&e);
-    declare(&a, "q", false);
+    declare(&mut a, "q", false);
     a.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     publish(&mut a, "q", "m", false);
     let mut tag = 0;
@@ -232,7 +231,7 @@ fn release_scope_cancels_its_consumers_and_requeues_its_leases() {
 fn close_requeues_leases_and_undelivered_messages() {
     let e = engine();
     let mut a = client(&e);
-    declare(&a, "q", false);
+    declare(&mut a, "q", false);
     a.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     publish(&mut a, "q", "leased-1", false);
     publish(&mut a, "q", "leased-2", false);
@@ -260,7 +259,7 @@ fn close_requeues_leases_and_undelivered_messages() {
 fn cancelling_keeps_leases_and_releasing_the_scope_requeues_them_in_order() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     for b in ["m0", "m1", "m2", "m3", "m4"] {
         publish(&mut c, "q", b, false);
@@ -286,7 +285,7 @@ fn cancelling_keeps_leases_and_releasing_the_scope_requeues_them_in_order() {
 fn requeue_returns_each_message_to_its_original_place() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     for b in ["m1", "m2", "m3", "m4"] {
         publish(&mut c, "q", b, false);
     }
@@ -323,7 +322,7 @@ fn requeue_returns_each_message_to_its_original_place() {
 fn unknown_delivery_tag_is_an_error() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     assert!(matches!(
         c.settle(1, 7, false, Settle::Ack),
         Err(ClientError::UnknownTag(7))
@@ -353,7 +352,7 @@ fn unknown_delivery_tag_is_an_error() {
 fn a_consumer_tag_is_unique_in_its_scope() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     assert!(matches!(
         c.subscribe("q", opts(1, "t", 0)),
@@ -369,7 +368,7 @@ fn a_consumer_tag_is_unique_in_its_scope() {
 fn get_takes_the_head_with_or_without_a_lease() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     for b in ["a", "b"] {
         publish(&mut c, "q", b, false);
     }
@@ -407,7 +406,7 @@ fn get_takes_the_head_with_or_without_a_lease() {
 fn leases_expire_by_the_time_given() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     c.subscribe("q", opts(2, "u", 0)).expect("subscribe");
     publish(&mut c, "q", "a", false);
@@ -435,7 +434,7 @@ fn leases_expire_by_the_time_given() {
 fn expiry_counts_from_the_oldest_unsettled_lease() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     let t0 = Instant::now();
     let timeout = Duration::from_secs(10);
@@ -469,7 +468,7 @@ fn expiry_counts_from_the_oldest_unsettled_lease() {
 fn requeue_all_redelivers_every_lease_in_order() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     for b in ["a", "b", "c"] {
         publish(&mut c, "q", b, false);
@@ -496,7 +495,7 @@ fn requeue_all_redelivers_every_lease_in_order() {
 fn prefetch_bytes_bounds_deliveries_but_never_the_first() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     let mut o = opts(1, "t", 0);
     o.prefetch_bytes = 1000;
     c.subscribe("q", o).expect("subscribe");
@@ -516,7 +515,7 @@ fn prefetch_bytes_bounds_deliveries_but_never_the_first() {
     assert_eq!(bodies(&got), vec![body(1).as_bytes()]);
 
     // A message alone over the limit still goes out, one at a time.
-    declare(&c, "big", false);
+    declare(&mut c, "big", false);
     let mut o = opts(2, "u", 0);
     o.prefetch_bytes = 100;
     c.subscribe("big", o).expect("subscribe");
@@ -537,7 +536,7 @@ fn the_scope_window_is_shared_by_its_consumers_and_can_be_raised() {
     let e = engine();
     let mut c = client(&e);
     for q in ["ga", "gb"] {
-        declare(&c, q, false);
+        declare(&mut c, q, false);
         for b in ["0", "1", "2"] {
             publish(&mut c, q, b, false);
         }
@@ -570,7 +569,7 @@ fn the_scope_window_is_shared_by_its_consumers_and_can_be_raised() {
 fn flow_off_holds_deliveries_in_the_queue_until_flow_on() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     c.set_flow(1, false);
     for b in ["a", "b", "c"] {
@@ -591,7 +590,7 @@ fn flow_off_holds_deliveries_in_the_queue_until_flow_on() {
 fn purge_counts_ready_messages_and_delete_counts_what_it_drops() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     for b in ["leased", "1", "2", "3", "4", "5", "6", "7"] {
         publish(&mut c, "q", b, false);
     }
@@ -607,7 +606,7 @@ fn purge_counts_ready_messages_and_delete_counts_what_it_drops() {
     .expect("get")
     .expect("a message");
     // Purge drops the ready messages only; the lease stays.
-    assert_eq!(c.tenant().purge_queue("q", c.id()).expect("purge"), 7);
+    assert_eq!(c.purge_queue("q").expect("purge"), 7);
     assert_eq!(c.queue("q").expect("queue").message_count(), 0);
     assert_eq!(c.leases(1), 1);
     c.settle(1, 1, false, Settle::Ack).expect("ack");
@@ -615,10 +614,7 @@ fn purge_counts_ready_messages_and_delete_counts_what_it_drops() {
     for b in ["a", "b", "c"] {
         publish(&mut c, "q", b, false);
     }
-    let (count, _) = c
-        .tenant()
-        .delete_queue("q", false, false, c.id())
-        .expect("delete");
+    let (count, _) = c.delete_queue("q", false, false).expect("delete");
     assert_eq!(count, 3);
     assert!(matches!(
         c.queue("q"),
@@ -630,7 +626,7 @@ fn purge_counts_ready_messages_and_delete_counts_what_it_drops() {
 fn no_ack_deliveries_are_settled_when_written() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     let mut o = opts(1, "t", 0);
     o.no_ack = true;
     c.subscribe("q", o).expect("subscribe");
@@ -645,11 +641,9 @@ fn no_ack_deliveries_are_settled_when_written() {
 fn deleting_a_queue_notifies_its_consumers_once() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     let consumer = c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
-    c.tenant()
-        .delete_queue("q", false, false, c.id())
-        .expect("delete");
+    c.delete_queue("q", false, false).expect("delete");
     let mut notices = Vec::new();
     c.drain(&mut notices);
     assert_eq!(notices.len(), 1);
@@ -663,7 +657,7 @@ fn deleting_a_queue_notifies_its_consumers_once() {
 fn unsent_deliveries_go_back_unmarked() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "q", false);
+    declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 1)).expect("subscribe");
     publish(&mut c, "q", "a", false);
     c.drain(&mut Vec::new());
@@ -683,7 +677,7 @@ fn acks_of_persistent_messages_reach_the_store() {
     {
         let e = Engine::open(store.clone()).expect("engine");
         let mut c = client(&e);
-        declare(&c, "q", true);
+        declare(&mut c, "q", true);
         c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
         for b in ["acked", "kept"] {
             assert_eq!(
@@ -718,10 +712,10 @@ fn acks_of_persistent_messages_reach_the_store() {
 fn exactly_one_exclusive_subscriber_wins_a_race() {
     const ROUNDS: usize = 4000;
     let e = engine();
-    let setup = client(&e);
+    let mut setup = client(&e);
     let names: Vec<String> = (0..ROUNDS).map(|i| format!("race-{i}")).collect();
     for n in &names {
-        declare(&setup, n, false);
+        declare(&mut setup, n, false);
     }
     let names = Arc::new(names);
     let barrier = Arc::new(Barrier::new(2));

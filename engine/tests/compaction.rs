@@ -23,9 +23,8 @@ impl HeaderLookup for NoHeaders {
     }
 }
 
-fn declare_durable(c: &Client, name: &str) {
+fn declare_durable(c: &mut Client, name: &str) {
     let (_, wait) = c
-        .tenant()
         .declare_queue(QueueDeclare {
             name: name.into(),
             passive: false,
@@ -80,7 +79,7 @@ fn compaction_swaps_ready_and_leased_positions_and_settles_follow() {
     {
         let e = Engine::open(store.clone()).expect("engine");
         let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
-        declare_durable(&c, "q");
+        declare_durable(&mut c, "q");
         for b in ["a", "b", "c", "d", "e"] {
             publish(&mut c, "q", b);
         }

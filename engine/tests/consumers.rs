@@ -25,8 +25,13 @@ fn client(engine: &Arc<Engine>) -> Client {
     Client::open(engine, DEFAULT_TENANT, "guest").expect("client")
 }
 
-fn try_declare(c: &Client, name: &str, durable: bool, arguments: Value) -> Result<(), EngineError> {
-    let (_, wait) = c.tenant().declare_queue(QueueDeclare {
+fn try_declare(
+    c: &mut Client,
+    name: &str,
+    durable: bool,
+    arguments: Value,
+) -> Result<(), EngineError> {
+    let (_, wait) = c.declare_queue(QueueDeclare {
         name: name.into(),
         passive: false,
         durable,
@@ -41,7 +46,7 @@ fn try_declare(c: &Client, name: &str, durable: bool, arguments: Value) -> Resul
     Ok(())
 }
 
-fn declare(c: &Client, name: &str, arguments: Value) {
+fn declare(c: &mut Client, name: &str, arguments: Value) {
     try_declare(c, name, false, arguments).expect("declare");
 }
 
@@ -182,7 +187,7 @@ fn single_active_consumer_takes_everything_until_it_goes() {
     let mut a = Conn::new(&e);
     let mut b = Conn::new(&e);
     let mut publisher = client(&e);
-    declare(&a.c, "sac", json!({"x-single-active-consumer": true}));
+    declare(&mut a.c, "sac", json!({"x-single-active-consumer": true}));
     a.c.subscribe("sac", opts("a", 0, 0)).expect("subscribe a");
     // Accepted and idle, even with a higher priority.
     b.c.subscribe("sac", opts("b", 0, 9)).expect("subscribe b");
@@ -210,7 +215,7 @@ fn single_active_consumer_without_credit_holds_the_queue() {
     let e = engine();
     let mut a = Conn::new(&e);
     let mut b = Conn::new(&e);
-    declare(&a.c, "sac", json!({"x-single-active-consumer": true}));
+    declare(&mut a.c, "sac", json!({"x-single-active-consumer": true}));
     a.c.subscribe("sac", opts("a", 1, 0)).expect("subscribe a");
     b.c.subscribe("sac", opts("b", 0, 0)).expect("subscribe b");
     for m in ["m0", "m1", "m2"] {
@@ -231,7 +236,7 @@ fn single_active_consumer_is_the_same_in_every_partition() {
     let mut conns: Vec<Conn> = (0..3).map(|_| Conn::new(&e)).collect();
     let mut publisher = client(&e);
     declare(
-        &publisher,
+        &mut publisher,
         "sacp",
         json!({"x-single-active-consumer": true, "x-partitions": 4}),
     );
@@ -278,7 +283,7 @@ fn drain_acking(c: &mut Conn) -> usize {
 fn exclusive_consume_is_refused_on_a_single_active_consumer_queue() {
     let e = engine();
     let mut a = client(&e);
-    declare(&a, "sac", json!({"x-single-active-consumer": true}));
+    declare(&mut a, "sac", json!({"x-single-active-consumer": true}));
     let exclusive = SubscribeOptions {
         exclusive: true,
         ..opts("x", 0, 0)
@@ -301,7 +306,7 @@ fn higher_priority_consumers_take_messages_while_they_have_credit() {
     let e = engine();
     let mut lo = Conn::new(&e);
     let mut hi = Conn::new(&e);
-    declare(&lo.c, "q", json!({}));
+    declare(&mut lo.c, "q", json!({}));
     // Registered first, lower priority.
     lo.c.subscribe("q", opts("lo", 0, 0)).expect("subscribe lo");
     hi.c.subscribe("q", opts("hi", 2, 10))
@@ -327,7 +332,7 @@ fn equal_priorities_share_round_robin_and_flow_off_blocks_like_no_credit() {
     let mut a = Conn::new(&e);
     let mut b = Conn::new(&e);
     let mut low = Conn::new(&e);
-    declare(&a.c, "q", json!({}));
+    declare(&mut a.c, "q", json!({}));
     low.c.subscribe("q", opts("low", 0, -5)).expect("subscribe");
     a.c.subscribe("q", opts("a", 0, 3)).expect("subscribe");
     b.c.subscribe("q", opts("b", 0, 3)).expect("subscribe");
@@ -356,7 +361,7 @@ fn a_waiting_backlog_goes_to_the_highest_priority_consumer_first() {
     let e = engine();
     let mut lo = Conn::new(&e);
     let mut hi = Conn::new(&e);
-    declare(&lo.c, "q", json!({}));
+    declare(&mut lo.c, "q", json!({}));
     for i in 0..4 {
         publish(&mut lo.c, "q", &format!("m{i}"));
     }
@@ -381,7 +386,7 @@ fn a_waiting_backlog_goes_to_the_highest_priority_consumer_first() {
 fn priority_queue_is_strict_priority_and_fifo_within_a_level() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "pq", json!({"x-max-priority": 10}));
+    declare(&mut c, "pq", json!({"x-max-priority": 10}));
     let mut sent = Vec::new();
     for (i, p) in [0u8, 5, 9, 5, 0, 9, 3, 1, 9, 0].into_iter().enumerate() {
         let body = format!("p{p}-{i}");
@@ -398,7 +403,7 @@ fn priority_queue_is_strict_priority_and_fifo_within_a_level() {
 fn priority_above_the_maximum_counts_as_the_maximum() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "pq", json!({"x-max-priority": 5}));
+    declare(&mut c, "pq", json!({"x-max-priority": 5}));
     for (body, p) in [("a5", 5), ("b9", 9), ("c1", 1), ("d255", 255), ("e5", 5)] {
         publish_p(&mut c, "pq", body, p, false);
     }
@@ -412,7 +417,7 @@ fn priority_above_the_maximum_counts_as_the_maximum() {
 fn without_max_priority_message_priorities_are_ignored() {
     let e = engine();
     let mut c = client(&e);
-    declare(&c, "plain", json!({}));
+    declare(&mut c, "plain", json!({}));
     for (body, p) in [("a", 0), ("b", 9), ("c", 3)] {
         publish_p(&mut c, "plain", body, p, false);
     }
@@ -423,7 +428,7 @@ fn without_max_priority_message_priorities_are_ignored() {
 fn requeued_messages_return_to_their_place_in_their_level() {
     let e = engine();
     let mut cons = Conn::new(&e);
-    declare(&cons.c, "pq", json!({"x-max-priority": 9}));
+    declare(&mut cons.c, "pq", json!({"x-max-priority": 9}));
     for (body, p) in [("c1", 5), ("c2", 5), ("c3", 5), ("h1", 9)] {
         publish_p(&mut cons.c, "pq", body, p, false);
     }
@@ -447,7 +452,7 @@ fn requeued_messages_return_to_their_place_in_their_level() {
 fn consumers_of_a_priority_queue_get_the_highest_first() {
     let e = engine();
     let mut cons = Conn::new(&e);
-    declare(&cons.c, "pq", json!({"x-max-priority": 3}));
+    declare(&mut cons.c, "pq", json!({"x-max-priority": 3}));
     for (body, p) in [("a0", 0), ("b3", 3), ("c1", 1), ("d3", 3)] {
         publish_p(&mut cons.c, "pq", body, p, false);
     }
@@ -468,7 +473,7 @@ fn priorities_survive_a_restart() {
     {
         let e = Engine::open(store.clone()).expect("engine");
         let mut c = client(&e);
-        try_declare(&c, "pq", true, json!({"x-max-priority": 4})).expect("declare");
+        try_declare(&mut c, "pq", true, json!({"x-max-priority": 4})).expect("declare");
         for (body, p) in [("a1", 1), ("b4", 4), ("c0", 0), ("d200", 200), ("e1", 1)] {
             publish_p(&mut c, "pq", body, p, true);
         }
@@ -486,9 +491,9 @@ fn priorities_survive_a_restart() {
 #[test]
 fn max_priority_of_the_wrong_type_or_range_is_refused() {
     let e = engine();
-    let c = client(&e);
+    let mut c = client(&e);
     for bad in [json!("10"), json!(-1), json!(256), json!(1.5)] {
-        match try_declare(&c, "bad", false, json!({"x-max-priority": bad})) {
+        match try_declare(&mut c, "bad", false, json!({"x-max-priority": bad})) {
             Err(EngineError::PreconditionFailed(text)) => {
                 assert!(text.contains("x-max-priority"), "{text}")
             }
@@ -498,7 +503,7 @@ fn max_priority_of_the_wrong_type_or_range_is_refused() {
     // 0 too, as RabbitMQ: one level.
     for good in [0, 1, 10, 255] {
         try_declare(
-            &c,
+            &mut c,
             &format!("ok{good}"),
             false,
             json!({"x-max-priority": good}),

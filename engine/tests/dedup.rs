@@ -28,8 +28,8 @@ fn client(e: &Arc<Engine>) -> Client {
     Client::open(e, DEFAULT_TENANT, "guest").expect("client")
 }
 
-fn declare(c: &Client, name: &str, durable: bool, arguments: Value) -> Result<(), EngineError> {
-    let (_, wait) = c.tenant().declare_queue(QueueDeclare {
+fn declare(c: &mut Client, name: &str, durable: bool, arguments: Value) -> Result<(), EngineError> {
+    let (_, wait) = c.declare_queue(QueueDeclare {
         name: name.into(),
         passive: false,
         durable,
@@ -44,24 +44,22 @@ fn declare(c: &Client, name: &str, durable: bool, arguments: Value) -> Result<()
     Ok(())
 }
 
-fn fanout(c: &Client, name: &str, queues: &[&str]) {
-    c.tenant()
-        .declare_exchange(
-            ExchangeDef {
-                name: name.into(),
-                kind: ExchangeKind::Fanout,
-                durable: false,
-                auto_delete: false,
-                internal: false,
-                arguments: json!({}),
-                delayed: false,
-            },
-            false,
-        )
-        .expect("exchange");
+fn fanout(c: &mut Client, name: &str, queues: &[&str]) {
+    c.declare_exchange(
+        ExchangeDef {
+            name: name.into(),
+            kind: ExchangeKind::Fanout,
+            durable: false,
+            auto_delete: false,
+            internal: false,
+            arguments: json!({}),
+            delayed: false,
+        },
+        false,
+    )
+    .expect("exchange");
     for q in queues {
-        c.tenant()
-            .bind(name, DestinationKind::Queue, q, "", json!({}), c.id())
+        c.bind(name, DestinationKind::Queue, q, "", json!({}))
             .expect("bind");
     }
 }
@@ -159,7 +157,7 @@ fn confirmed(p: Published) -> bool {
 fn a_duplicate_within_the_window_is_confirmed_and_dropped() {
     let e = Engine::open(MemStore::new()).expect("engine");
     let mut c = client(&e);
-    declare(&c, "q", true, json!({})).expect("declare");
+    declare(&mut c, "q", true, json!({})).expect("declare");
     let first = publish(&mut c, to("q").key("order-1"));
     assert_eq!(
         first,
@@ -198,7 +196,7 @@ fn a_duplicate_within_the_window_is_confirmed_and_dropped() {
 fn after_the_window_the_key_is_new_again() {
     let e = Engine::open(MemStore::new()).expect("engine");
     let mut c = client(&e);
-    declare(&c, "q", false, json!({"x-dedup-window": 200})).expect("declare");
+    declare(&mut c, "q", false, json!({"x-dedup-window": 200})).expect("declare");
     let start = Instant::now();
     publish(&mut c, to("q").key("k"));
     publish(&mut c, to("q").key("k"));
@@ -225,9 +223,15 @@ fn after_the_window_the_key_is_new_again() {
 fn message_id_is_the_key_where_the_queue_asks_for_it() {
     let e = Engine::open(MemStore::new()).expect("engine");
     let mut c = client(&e);
-    declare(&c, "by-id", true, json!({"x-dedup-on-message-id": true})).expect("declare");
-    declare(&c, "plain", true, json!({})).expect("declare");
-    fanout(&c, "fan", &["by-id", "plain"]);
+    declare(
+        &mut c,
+        "by-id",
+        true,
+        json!({"x-dedup-on-message-id": true}),
+    )
+    .expect("declare");
+    declare(&mut c, "plain", true, json!({})).expect("declare");
+    fanout(&mut c, "fan", &["by-id", "plain"]);
     let via_fan = |p: Pub<'static>| Pub {
         exchange: "fan",
         routing_key: "",
@@ -254,9 +258,9 @@ fn a_duplicate_routed_to_several_queues_is_dropped_only_where_it_was_seen() {
     let e = Engine::open(MemStore::new()).expect("engine");
     let mut c = client(&e);
     for q in ["a", "b", "c"] {
-        declare(&c, q, true, json!({})).expect("declare");
+        declare(&mut c, q, true, json!({})).expect("declare");
     }
-    fanout(&c, "fan", &["a", "b", "c"]);
+    fanout(&mut c, "fan", &["a", "b", "c"]);
     publish(&mut c, to("a").key("k"));
     // Seen by "a" only: enqueued in "b" and "c", confirmed, not refused.
     let p = publish(
@@ -295,7 +299,7 @@ fn a_duplicate_routed_to_several_queues_is_dropped_only_where_it_was_seen() {
 fn the_receipt_bound_forgets_the_oldest_keys_first() {
     let e = Engine::open(MemStore::new()).expect("engine");
     let mut c = client(&e);
-    declare(&c, "q", false, json!({})).expect("declare");
+    declare(&mut c, "q", false, json!({})).expect("declare");
     let q = c.queue("q").expect("queue");
     q.dedup().set_limit(3);
     for k in ["k0", "k1", "k2", "k3", "k4"] {
@@ -319,7 +323,7 @@ fn a_refused_publish_leaves_no_receipt_not_even_after_a_restart() {
         let e = Engine::open(store.clone()).expect("engine");
         let mut c = client(&e);
         declare(
-            &c,
+            &mut c,
             "small",
             true,
             json!({"x-max-length": 1, "x-overflow": "reject-publish"}),
@@ -352,8 +356,8 @@ fn a_refused_publish_leaves_no_receipt_not_even_after_a_restart() {
 #[test]
 fn concurrent_publishers_with_the_same_keys_enqueue_each_key_once() {
     let e = Engine::open(MemStore::new()).expect("engine");
-    let c = client(&e);
-    declare(&c, "q", true, json!({"x-partitions": 4})).expect("declare");
+    let mut c = client(&e);
+    declare(&mut c, "q", true, json!({"x-partitions": 4})).expect("declare");
     const KEYS: usize = 300;
     let threads: Vec<_> = (0..6)
         .map(|t| {
@@ -381,7 +385,7 @@ fn concurrent_publishers_with_the_same_keys_enqueue_each_key_once() {
 #[test]
 fn dedup_arguments_are_checked_with_406() {
     let e = Engine::open(MemStore::new()).expect("engine");
-    let c = client(&e);
+    let mut c = client(&e);
     for (i, bad) in [
         json!({"x-dedup-window": "60000"}),
         json!({"x-dedup-window": 0}),
@@ -394,7 +398,7 @@ fn dedup_arguments_are_checked_with_406() {
     .into_iter()
     .enumerate()
     {
-        match declare(&c, &format!("bad{i}"), false, bad.clone()) {
+        match declare(&mut c, &format!("bad{i}"), false, bad.clone()) {
             Err(EngineError::PreconditionFailed(m)) => {
                 assert!(m.contains("x-dedup-"), "{bad}: {m}")
             }
@@ -402,7 +406,7 @@ fn dedup_arguments_are_checked_with_406() {
         }
     }
     declare(
-        &c,
+        &mut c,
         "good",
         false,
         json!({"x-dedup-window": 1, "x-dedup-on-message-id": false}),
@@ -416,8 +420,8 @@ fn receipts_survive_a_restart_of_the_memory_store() {
     {
         let e = Engine::open(store.clone()).expect("engine");
         let mut c = client(&e);
-        declare(&c, "durable", true, json!({})).expect("declare");
-        declare(&c, "temp", false, json!({})).expect("declare");
+        declare(&mut c, "durable", true, json!({})).expect("declare");
+        declare(&mut c, "temp", false, json!({})).expect("declare");
         publish(&mut c, to("durable").key("stored"));
         publish(&mut c, to("durable").key("transient").transient());
         publish(&mut c, to("temp").key("stored"));
@@ -428,7 +432,7 @@ fn receipts_survive_a_restart_of_the_memory_store() {
     }
     let e = Engine::open(store.reopen()).expect("engine");
     let mut c = client(&e);
-    declare(&c, "temp", false, json!({})).expect("redeclare");
+    declare(&mut c, "temp", false, json!({})).expect("redeclare");
     publish(&mut c, to("durable").key("stored"));
     assert_eq!(count(&c, "durable"), 0, "the durable receipt dropped it");
     // A transient message died with the process; so did its receipt.
@@ -474,7 +478,7 @@ fn receipts_survive_reopen_and_compaction_of_the_log_store() {
         let store = LogStore::open(dir.path(), log_opts()).expect("store");
         let e = Engine::open(store.clone()).expect("engine");
         let mut c = client(&e);
-        declare(&c, "q", true, json!({})).expect("declare");
+        declare(&mut c, "q", true, json!({})).expect("declare");
         for i in 0..N {
             publish(&mut c, to("q").key(&format!("k{i}")));
         }
@@ -523,7 +527,7 @@ fn expired_receipts_are_gone_after_restart_and_their_segments_reclaimed() {
         let store = LogStore::open(dir.path(), log_opts()).expect("store");
         let e = Engine::open(store.clone()).expect("engine");
         let mut c = client(&e);
-        declare(&c, "q", true, json!({"x-dedup-window": WINDOW_MS})).expect("declare");
+        declare(&mut c, "q", true, json!({"x-dedup-window": WINDOW_MS})).expect("declare");
         start = Instant::now();
         for i in 0..40 {
             publish(&mut c, to("q").key(&format!("k{i}")));

@@ -24,9 +24,8 @@ fn open(store: &Arc<MemStore>) -> (Arc<Engine>, Client) {
     (e, c)
 }
 
-fn declare(c: &Client, name: &str, args: Json) {
+fn declare(c: &mut Client, name: &str, args: Json) {
     let (_, wait) = c
-        .tenant()
         .declare_queue(QueueDeclare {
             name: name.into(),
             passive: false,
@@ -101,8 +100,8 @@ fn lease(c: &mut Client, queue: &str, tag: u64) -> Option<String> {
 fn delayed_messages_wait_and_enter_their_queue_in_due_order() {
     let store = MemStore::new();
     let (e, mut c) = open(&store);
-    declare(&c, "later", json!({"x-delayed": true}));
-    declare(&c, "plain", json!({}));
+    declare(&mut c, "later", json!({"x-delayed": true}));
+    declare(&mut c, "plain", json!({}));
     let t0 = now_ms();
     publish(&mut c, "", "later", "in-5s", Some(5_000));
     publish(&mut c, "", "later", "in-1s", Some(1_000));
@@ -151,29 +150,17 @@ fn a_delayed_message_exchange_routes_as_its_delayed_type() {
         delayed,
         arguments: args,
     };
-    c.tenant()
-        .declare_exchange(def.clone(), false)
+    c.declare_exchange(def.clone(), false)
         .expect("declare exchange");
     // The same name as a plain direct exchange is a different type.
     let plain = ExchangeDef {
         delayed: false,
         ..def
     };
-    let err = c
-        .tenant()
-        .declare_exchange(plain, false)
-        .expect_err("inequivalent");
+    let err = c.declare_exchange(plain, false).expect_err("inequivalent");
     assert!(err.to_string().contains("x-delayed-message"), "{err}");
-    declare(&c, "q", json!({}));
-    c.tenant()
-        .bind(
-            "delays",
-            DestinationKind::Queue,
-            "q",
-            "k",
-            json!({}),
-            c.id(),
-        )
+    declare(&mut c, "q", json!({}));
+    c.bind("delays", DestinationKind::Queue, "q", "k", json!({}))
         .expect("bind");
     publish(&mut c, "delays", "k", "held", Some(2_000));
     publish(&mut c, "delays", "other-key", "unrouted", Some(1));
@@ -188,7 +175,7 @@ fn delayed_retries_back_off_exponentially_and_count_attempts() {
     let store = MemStore::new();
     let (e, mut c) = open(&store);
     declare(
-        &c,
+        &mut c,
         "retry",
         json!({"x-delayed-retry-type": "all", "x-delayed-retry-min": 1_000,
                "x-delayed-retry-max": 4_000}),
@@ -213,7 +200,7 @@ fn retry_type_failed_delays_nacks_but_not_returns_of_a_closed_channel() {
     let store = MemStore::new();
     let (_e, mut c) = open(&store);
     declare(
-        &c,
+        &mut c,
         "failed",
         json!({"x-delayed-retry-type": "failed", "x-delayed-retry-min": 60_000}),
     );
@@ -234,9 +221,9 @@ fn delayed_messages_retries_and_attempts_survive_a_restart() {
     let store = MemStore::new();
     {
         let (_e, mut c) = open(&store);
-        declare(&c, "later", json!({"x-delayed": true}));
+        declare(&mut c, "later", json!({"x-delayed": true}));
         declare(
-            &c,
+            &mut c,
             "retry",
             json!({"x-delayed-retry-type": "all", "x-delayed-retry-min": 60_000,
                    "x-delivery-limit": 5}),

@@ -21,9 +21,8 @@ fn setup() -> (Arc<Engine>, Client) {
     (e, c)
 }
 
-fn declare(c: &Client, name: &str, args: Json) -> Result<(), String> {
+fn declare(c: &mut Client, name: &str, args: Json) -> Result<(), String> {
     let (_, wait) = c
-        .tenant()
         .declare_queue(QueueDeclare {
             name: name.into(),
             passive: false,
@@ -120,9 +119,9 @@ fn headers_of(e: &Engine, m: &Message) -> Table {
 #[test]
 fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
     let (e, mut c) = setup();
-    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
-        &c,
+        &mut c,
         "q",
         json!({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
     )
@@ -148,7 +147,7 @@ fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
 #[test]
 fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
     let (e, mut c) = setup();
-    declare(&c, "q", json!({"x-message-ttl": 60_000})).expect("q");
+    declare(&mut c, "q", json!({"x-message-ttl": 60_000})).expect("q");
     publish(&mut c, "q", "own-ttl-lower", Some(1_000));
     publish(&mut c, "q", "queue-ttl", None);
     let t0 = now_ms();
@@ -165,7 +164,7 @@ fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
     );
 
     // Expired but the timer has not run yet: a get never returns it.
-    declare(&c, "q0", json!({"x-message-ttl": 0})).expect("q0");
+    declare(&mut c, "q0", json!({"x-message-ttl": 0})).expect("q0");
     publish(&mut c, "q0", "gone", None);
     assert!(get(&mut c, &e, "q0").is_none());
 }
@@ -173,9 +172,9 @@ fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
 #[test]
 fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
     let (e, mut c) = setup();
-    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
-        &c,
+        &mut c,
         "work",
         json!({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
     )
@@ -227,9 +226,9 @@ fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
 #[test]
 fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
     let (e, mut c) = setup();
-    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
-        &c,
+        &mut c,
         "work",
         json!({"x-delivery-limit": 3, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
     )
@@ -272,7 +271,7 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
 #[test]
 fn quorum_queues_default_to_a_delivery_limit_of_20() {
     let (_e, mut c) = setup();
-    declare(&c, "qq", json!({"x-queue-type": "quorum"})).expect("qq");
+    declare(&mut c, "qq", json!({"x-queue-type": "quorum"})).expect("qq");
     publish(&mut c, "qq", "p", None);
     let mut n = 0;
     while let Some(_g) = c
@@ -296,9 +295,9 @@ fn quorum_queues_default_to_a_delivery_limit_of_20() {
 #[test]
 fn max_length_drop_head_dead_letters_the_oldest() {
     let (e, mut c) = setup();
-    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
-        &c,
+        &mut c,
         "q",
         json!({"x-max-length": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
     )
@@ -324,7 +323,7 @@ fn max_length_drop_head_dead_letters_the_oldest() {
 fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
     let (e, mut c) = setup();
     declare(
-        &c,
+        &mut c,
         "q",
         json!({"x-max-length": 1, "x-overflow": "reject-publish"}),
     )
@@ -339,9 +338,9 @@ fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
     ));
     assert_eq!(bodies(&mut c, &e, "q"), vec!["a"]);
 
-    declare(&c, "dlq", json!({})).expect("dlq");
+    declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
-        &c,
+        &mut c,
         "q2",
         json!({"x-max-length-bytes": 100, "x-overflow": "reject-publish-dlx",
                "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
@@ -369,13 +368,13 @@ fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
     let (e, mut c) = setup();
     // a expires into b, b expires back into a.
     declare(
-        &c,
+        &mut c,
         "a",
         json!({"x-message-ttl": 10, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "b"}),
     )
     .expect("a");
     declare(
-        &c,
+        &mut c,
         "b",
         json!({"x-message-ttl": 10, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "a"}),
     )
@@ -397,14 +396,14 @@ fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
 
 #[test]
 fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
-    let (_e, c) = setup();
+    let (_e, mut c) = setup();
     for args in [
         json!({"x-max-priority": "10"}),
         json!({"x-max-priority": 256}),
         json!({"x-message-ttl": -5}),
         json!({"x-overflow": "nope"}),
     ] {
-        let err = declare(&c, "bad", args.clone()).expect_err("refused");
+        let err = declare(&mut c, "bad", args.clone()).expect_err("refused");
         assert!(err.contains("invalid arg"), "{args}: {err}");
     }
 }
@@ -412,8 +411,8 @@ fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
 #[test]
 fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
     let (e, mut c) = setup();
-    declare(&c, "idle", json!({"x-expires": 1_000})).expect("idle");
-    declare(&c, "busy", json!({"x-expires": 1_000})).expect("busy");
+    declare(&mut c, "idle", json!({"x-expires": 1_000})).expect("idle");
+    declare(&mut c, "busy", json!({"x-expires": 1_000})).expect("busy");
     c.subscribe(
         "busy",
         weir_engine::client::SubscribeOptions {
@@ -445,8 +444,8 @@ fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_resta
     let store = MemStore::new();
     let e = Engine::open(store.clone()).expect("engine");
     let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
-    declare(&c, "jobs.a", json!({})).expect("a");
-    declare(&c, "other", json!({})).expect("other");
+    declare(&mut c, "jobs.a", json!({})).expect("a");
+    declare(&mut c, "other", json!({})).expect("other");
     for q in ["jobs.a", "other"] {
         for b in ["1", "2", "3"] {
             publish(&mut c, q, b, None);
@@ -462,7 +461,8 @@ fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_resta
             .cloned()
             .expect("object"),
     };
-    c.tenant()
+    e.tenant(DEFAULT_TENANT)
+        .expect("tenant")
         .set_policy(def)
         .expect("policy")
         .blocking_recv()
@@ -472,7 +472,7 @@ fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_resta
     assert_eq!(c.queue("jobs.a").expect("a").message_count(), 2);
     assert_eq!(c.queue("other").expect("other").message_count(), 3);
     // A new queue gets it; its own lower limit wins (the lower value).
-    declare(&c, "jobs.b", json!({"x-max-length": 1})).expect("b");
+    declare(&mut c, "jobs.b", json!({"x-max-length": 1})).expect("b");
     let b = c.queue("jobs.b").expect("b").args();
     assert_eq!((b.max_length, b.message_ttl), (Some(1), Some(60_000)));
     // A policy may not set max-priority.
@@ -486,16 +486,20 @@ fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_resta
             .cloned()
             .expect("object"),
     };
-    assert!(c.tenant().set_policy(bad).is_err());
+    assert!(e
+        .tenant(DEFAULT_TENANT)
+        .expect("tenant")
+        .set_policy(bad)
+        .is_err());
     drop(c);
     drop(e);
     // After a restart the policy still applies.
     let e = Engine::open(store.reopen()).expect("reopened");
     let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     assert_eq!(c.queue("jobs.a").expect("a").args().max_length, Some(2));
-    assert_eq!(c.tenant().policies().len(), 1);
-    c.tenant()
-        .delete_policy("cap")
+    let t = e.tenant(DEFAULT_TENANT).expect("tenant");
+    assert_eq!(t.policies().len(), 1);
+    t.delete_policy("cap")
         .expect("deleted")
         .blocking_recv()
         .expect("answered")
@@ -516,7 +520,7 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
     const KEYS: usize = 16;
     const PER_KEY: usize = 700; // 11,200 messages
     let (_e, mut c) = setup();
-    declare(&c, "ordered", json!({"x-partitions": 4})).expect("declare");
+    declare(&mut c, "ordered", json!({"x-partitions": 4})).expect("declare");
     // Interleave keys as a real producer would.
     for i in 0..PER_KEY {
         for k in 0..KEYS {
@@ -609,9 +613,14 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
 #[test]
 fn a_lowered_limit_drops_heads_only_under_drop_head() {
     use weir_engine::policy::{ApplyTo, PolicyDef};
-    let (_e, mut c) = setup();
-    declare(&c, "lim.reject", json!({"x-overflow": "reject-publish"})).expect("reject");
-    declare(&c, "lim.drop", json!({})).expect("drop");
+    let (e, mut c) = setup();
+    declare(
+        &mut c,
+        "lim.reject",
+        json!({"x-overflow": "reject-publish"}),
+    )
+    .expect("reject");
+    declare(&mut c, "lim.drop", json!({})).expect("drop");
     for q in ["lim.reject", "lim.drop"] {
         for b in ["1", "2", "3"] {
             publish(&mut c, q, b, None);
@@ -627,7 +636,8 @@ fn a_lowered_limit_drops_heads_only_under_drop_head() {
             .cloned()
             .expect("object"),
     };
-    c.tenant()
+    e.tenant(DEFAULT_TENANT)
+        .expect("tenant")
         .set_policy(def)
         .expect("policy")
         .blocking_recv()
@@ -645,7 +655,7 @@ fn a_lowered_limit_drops_heads_only_under_drop_head() {
 #[test]
 fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
     let (_e, mut c) = setup();
-    declare(&c, "parts", json!({"x-partitions": 2})).expect("declare");
+    declare(&mut c, "parts", json!({"x-partitions": 2})).expect("declare");
     for key in ["a", "b"] {
         for i in 0..2 {
             let k = Key(key.into());
@@ -693,7 +703,7 @@ fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
 #[test]
 fn counters_sum_the_wait_of_each_delivery_and_read_depth_without_a_lock() {
     let (e, mut c) = setup();
-    declare(&c, "q", json!({})).expect("declare");
+    declare(&mut c, "q", json!({})).expect("declare");
     let before = now_ms();
     for i in 0..3 {
         publish(&mut c, "q", &format!("m{i}"), None);

@@ -46,18 +46,17 @@ fn engine(dir: &std::path::Path) -> Arc<Engine> {
 }
 
 fn client(e: &Arc<Engine>, tenant: &str) -> Client {
-    let c = Client::open(e, tenant, "u").expect("client");
-    c.tenant()
-        .declare_queue(QueueDeclare {
-            name: "q".into(),
-            passive: false,
-            durable: true,
-            exclusive: false,
-            auto_delete: false,
-            arguments: serde_json::json!({}),
-            connection: c.id(),
-        })
-        .expect("declare");
+    let mut c = Client::open(e, tenant, "u").expect("client");
+    c.declare_queue(QueueDeclare {
+        name: "q".into(),
+        passive: false,
+        durable: true,
+        exclusive: false,
+        auto_delete: false,
+        arguments: serde_json::json!({}),
+        connection: c.id(),
+    })
+    .expect("declare");
     c
 }
 

@@ -43,18 +43,17 @@ fn grant(e: &Engine, user: &str, tenant: &str) {
     );
 }
 
-fn declare(c: &Client, name: &str) -> Result<(), EngineError> {
-    c.tenant()
-        .declare_queue(QueueDeclare {
-            name: name.into(),
-            passive: false,
-            durable: false,
-            exclusive: false,
-            auto_delete: false,
-            arguments: serde_json::json!({}),
-            connection: c.id(),
-        })
-        .map(|_| ())
+fn declare(c: &mut Client, name: &str) -> Result<(), EngineError> {
+    c.declare_queue(QueueDeclare {
+        name: name.into(),
+        passive: false,
+        durable: false,
+        exclusive: false,
+        auto_delete: false,
+        arguments: serde_json::json!({}),
+        connection: c.id(),
+    })
+    .map(|_| ())
 }
 
 struct NoHeaders;
@@ -94,21 +93,19 @@ fn max_queues_refuses_a_new_queue_with_rabbitmqs_text() {
             ..Limits::default()
         },
     );
-    let c = Client::open(&e, "a", "u").expect("client");
-    declare(&c, "q1").expect("first");
-    declare(&c, "q2").expect("second");
-    let err = declare(&c, "q3").expect_err("over the limit");
+    let mut c = Client::open(&e, "a", "u").expect("client");
+    declare(&mut c, "q1").expect("first");
+    declare(&mut c, "q2").expect("second");
+    let err = declare(&mut c, "q3").expect_err("over the limit");
     assert!(matches!(err, EngineError::Quota(QuotaError::Queues { .. })));
     assert_eq!(
         err.to_string(),
         "PRECONDITION_FAILED - cannot declare queue 'q3': queue limit in vhost 'a' (2) is reached"
     );
     // Redeclaring an existing queue at the limit is fine.
-    declare(&c, "q1").expect("redeclare");
-    c.tenant()
-        .delete_queue("q1", false, false, c.id())
-        .expect("delete");
-    declare(&c, "q3").expect("room again");
+    declare(&mut c, "q1").expect("redeclare");
+    c.delete_queue("q1", false, false).expect("delete");
+    declare(&mut c, "q3").expect("room again");
 }
 
 #[test]
@@ -120,7 +117,7 @@ fn max_exchanges_counts_only_declared_exchanges() {
             ..Limits::default()
         },
     );
-    let c = Client::open(&e, "a", "u").expect("client");
+    let mut c = Client::open(&e, "a", "u").expect("client");
     let def = |name: &str| ExchangeDef {
         name: name.into(),
         kind: ExchangeKind::Direct,
@@ -130,11 +127,9 @@ fn max_exchanges_counts_only_declared_exchanges() {
         delayed: false,
         arguments: serde_json::json!({}),
     };
-    c.tenant()
-        .declare_exchange(def("x1"), false)
+    c.declare_exchange(def("x1"), false)
         .expect("the amq.* exchanges do not count");
     let err = c
-        .tenant()
         .declare_exchange(def("x2"), false)
         .expect_err("over the limit");
     assert_eq!(
@@ -165,8 +160,8 @@ fn max_connections_refuses_clients_and_counts_closes() {
     Client::open(&e, "/", "u").expect("default tenant");
     // A management operation (the HTTP API) is not a connection: allowed
     // at the limit, and closing it gives back nothing it did not take.
-    let m = Client::open_management(&e, "a", "u").expect("management at the limit");
-    declare(&m, "q").expect("a management client works");
+    let mut m = Client::open_management(&e, "a", "u").expect("management at the limit");
+    declare(&mut m, "q").expect("a management client works");
     drop(m);
     assert!(Client::open(&e, "a", "u").is_err(), "still at the limit");
     drop(c1);
@@ -183,7 +178,7 @@ fn max_consumers_refuses_a_subscription() {
         },
     );
     let mut c = Client::open(&e, "a", "u").expect("client");
-    declare(&c, "q").expect("declare");
+    declare(&mut c, "q").expect("declare");
     let opts = |tag: &'static str| SubscribeOptions {
         scope: 1,
         tag: Bytes::from_static(tag.as_bytes()),
@@ -233,9 +228,9 @@ fn queued_bytes_block_the_tenant_until_drained_and_not_another() {
     grant(&e, "u", "b");
     let mut a = Client::open(&e, "a", "u").expect("client a");
     let mut b = Client::open(&e, "b", "u").expect("client b");
-    declare(&a, "q").expect("declare");
-    declare(&b, "q").expect("declare");
-    let quota = a.tenant().quota().clone();
+    declare(&mut a, "q").expect("declare");
+    declare(&mut b, "q").expect("declare");
+    let quota = a.tenant_quota().clone();
     let mut blocked = quota.subscribe_blocked();
     for _ in 0..9 {
         publish(&mut a, "q", &[0; 100]);
@@ -245,7 +240,7 @@ fn queued_bytes_block_the_tenant_until_drained_and_not_another() {
         publish(&mut b, "q", &[0; 100]);
     }
     assert!(!quota.is_blocked(), "tenant b's bytes are its own");
-    assert!(!b.tenant().quota().is_blocked());
+    assert!(!b.tenant_quota().is_blocked());
     publish(&mut a, "q", &[0; 100]);
     assert!(quota.is_blocked(), "at its quota");
     assert!(blocked.has_changed().expect("open"));
@@ -271,19 +266,17 @@ fn purge_and_delete_give_queued_bytes_back() {
         },
     );
     let mut a = Client::open(&e, "a", "u").expect("client");
-    declare(&a, "q1").expect("declare");
-    declare(&a, "q2").expect("declare");
-    let quota = a.tenant().quota().clone();
+    declare(&mut a, "q1").expect("declare");
+    declare(&mut a, "q2").expect("declare");
+    let quota = a.tenant_quota().clone();
     publish(&mut a, "q1", b"x");
     publish(&mut a, "q2", b"x");
     publish(&mut a, "q2", b"x");
     assert!(quota.is_blocked());
-    a.tenant().purge_queue("q2", a.id()).expect("purge");
+    a.purge_queue("q2").expect("purge");
     assert_eq!(quota.queued_messages(), 1);
     assert!(!quota.is_blocked(), "below the resume mark (2)");
-    a.tenant()
-        .delete_queue("q1", false, false, a.id())
-        .expect("delete");
+    a.delete_queue("q1", false, false).expect("delete");
     assert_eq!((quota.queued_messages(), quota.queued_bytes()), (0, 0));
 }
 
@@ -333,9 +326,9 @@ fn memory_counts_only_what_is_held_in_memory() {
         },
     );
     let mut a = Client::open(&e, "a", "u").expect("client");
-    declare(&a, "deep").expect("declare");
-    declare(&a, "hot").expect("declare");
-    let quota = a.tenant().quota().clone();
+    declare(&mut a, "deep").expect("declare");
+    declare(&mut a, "hot").expect("declare");
+    let quota = a.tenant_quota().clone();
     for _ in 0..HOT_ENTRIES {
         publish(&mut a, "deep", &[0; 10]);
     }
@@ -360,11 +353,9 @@ fn memory_counts_only_what_is_held_in_memory() {
         "the reason names the memory quota"
     );
     // Drained below the resume mark (27,000): unblocked.
-    a.tenant().purge_queue("hot", a.id()).expect("purge");
+    a.purge_queue("hot").expect("purge");
     assert!(!quota.is_blocked());
     assert_eq!(quota.memory(), HOT_ENTRIES as u64 * 10);
-    a.tenant()
-        .delete_queue("deep", false, false, a.id())
-        .expect("delete");
+    a.delete_queue("deep", false, false).expect("delete");
     assert_eq!(quota.memory(), 0);
 }

@@ -58,10 +58,10 @@ impl TenantGate {
         client: &weir_engine::Client,
         rule: Option<&weir_quota::ConnectionRule>,
     ) -> Option<Self> {
-        let tenant = client.tenant();
+        let quota = client.tenant_quota();
         let user_rate = client.user_quota().and_then(|u| u.rate());
         let rule_rate = rule.and_then(|r| r.rate());
-        let l = tenant.quota().limits();
+        let l = quota.limits();
         let limited = l.max_queued_bytes.is_some()
             || l.max_queued_messages.is_some()
             || l.max_memory.is_some()
@@ -70,7 +70,7 @@ impl TenantGate {
             || user_rate.is_some()
             || rule_rate.is_some();
         limited.then(|| {
-            let mut g = Self::new(tenant.name.clone(), tenant.quota().clone());
+            let mut g = Self::new(client.tenant_name().clone(), quota.clone());
             g.rates[1] = user_rate.map(|r| (r, Debt::default()));
             g.rates[2] = rule_rate.map(|r| (r, Debt::default()));
             g
@@ -81,10 +81,9 @@ impl TenantGate {
     /// tenant is over its share of the writer (call after each batch; the
     /// gate's [`TenantGate::end_batch`] then takes the pressure).
     pub fn for_store_share(client: &weir_engine::Client) -> Option<Self> {
-        client.has_store_pressure().then(|| {
-            let tenant = client.tenant();
-            Self::new(tenant.name.clone(), tenant.quota().clone())
-        })
+        client
+            .has_store_pressure()
+            .then(|| Self::new(client.tenant_name().clone(), client.tenant_quota().clone()))
     }
 
     /// The gate of a connection of `tenant`.
@@ -251,10 +250,10 @@ pub fn admit(
     if alarms.any() {
         return Err(Refusal::Alarm(alarms.reason()));
     }
-    let tenant = client.tenant();
-    let quota = tenant.quota();
+    let tenant = client.tenant_name();
+    let quota = client.tenant_quota();
     if quota.is_blocked() {
-        return Err(Refusal::Quota(quota.block_reason(&tenant.name)));
+        return Err(Refusal::Quota(quota.block_reason(tenant)));
     }
     let rates = [
         quota.rate().map(|r| (r, "tenant")),
@@ -266,9 +265,9 @@ pub fn admit(
     ];
     for (rate, whose) in rates.into_iter().flatten() {
         if let Err(retry_after) = rate.admit(bytes as u64) {
-            crate::metrics::rate_pause(&tenant.name);
+            crate::metrics::rate_pause(tenant);
             let whose = match whose {
-                "tenant" => format!("tenant '{}'", tenant.name),
+                "tenant" => format!("tenant '{tenant}'"),
                 "user" => format!("user '{}'", client.principal()),
                 _ => format!("connection rule of user '{}'", client.principal()),
             };

@@ -6,9 +6,12 @@ use super::*;
 impl Client {
     // ----- permissions, and the operations on definitions they guard -----
 
-    /// Sets the MQTT client id `{client_id}` stands for in topic permissions.
+    /// Names this client's MQTT session: the client id `{client_id}` stands
+    /// for in topic permissions, and the session whose state
+    /// ([`Self::session_state`]) this client reaches, its own only.
     pub fn set_client_id(&mut self, client_id: &str) {
         self.authz.set_client_id(client_id);
+        self.session_prefix = Some(format!("mqtt\0{client_id}\0"));
     }
 
     /// `p` on `r` for this client's principal, or `AccessRefused` with
@@ -187,6 +190,40 @@ impl Client {
         self.authorize_binding(source, kind, destination, key)?;
         self.tenant
             .unbind(source, kind, destination, key, arguments, self.handle.id)
+    }
+
+    /// The bindings to queue `name` (its subscriptions, for an MQTT session
+    /// queue), looked up through the queue's own index of the exchanges
+    /// bound to it: O(its bindings), however many the exchanges hold (see
+    /// [`Tenant::queue_bindings`]). Read on the queue: what reaches a queue
+    /// is part of reading it, and a session resuming consumes the queue
+    /// next anyway. Another connection's exclusive queue is locked.
+    pub fn queue_bindings(&mut self, name: &str) -> Result<Vec<crate::meta::BindingDef>> {
+        self.authorize(Permission::Read, Resource::Queue(name))?;
+        self.tenant.queue_bindings(name, self.handle.id)
+    }
+
+    /// Whether queue `name` exists (another connection's exclusive queue
+    /// included). No permission: a passive declare tells any client of the
+    /// tenant as much.
+    pub fn queue_exists(&self, name: &str) -> bool {
+        self.tenant.queue_named(name).is_some()
+    }
+
+    /// Whether exchange `name` exists; no permission, as
+    /// [`Self::queue_exists`].
+    pub fn exchange_exists(&self, name: &str) -> bool {
+        self.tenant.exchange(name).is_ok()
+    }
+
+    /// The errors a publish of `route` would meet (no write permission,
+    /// a missing or internal exchange), without publishing: for a protocol
+    /// that must answer them before it has the whole message (AMQP's
+    /// content header carrying an invalid expiration).
+    pub fn check_route(&mut self, route: &RouteInput<'_>) -> Result<()> {
+        self.authorize_publish(route)?;
+        let mut scratch = Vec::new();
+        self.tenant.route(route, &mut scratch).map(drop)
     }
 
     /// The checks of [`Self::bind`] alone (a protocol that creates the

@@ -15,6 +15,14 @@
 //! * the batch: settles gathered and appended once per [`Client::commit`],
 //!   then the partitions whose consumers got credit back dispatch again.
 //!
+//! A client is **sealed**: it is the only door a session has to its tenant,
+//! and every call through it is checked against the principal's
+//! permissions (RabbitMQ's table, see `definitions.rs`). There is no way
+//! from a client to the [`Tenant`] itself: retained messages and session
+//! state (`state.rs`), a queue's bindings, existence checks and the
+//! management API's operations on other connections' queues and dead
+//! letters (`admin.rs`) each have their own checked call.
+//!
 //! Ordering rules kept here so no protocol has to know them: a settle is
 //! appended after its publish record (publishes are appended at once,
 //! settles at commit); entries refused by a deleted partition are settled
@@ -43,10 +51,14 @@ use weir_backend::{
     Waiter,
 };
 
+mod admin;
 mod definitions;
 mod deliver;
 mod publish;
 mod settle;
+mod state;
+
+pub use admin::DeadLetterMove;
 
 /// The result of a publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +248,10 @@ pub struct Client {
     /// The principal has RabbitMQ's `impersonator` tag: its publishes may
     /// carry another `user_id`.
     impersonator: bool,
+    /// The prefix of this client's protocol session's state keys, once
+    /// [`Self::set_client_id`] named the session: the only session state
+    /// it reaches.
+    session_prefix: Option<String>,
 }
 
 impl Client {
@@ -305,6 +321,7 @@ impl Client {
             user_quota,
             impersonator: false,
             reply_scopes: 0,
+            session_prefix: None,
         })
     }
 
@@ -313,9 +330,16 @@ impl Client {
         self.handle.id
     }
 
-    /// The tenant it works in.
-    pub fn tenant(&self) -> &Arc<Tenant> {
-        &self.tenant
+    /// The name of the tenant it works in (for messages and metrics; the
+    /// tenant itself is reached only through this client's checked calls).
+    pub fn tenant_name(&self) -> &Arc<str> {
+        &self.tenant.name
+    }
+
+    /// The tenant's limits and usage (`[[tenants]]` quotas): what a
+    /// session's flow gate watches. Read-only use; it grants nothing.
+    pub fn tenant_quota(&self) -> &Arc<weir_quota::TenantQuota> {
+        self.tenant.quota()
     }
 
     /// Refuses a message of `size` bytes over the tenant's

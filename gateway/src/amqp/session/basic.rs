@@ -131,7 +131,7 @@ impl Session {
                 client.queue(&queue)?;
                 return Err(soft(
                     reply::PRECONDITION_FAILED,
-                    e.message(&queue, &client.tenant().name),
+                    e.message(&queue, client.tenant_name()),
                 ));
             }
         };

@@ -172,10 +172,7 @@ impl Session {
             routing_key,
             headers: &headers,
         };
-        let mut scratch = Vec::new();
-        let client = self.client()?;
-        client.authorize_publish(&route)?;
-        let _how = client.tenant().route(&route, &mut scratch)?;
+        self.client()?.check_route(&route)?;
         Ok(())
     }
 

@@ -204,7 +204,7 @@ async fn declare(
         Some(Ok(k)) => k,
     };
     let mut c = client(&state, &caller, &vhost)?;
-    let existed = c.tenant().exchange(&name).is_ok();
+    let existed = c.exchange_exists(&name);
     let wait = c.declare_exchange(
         ExchangeDef {
             name,

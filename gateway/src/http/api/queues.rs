@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use weir_engine::client::GetAck;
+use weir_engine::client::{DeadLetterMove, GetAck};
 use weir_engine::lease::Settle;
 use weir_engine::message::now_ms;
 use weir_engine::policy::Policy;
@@ -313,7 +313,7 @@ async fn declare(
         return Err(ApiError::bad_request("a queue needs a name"));
     }
     let mut c = client(&state, &caller, &vhost)?;
-    let existed = c.tenant().queue_named(&name).is_some();
+    let existed = c.queue_exists(&name);
     let (_, wait) = c.declare_queue(QueueDeclare {
         name,
         passive: false,
@@ -342,31 +342,15 @@ async fn delete(
     Path((vhost, name)): Path<(String, String)>,
     Query(dq): Query<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let q = find(&state, &caller, &vhost, &name)?;
+    find(&state, &caller, &vhost, &name)?;
     let mut c = client(&state, &caller, &vhost)?;
-    let owner = q.exclusive_owner();
-    let (_, wait) = match owner {
-        // Another connection's exclusive queue: deleted as its owner would
-        // (RabbitMQ's management API deletes them too), after the
-        // caller's configure permission is checked.
-        Some(o) => {
-            c.authorize(
-                weir_engine::permissions::Permission::Configure,
-                weir_engine::permissions::Resource::Queue(&name),
-            )?;
-            c.tenant().delete_queue(
-                &name,
-                dq.if_unused.as_deref() == Some("true"),
-                dq.if_empty.as_deref() == Some("true"),
-                o,
-            )?
-        }
-        None => c.delete_queue(
-            &name,
-            dq.if_unused.as_deref() == Some("true"),
-            dq.if_empty.as_deref() == Some("true"),
-        )?,
-    };
+    // Another connection's exclusive queue too (RabbitMQ's management API
+    // deletes them), as its owner would, after the configure check.
+    let (_, wait) = c.admin_delete_queue(
+        &name,
+        dq.if_unused.as_deref() == Some("true"),
+        dq.if_empty.as_deref() == Some("true"),
+    )?;
     drop(c);
     durable(wait).await?;
     state.shared.request_trim();
@@ -378,20 +362,10 @@ async fn purge(
     caller: Caller,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let q = find(&state, &caller, &vhost, &name)?;
+    find(&state, &caller, &vhost, &name)?;
     let mut c = client(&state, &caller, &vhost)?;
-    match q.exclusive_owner() {
-        Some(o) => {
-            c.authorize(
-                weir_engine::permissions::Permission::Read,
-                weir_engine::permissions::Resource::Queue(&name),
-            )?;
-            c.tenant().purge_queue(&name, o)?;
-        }
-        None => {
-            c.purge_queue(&name)?;
-        }
-    }
+    // Another connection's exclusive queue too, after the read check.
+    c.admin_purge_queue(&name)?;
     state.shared.request_trim();
     Ok(StatusCode::NO_CONTENT)
 }
@@ -619,7 +593,6 @@ async fn requeue_dead_letters(
 ) -> Result<Json<Value>, ApiError> {
     let q = find(&state, &caller, &vhost, &name)?;
     let mut c = client(&state, &caller, &vhost)?;
-    let codecs = engine(&state).codecs();
     let now = std::time::Instant::now();
     let limit = q.message_count();
     let (mut moved, mut kept) = (0u64, 0u64);
@@ -662,43 +635,13 @@ async fn requeue_dead_letters(
                 drained = true;
                 break;
             };
-            let m = got.message.clone();
-            let source = codecs
-                .decode(m.header_format, &m.properties)
-                .ok()
-                .and_then(|p| source_queue(&p));
-            let Some(source) = source.filter(|s| *s != name && c.tenant().queue_named(s).is_some())
-            else {
-                keep_tags.push(tag);
-                kept += 1;
-                continue;
-            };
-            let route = weir_engine::tenant::RouteInput {
-                exchange: "",
-                routing_key: &source,
-                headers: &NoHeaders,
-            };
-            let r = c.publish(&route, |id| weir_engine::message::Message {
-                id,
-                exchange: m.exchange.clone(),
-                routing_key: m.routing_key.clone(),
-                properties: m.properties.clone(),
-                body: m.body.clone(),
-                header_format: m.header_format,
-                persistent: m.persistent,
-                priority: m.priority,
-                ttl_ms: m.ttl_ms,
-            })?;
-            match r {
-                weir_engine::client::Published::Routed {
-                    needs_barrier,
-                    refused: false,
-                } => {
+            match c.requeue_dead_letter(&name, &got.message)? {
+                DeadLetterMove::Moved { needs_barrier } => {
                     barrier |= needs_barrier;
                     move_tags.push(tag);
                     moved += 1;
                 }
-                _ => {
+                DeadLetterMove::Kept => {
                     keep_tags.push(tag);
                     kept += 1;
                 }
@@ -738,31 +681,4 @@ async fn requeue_dead_letters(
     }
     c.commit();
     Ok(Json(json!({ "moved": moved, "kept": kept })))
-}
-
-/// No headers (routing through the default exchange looks at none).
-struct NoHeaders;
-
-impl weir_engine::exchange::HeaderLookup for NoHeaders {
-    fn header(&self, _name: &str) -> Option<Value> {
-        None
-    }
-    fn may_have(&self, _name: &str) -> bool {
-        false
-    }
-}
-
-/// The queue a dead letter came from: `x-first-death-queue`, else the
-/// first `x-death` entry's `queue`.
-fn source_queue(p: &weir_engine::properties::Properties) -> Option<String> {
-    let h = p.headers.as_ref()?.to_json();
-    if let Some(q) = h.get("x-first-death-queue").and_then(Value::as_str) {
-        return Some(q.to_string());
-    }
-    h.get("x-death")?
-        .as_array()?
-        .first()?
-        .get("queue")?
-        .as_str()
-        .map(str::to_string)
 }

@@ -3,9 +3,8 @@
 //! session queue (kept or started anew), and what happens at the end: the
 //! clean session's queue goes, the will is published (after its delay).
 
-use super::{state_prefix, InFlight, Session, Subscription, SCOPE};
+use super::{InFlight, Session, Subscription, SCOPE};
 use crate::engine::client::SubscribeOptions;
-use crate::engine::exchange::Destination;
 use crate::engine::tenant::QueueDeclare;
 use crate::engine::{Client, EngineError, DEFAULT_TENANT};
 use crate::metrics::{ConnMetrics, Protocol};
@@ -290,26 +289,26 @@ impl Session {
     /// start) and, for a resumed session, reads its subscriptions back from
     /// the queue's bindings. Returns whether a session was present.
     async fn open_session_queue(&mut self, clean_start: bool) -> Result<bool, EngineError> {
-        let Some(client) = self.client.as_ref() else {
+        let name = self.queue();
+        let Some(client) = self.client.as_mut() else {
             return Ok(false);
         };
-        let tenant = client.tenant().clone();
-        let conn = self.conn_id;
-        let exists = tenant.queue(&self.queue(), conn).is_ok();
+        // Through the client, as any queue of the tenant: configure to
+        // delete it, read to see its bindings (the session consumes it next).
+        let exists = client.queue(&name).is_ok();
         if exists && clean_start {
-            let (_, wait) = tenant.delete_queue(&self.queue(), false, false, conn)?;
+            let (_, wait) = client.delete_queue(&name, false, false)?;
             if let Some(w) = wait {
                 let _ = w.await;
             }
         }
         if exists && !clean_start {
-            self.subscriptions = tenant
-                .exchange(TOPIC_EXCHANGE)?
-                .bindings()
+            // The queue's own bindings, not every binding of amq.topic: a
+            // reconnect storm of N sessions costs O(N), not O(N²).
+            self.subscriptions = client
+                .queue_bindings(&name)?
                 .into_iter()
-                .filter(
-                    |b| matches!(&b.destination, Destination::Queue(q) if *q.name() == *self.queue()),
-                )
+                .filter(|b| b.source == TOPIC_EXCHANGE)
                 .filter_map(|b| subscription_of(&b.arguments))
                 .collect();
             return Ok(true);
@@ -382,28 +381,23 @@ impl Session {
     }
 
     /// Deletes a clean session's queue (and a persistent one that the
-    /// client ended with session expiry 0).
+    /// client ended with session expiry 0), through its client (configure
+    /// on the queue, as RabbitMQ's MQTT plugin checks).
     pub(super) fn delete_session_queue(&mut self) {
-        if let Some(t) = self.engine.tenant(&self.tenant) {
-            let _ = t.delete_queue(&self.queue(), false, false, self.conn_id);
+        let name = self.queue();
+        if let Some(c) = self.client.as_mut() {
+            if let Err(e) = c.delete_queue(&name, false, false) {
+                tracing::debug!(client_id = %self.client_id, error = %e, "MQTT session queue not deleted");
+            }
         }
     }
 
     /// Forgets the QoS 2 ids of the session (a new or ended session).
     pub(super) fn clear_session_state(&mut self) {
-        let Some(t) = self.engine.tenant(&self.tenant) else {
+        let Some(c) = self.client.as_ref() else {
             return;
         };
-        let keys: Vec<String> = t
-            .session_state(&state_prefix(&self.client_id))
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        if keys.is_empty() {
-            return;
-        }
-        let changes: Vec<(&str, Option<&[u8]>)> = keys.iter().map(|k| (k.as_str(), None)).collect();
-        if let Err(e) = t.update_session_state(&changes) {
+        if let Err(e) = c.clear_session_state() {
             tracing::warn!(client_id = %self.client_id, error = %e, "MQTT session state not cleared");
         }
     }
@@ -417,9 +411,15 @@ impl Session {
         let Some(c) = self.client.as_ref() else {
             return;
         };
-        let prefix = state_prefix(&self.client_id);
-        for (k, v) in c.tenant().session_state(&prefix) {
-            let Some((dir, id)) = k[prefix.len()..].split_once('\0') else {
+        let state = match c.session_state() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(client_id = %self.client_id, error = %e, "MQTT session state not read");
+                return;
+            }
+        };
+        for (k, v) in state {
+            let Some((dir, id)) = k.split_once('\0') else {
                 continue;
             };
             let Ok(packet_id) = id.parse::<u16>() else {
@@ -512,9 +512,7 @@ fn publish_will(
     if w.retain && !matches!(routed, Err(EngineError::AccessRefused(_))) {
         let now = crate::engine::message::now_ms();
         let i = crate::mqtt::convert::inbound(&p, None, now);
-        let _ = client
-            .tenant()
-            .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now);
+        let _ = client.retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now);
     }
     client.commit();
     client.close();

@@ -126,7 +126,7 @@ impl Session {
             // Until PUBREL, a repeat of this id is the same message, also
             // after a restart (appended after the message itself: a crash
             // between the two can duplicate it, never lose it).
-            let key = state_key(&self.client_id, "in", packet_id);
+            let key = state_key("in", packet_id);
             self.state_changes.push((key, Some(Vec::new())));
         }
         // 3.1.1 has no negative PUBACK: a refused publish is acknowledged
@@ -144,7 +144,7 @@ impl Session {
     /// PUBREL: the id is free again once that is durable (else a restart
     /// would take the client's next message with this id for a repeat).
     pub(super) fn on_pubrel(&mut self, packet_id: u16) {
-        let key = state_key(&self.client_id, "in", packet_id);
+        let key = state_key("in", packet_id);
         self.state_changes.push((key, None));
         self.queue_ack(packet_id, AckKind::Complete, 0, true);
     }
@@ -195,15 +195,13 @@ impl Session {
     /// Sets or clears the retained message of the publish's topic; false
     /// when a bound refused it.
     fn retain(&mut self, p: &Publish) -> bool {
-        let Some(client) = self.client.as_ref() else {
+        let Some(client) = self.client.as_mut() else {
             return true;
         };
         let now = now_ms();
         let i = convert::inbound(p, None, now);
-        match client
-            .tenant()
-            .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now)
-        {
+        // Checked as the publish carrying it (a cached decision by now).
+        match client.retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now) {
             Ok(wait) => {
                 self.batch_needs_barrier |= wait.is_some();
                 true

@@ -113,15 +113,11 @@ struct Resume {
     skip: std::collections::HashSet<u64>,
 }
 
-/// The session-state key of a QoS 2 packet id (`dir`: "in" or "out").
-/// NUL separates: an MQTT client id never holds one.
-fn state_key(client_id: &str, dir: &str, packet_id: u16) -> String {
-    format!("mqtt\0{client_id}\0{dir}\0{packet_id}")
-}
-
-/// The prefix of every session-state key of `client_id`.
-fn state_prefix(client_id: &str) -> String {
-    format!("mqtt\0{client_id}\0")
+/// The session-state key of a QoS 2 packet id (`dir`: "in" or "out"),
+/// relative to the session: the engine client keeps each session's state
+/// apart. NUL separates.
+fn state_key(dir: &str, packet_id: u16) -> String {
+    format!("{dir}\0{packet_id}")
 }
 
 /// Serves one accepted MQTT connection until it closes.
@@ -719,7 +715,7 @@ impl Session {
             .map(|(k, v)| (k.as_str(), v.as_deref()))
             .collect();
         let r = match self.client.as_ref() {
-            Some(c) => c.tenant().update_session_state(&refs).map(|_| ()),
+            Some(c) => c.update_session_state(&refs).map(|_| ()),
             None => Ok(()),
         };
         if let Err(e) = r {
@@ -772,16 +768,19 @@ impl Session {
             .as_ref()
             .filter(|_| self.publish_will && self.will.is_some())
             .map(|c| c.principal().to_owned());
+        // An ended session's queue and state go through its client, before
+        // it closes.
+        let ended = !self.client_id.is_empty() && self.session_expiry_secs == 0;
+        if ended {
+            self.delete_session_queue();
+            self.clear_session_state();
+        }
         if let Some(mut c) = self.client.take() {
             c.close();
         }
         if !self.client_id.is_empty() {
             if self.session_expiry_secs > 0 {
                 self.park_resends();
-            }
-            if self.session_expiry_secs == 0 {
-                self.delete_session_queue();
-                self.clear_session_state();
             }
             if let (Some(w), Some(user)) = (self.will.take(), will_user) {
                 self.schedule_will(*w, user);

@@ -140,7 +140,7 @@ impl Session {
                     if qos == QoS::ExactlyOnce {
                         // The id is the message's from now on, also after a
                         // restart: stored before the PUBLISH leaves.
-                        let key = state_key(&self.client_id, "out", packet_id);
+                        let key = state_key("out", packet_id);
                         let mut v = vec![b'P'];
                         v.extend_from_slice(&id.to_le_bytes());
                         self.state_changes.push((key, Some(v)));
@@ -195,7 +195,7 @@ impl Session {
         };
         let tag = f.tag.take();
         let message = f.message.filter(|_| f.stored);
-        let key = state_key(&self.client_id, "out", packet_id);
+        let key = state_key("out", packet_id);
         if reason >= 0x80 {
             self.inflight.remove(&packet_id);
             if message.is_some() {
@@ -213,7 +213,7 @@ impl Session {
     pub(super) fn on_pubcomp(&mut self, packet_id: u16) {
         if let Some(f) = self.inflight.remove(&packet_id) {
             if f.stored {
-                let key = state_key(&self.client_id, "out", packet_id);
+                let key = state_key("out", packet_id);
                 self.state_changes.push((key, None));
             }
             self.settle(f.tag);
@@ -260,10 +260,9 @@ impl Session {
         if self.retained_out.is_empty() {
             return;
         }
-        let Some(client) = self.client.as_ref() else {
+        if self.client.is_none() {
             return;
-        };
-        let tenant = client.tenant().clone();
+        }
         let codecs = self.engine.codecs();
         let now = now_ms();
         let mut steps = 0;
@@ -284,7 +283,17 @@ impl Session {
                     return;
                 }
                 steps += 1;
-                tenant.retained_next(&mut r.cursor, RETAINED_BATCH, now, &mut r.found);
+                let Some(client) = self.client.as_mut() else {
+                    return;
+                };
+                // Checked as the subscription is: a revoked permission
+                // ends the lookup.
+                if let Err(e) =
+                    client.retained_next(&mut r.cursor, RETAINED_BATCH, now, &mut r.found)
+                {
+                    tracing::debug!(peer = %self.peer, filter = %r.cursor.filter(), error = %e, "retained messages not sent");
+                    self.retained_out.pop_front();
+                }
                 continue;
             };
             let out = match convert::outbound_retained(m, &codecs, now) {
