@@ -755,6 +755,67 @@ async fn persistent_session_survives_kill9_with_qos1_and_qos2_in_flight() {
 // ---------------------------------------------------------------------------
 // one broker: MQTT <-> AMQP through amq.topic
 
+/// Persistent sessions resume with exactly their own subscriptions and
+/// their options: weir reads them from the session queue's own bindings
+/// (issue 21: a reconnect storm of N sessions costs O(N), where walking
+/// every binding of `amq.topic` cost O(N²)). Twenty sessions subscribe with
+/// a subscription identifier each, leave, come back together, and each one
+/// gets its own topic's message, marked with its own identifier, and no
+/// other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_sessions_get_exactly_their_own_subscriptions_back() {
+    use rumqttc::v5::mqttbytes::v5::{Filter, Subscribe, SubscribeProperties};
+    let target = Target::start();
+    let addr = target.addr();
+    const N: usize = 20;
+    let base = unique("resume");
+    let id = |i: usize| format!("{base}-{i}");
+    let topic = |i: usize| format!("{base}/t{i}");
+    for i in 0..N {
+        let (mut s, present) = RawSession5::connect(&addr, &id(i), 10).await;
+        assert!(!present, "a new session");
+        let mut sub = Subscribe::new(Filter::new(topic(i), QoS5::AtLeastOnce), None);
+        sub.pkid = 1;
+        sub.properties = Some(SubscribeProperties {
+            id: Some(100 + i),
+            user_properties: Vec::new(),
+        });
+        s.send(Packet5::Subscribe(sub)).await;
+        assert!(matches!(s.read().await, Packet5::SubAck(_)));
+        s.send(Packet5::Disconnect(
+            rumqttc::v5::mqttbytes::v5::Disconnect::new(
+                rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::NormalDisconnection,
+            ),
+        ))
+        .await;
+    }
+    let mut back = Vec::new();
+    for i in 0..N {
+        let (s, present) = RawSession5::connect(&addr, &id(i), 10).await;
+        assert!(present, "session {i} was kept");
+        back.push(s);
+    }
+    let (publ, mut rx) = v4_client(&unique("resume-pub"), &addr, |_| {});
+    for i in 0..N {
+        publ.publish(topic(i), QoS::AtLeastOnce, false, format!("m{i}"))
+            .await
+            .expect("publish");
+        next_matching(&mut rx, "PUBACK", |p| {
+            matches!(p, Packet::PubAck(_)).then_some(())
+        })
+        .await;
+    }
+    for (i, s) in back.iter_mut().enumerate() {
+        let p = s.next_publish().await;
+        assert_eq!(p.topic.as_ref(), topic(i).as_bytes(), "session {i}");
+        assert_eq!(&p.payload[..], format!("m{i}").as_bytes());
+        let ids = p.properties.as_ref().map(|x| x.subscription_identifiers.clone());
+        assert_eq!(ids, Some(vec![100 + i]), "session {i}'s identifier");
+        s.ack(&p).await;
+    }
+    publ.disconnect().await.expect("disconnect");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn mqtt_publish_reaches_amqp_consumer_on_amq_topic() {
