@@ -218,7 +218,7 @@ async fn declare(
         false,
     )?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(super::created(!existed))
 }
 
@@ -241,7 +241,7 @@ async fn delete(
         dq.if_unused.as_deref() == Some("true"),
     )?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
