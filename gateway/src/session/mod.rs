@@ -18,7 +18,8 @@
 //! 4. **deliver**: deliveries and notices from the engine are encoded
 //!    straight into the output, up to [`DELIVERY_HIGH_WATER`];
 //! 5. **write**: one clock read serves every timer of the turn, then what
-//!    the socket takes now is written, without waiting;
+//!    the socket takes now is written, without waiting, and the turn's
+//!    counters are flushed;
 //! 6. **wait** for whichever comes first: input, room to write, the
 //!    adapter's wake-ups (the engine's outbox, which also carries durable
 //!    answers; alarms; its own), the timer, shutdown.
@@ -129,8 +130,7 @@ pub trait Adapter: Send {
     /// in hand that nothing else will wake it for.
     fn deliver(&mut self) -> bool;
     /// Once per turn, with the turn's clock: bytes were read since the
-    /// last (`read`), the timer fired (`fired`). Also where counters are
-    /// flushed.
+    /// last (`read`), the timer fired (`fired`).
     fn on_clock(&mut self, now: Instant, read: bool, fired: bool);
     /// Output must not leave yet (it waits for a durable record).
     fn output_held(&self) -> bool {
@@ -138,8 +138,10 @@ pub trait Adapter: Send {
     }
     /// `n` bytes were read.
     fn on_read(&mut self, n: usize);
-    /// `n` bytes of output were written at `now`.
-    fn on_written(&mut self, n: usize, now: Instant);
+    /// Once per turn, after its write: `n` bytes of output were written
+    /// since the last call (0 if none). Where the turn's counters are
+    /// flushed.
+    fn wrote(&mut self, n: usize, now: Instant);
     /// The client closed the socket.
     fn on_eof(&mut self);
     /// Before the wait: whether the adapter takes more input now (it may
@@ -199,6 +201,8 @@ pub async fn run<A: Adapter, R: ReadSide, W: WriteSide>(
     // The last `deliver` stopped at the high-water mark with deliveries in
     // hand (see the invariants above).
     let mut wait_room = false;
+    // Written by the wait: reported with the next turn's clock.
+    let mut written = 0;
     loop {
         // 1. What changed while we waited.
         a.flow().refresh_if_changed();
@@ -227,11 +231,9 @@ pub async fn run<A: Adapter, R: ReadSide, W: WriteSide>(
             std::mem::take(&mut fired),
         );
         if !a.output_held() && !a.out().is_empty() {
-            let n = wr.write_some(a.out())?;
-            if n > 0 {
-                a.on_written(n, now);
-            }
+            written += wr.write_some(a.out())?;
         }
+        a.wrote(std::mem::take(&mut written), now);
         if (a.is_finished() && a.out().is_empty()) || eof {
             if wr.has_unflushed() {
                 // A TLS record (a close-ok) still buffered: one bounded
@@ -279,12 +281,7 @@ pub async fn run<A: Adapter, R: ReadSide, W: WriteSide>(
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             },
-            r = wr.write(out), if want_write => {
-                let n = r?;
-                if n > 0 {
-                    a.on_written(n, Instant::now());
-                }
-            }
+            r = wr.write(out), if want_write => written += r?,
             w = wake => {
                 if a.woken(w) == Woken::LastInput {
                     take_last_input(a, &mut rd, &mut input);

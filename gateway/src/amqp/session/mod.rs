@@ -340,9 +340,6 @@ impl Adapter for Session {
         if fired {
             self.on_timer(now);
         }
-        if let Some(m) = self.metrics.as_mut() {
-            m.flush();
-        }
     }
 
     fn on_read(&mut self, n: usize) {
@@ -352,14 +349,19 @@ impl Adapter for Session {
         }
     }
 
-    fn on_written(&mut self, n: usize, now: Instant) {
-        self.conn.on_write(now);
+    fn wrote(&mut self, n: usize, now: Instant) {
+        if n > 0 {
+            self.conn.on_write(now);
+        }
         match self.metrics.as_mut() {
             Some(m) => {
-                m.bytes_out(n);
+                if n > 0 {
+                    m.bytes_out(n);
+                }
                 m.flush();
             }
-            None => self.pre_open.wrote(n),
+            None if n > 0 => self.pre_open.wrote(n),
+            None => {}
         }
     }
 

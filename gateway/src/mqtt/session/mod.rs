@@ -562,9 +562,6 @@ impl Adapter for Session {
     }
 
     fn on_clock(&mut self, now: Instant, read: bool, fired: bool) {
-        if let Some(m) = self.metrics.as_mut() {
-            m.flush();
-        }
         if read {
             self.conn.on_read(now);
         }
@@ -584,13 +581,16 @@ impl Adapter for Session {
         }
     }
 
-    fn on_written(&mut self, n: usize, _now: Instant) {
+    fn wrote(&mut self, n: usize, _now: Instant) {
         match self.metrics.as_mut() {
             Some(m) => {
-                m.bytes_out(n);
+                if n > 0 {
+                    m.bytes_out(n);
+                }
                 m.flush();
             }
-            None => self.pre_open.wrote(n),
+            None if n > 0 => self.pre_open.wrote(n),
+            None => {}
         }
     }
 
