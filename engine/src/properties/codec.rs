@@ -4,40 +4,60 @@
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use weir_backend::MessageId;
 
 use super::{LazyLookup, Properties, PropertiesError, Table};
 
-/// How a message's raw header bytes are encoded. Stored as one byte in the
-/// store's records ([`HeaderFormat::to_u8`]); values are never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum HeaderFormat {
-    /// AMQP 0-9-1's basic property block (flags, then values), as published.
-    Amqp091 = 1,
-    /// [`Properties`] in this module's encoding ([`Properties::encode`]).
-    Weir = 2,
-    /// An MQTT publish's QoS, retain flag and MQTT 5 properties, in the
-    /// MQTT adapter's compact encoding (its codec lives in the gateway,
-    /// `gateway/src/mqtt/convert.rs`).
-    Mqtt = 3,
-}
+/// A header format's number: how a message's raw header bytes are encoded.
+/// Stored as one byte with every message ([`HeaderFormat::to_u8`]), so a
+/// number, once given to a format, is never given to another (not even after
+/// its protocol is removed: stored messages keep their number).
+///
+/// The set is open. The engine names only its own format
+/// ([`HeaderFormat::WEIR`]); an adapter names its format as a constant next to
+/// its [`HeaderCodec`], and the gateway's composition root registers that codec
+/// under it ([`HeaderCodecs::register`]). Numbers given so far: 1 AMQP 0-9-1,
+/// 2 Weir, 3 MQTT (the list lives with the registration, in the gateway's
+/// `header_codecs.rs`). 0 is no format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HeaderFormat(u8);
 
 impl HeaderFormat {
-    /// The byte stored for this format.
-    pub fn to_u8(self) -> u8 {
-        self as u8
+    /// [`Properties`] in the engine's own encoding ([`Properties::encode`]):
+    /// what the HTTP API publishes, and what any protocol without a header
+    /// block worth keeping can use.
+    pub const WEIR: HeaderFormat = HeaderFormat(2);
+
+    /// The format numbered `n`, for an adapter's constant. `n` must not be 0
+    /// (checked when the constant is evaluated, at compile time); a byte read
+    /// from the store goes through [`HeaderFormat::from_u8`] instead.
+    pub const fn new(n: u8) -> Self {
+        assert!(n != 0, "header format 0 is reserved (no format)");
+        HeaderFormat(n)
     }
 
-    /// The format stored as `b`, if known.
+    /// The byte stored for this format.
+    pub fn to_u8(self) -> u8 {
+        self.0
+    }
+
+    /// The format stored as `b`. Any number but 0 is a format; whether a
+    /// codec for it is registered is the registry's question
+    /// ([`HeaderCodecs::get`]): a message of a format this process has no
+    /// codec for is kept and delivered as bytes, and only converting it fails
+    /// ([`PropertiesError::NoCodec`]).
     pub fn from_u8(b: u8) -> Result<Self, PropertiesError> {
         match b {
-            1 => Ok(HeaderFormat::Amqp091),
-            2 => Ok(HeaderFormat::Weir),
-            3 => Ok(HeaderFormat::Mqtt),
-            other => Err(PropertiesError::UnknownFormat(other)),
+            0 => Err(PropertiesError::UnknownFormat(0)),
+            n => Ok(HeaderFormat(n)),
         }
+    }
+}
+
+impl std::fmt::Display for HeaderFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
     }
 }
 
@@ -54,8 +74,12 @@ impl From<HeaderFormat> for u8 {
     }
 }
 
-/// Decodes and encodes one format's raw header bytes. Implemented by the
-/// adapter that owns the format (the engine knows only [`HeaderFormat::Weir`]).
+/// Decodes and encodes one format's raw header bytes: the format's bytes to
+/// and from the engine's [`Properties`]. Implemented by the adapter that owns
+/// the format (the engine implements only [`HeaderFormat::WEIR`]'s,
+/// [`WeirCodec`]) and registered under the format's number in a
+/// [`HeaderCodecs`]; every conversion between two formats decodes with one
+/// codec and encodes with the other, so no codec knows any other format.
 pub trait HeaderCodec: Send + Sync {
     /// The format this codec reads and writes.
     fn format(&self) -> HeaderFormat;
@@ -69,17 +93,25 @@ pub trait HeaderCodec: Send + Sync {
         Ok(self.decode(raw)?.headers)
     }
 
+    /// Whether the headers of `raw` may hold `name`, without decoding: a
+    /// cheap check for headers looked up on every publish (`CC`, `BCC`,
+    /// [`HeaderLookup::may_have`](super::HeaderLookup::may_have)). False only
+    /// when certainly absent; codecs that cannot tell cheaply keep this default.
+    fn may_have(&self, _raw: &[u8], _name: &str) -> bool {
+        true
+    }
+
     /// [`Properties`] → raw bytes, appended to `out`.
     fn encode(&self, properties: &Properties, out: &mut Vec<u8>) -> Result<(), PropertiesError>;
 }
 
-/// The codec of [`HeaderFormat::Weir`]: [`Properties::encode`]/[`Properties::decode`].
+/// The codec of [`HeaderFormat::WEIR`]: [`Properties::encode`]/[`Properties::decode`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WeirCodec;
 
 impl HeaderCodec for WeirCodec {
     fn format(&self) -> HeaderFormat {
-        HeaderFormat::Weir
+        HeaderFormat::WEIR
     }
     fn decode(&self, raw: &[u8]) -> Result<Properties, PropertiesError> {
         Properties::decode(raw)
@@ -89,12 +121,26 @@ impl HeaderCodec for WeirCodec {
     }
 }
 
-/// The codecs available to convert between header formats: the engine's own
-/// ([`WeirCodec`]) plus whatever the adapters register.
-#[derive(Clone)]
+/// The header-codec registry: one [`HeaderCodec`] per format number, the
+/// engine's own ([`WeirCodec`]) plus those the gateway's composition root
+/// registers for its protocols. Every conversion of a header from one format
+/// to another goes through it, so neither the engine nor an adapter matches
+/// on another protocol's format. Built once at startup, then shared
+/// read-only (the engine holds it, `Engine::set_codecs`).
+///
+/// It also caches recent conversions (see [`HeaderCodecs::convert_cached`]):
+/// one cache per registry, so two engines in one process never share
+/// entries (message ids are unique per store only).
 pub struct HeaderCodecs {
     codecs: Vec<Arc<dyn HeaderCodec>>,
+    /// Allocated at the first cached conversion (most registries of a test
+    /// never convert).
+    cache: OnceLock<ConversionCache>,
 }
+
+/// Slots of a registry's conversion cache: enough for the deliveries of a
+/// few batches of a fan-out in flight at once.
+const CACHE_SLOTS: usize = 1024;
 
 impl Default for HeaderCodecs {
     fn default() -> Self {
@@ -104,9 +150,7 @@ impl Default for HeaderCodecs {
 
 impl std::fmt::Debug for HeaderCodecs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.codecs.iter().map(|c| c.format()))
-            .finish()
+        f.debug_list().entries(self.formats()).finish()
     }
 }
 
@@ -115,18 +159,32 @@ impl HeaderCodecs {
     pub fn new() -> Self {
         HeaderCodecs {
             codecs: vec![Arc::new(WeirCodec)],
+            cache: OnceLock::new(),
         }
     }
 
-    /// Adds `codec`, replacing any codec registered for its format.
-    pub fn with(mut self, codec: Arc<dyn HeaderCodec>) -> Self {
-        self.codecs.retain(|c| c.format() != codec.format());
+    /// Adds `codec` under its format's number. A number registered already
+    /// is refused ([`PropertiesError::FormatTaken`]): two protocols cannot
+    /// share a number, and the engine's own cannot be replaced.
+    pub fn register(mut self, codec: Arc<dyn HeaderCodec>) -> Result<Self, PropertiesError> {
+        let format = codec.format();
+        if self.codecs.iter().any(|c| c.format() == format) {
+            return Err(PropertiesError::FormatTaken(format));
+        }
         self.codecs.push(codec);
-        self
+        Ok(self)
     }
 
-    /// The codec for `format`.
+    /// The registered format numbers, in registration order.
+    pub fn formats(&self) -> impl Iterator<Item = HeaderFormat> + '_ {
+        self.codecs.iter().map(|c| c.format())
+    }
+
+    /// The codec for `format`; [`PropertiesError::NoCodec`] when none is
+    /// registered (a format of a protocol this build or configuration does
+    /// not serve).
     pub fn get(&self, format: HeaderFormat) -> Result<&dyn HeaderCodec, PropertiesError> {
+        // A handful of codecs: a scan is as fast as any map.
         self.codecs
             .iter()
             .find(|c| c.format() == format)
@@ -140,7 +198,8 @@ impl HeaderCodecs {
     }
 
     /// `raw` of `format` as `target`: the same bytes (no copy) when the
-    /// formats match, else decoded and re-encoded once.
+    /// formats match, else decoded by `format`'s codec and encoded once by
+    /// `target`'s.
     pub fn convert(
         &self,
         format: HeaderFormat,
@@ -155,6 +214,25 @@ impl HeaderCodecs {
         let mut out = Vec::with_capacity(raw.len() + 16);
         target.encode(&p, &mut out)?;
         Ok(Bytes::from(out))
+    }
+
+    /// [`HeaderCodecs::convert`] for the header of message `id`, cached: a
+    /// message fanned out to many consumers of another protocol converts
+    /// once, at its first delivery, not once per consumer. Same format: `raw`
+    /// itself, the cache is not touched.
+    pub fn convert_cached(
+        &self,
+        id: MessageId,
+        format: HeaderFormat,
+        raw: &Bytes,
+        target: HeaderFormat,
+    ) -> Result<Bytes, PropertiesError> {
+        if format == target {
+            return Ok(raw.clone());
+        }
+        self.cache
+            .get_or_init(|| ConversionCache::new(CACHE_SLOTS))
+            .convert(id, format, raw, target, self)
     }
 }
 
@@ -178,7 +256,7 @@ impl MessageHeader {
     /// `properties` in the engine's own format.
     pub fn from_properties(properties: &Properties) -> Result<Self, PropertiesError> {
         Ok(MessageHeader {
-            format: HeaderFormat::Weir,
+            format: HeaderFormat::WEIR,
             raw: properties.to_bytes()?,
         })
     }
@@ -204,12 +282,11 @@ impl MessageHeader {
     }
 }
 
-/// Converted headers of recently delivered messages, so a message fanned out
-/// to many consumers of another protocol is converted once, not once per
-/// consumer. Direct-mapped by (message id, target format): a fixed number of
+/// Converted headers of recently delivered messages (a registry's, see
+/// [`HeaderCodecs::convert_cached`]). Direct-mapped by (message id, target format): a fixed number of
 /// slots, each one lock; a collision just converts again. Message ids are
 /// never reused by a store, so a hit is always the same message.
-pub struct ConversionCache {
+struct ConversionCache {
     slots: Box<[Slot]>,
 }
 
@@ -218,15 +295,14 @@ type Slot = Mutex<Option<(MessageId, HeaderFormat, Bytes)>>;
 
 impl ConversionCache {
     /// A cache of `slots` entries (at least 1).
-    pub fn new(slots: usize) -> Self {
+    fn new(slots: usize) -> Self {
         ConversionCache {
             slots: (0..slots.max(1)).map(|_| Mutex::new(None)).collect(),
         }
     }
 
     /// The header of message `id` (`raw` in `format`) as `target` expects it.
-    /// Same format: `raw` itself, the cache is not touched.
-    pub fn convert(
+    fn convert(
         &self,
         id: MessageId,
         format: HeaderFormat,
@@ -239,7 +315,8 @@ impl ConversionCache {
         }
         // Consecutive ids spread over consecutive slots; the target format
         // offsets the slot so two targets of one message do not evict each other.
-        let slot = &self.slots[(id as usize).wrapping_add(target as usize) % self.slots.len()];
+        let slot =
+            &self.slots[(id as usize).wrapping_add(usize::from(target.0)) % self.slots.len()];
         if let Some((i, t, b)) = &*slot.lock() {
             if *i == id && *t == target {
                 return Ok(b.clone());
@@ -256,25 +333,30 @@ impl ConversionCache {
 mod tests {
     use super::*;
 
+    /// A foreign format for these tests (the engine names no other).
+    const FOREIGN: HeaderFormat = HeaderFormat::new(200);
+
     #[test]
-    fn header_format_bytes_are_fixed() {
-        assert_eq!(HeaderFormat::Amqp091.to_u8(), 1);
-        assert_eq!(HeaderFormat::Weir.to_u8(), 2);
-        assert_eq!(HeaderFormat::Mqtt.to_u8(), 3);
+    fn a_format_is_its_stored_byte_and_zero_is_none() {
+        assert_eq!(HeaderFormat::WEIR.to_u8(), 2, "stored data reads back");
         for b in 0..=255u8 {
             match HeaderFormat::try_from(b) {
                 Ok(f) => assert_eq!(f.to_u8(), b),
-                Err(e) => assert_eq!(e, PropertiesError::UnknownFormat(b)),
+                Err(e) => assert_eq!((b, e), (0, PropertiesError::UnknownFormat(0))),
             }
         }
         assert_eq!(std::mem::size_of::<HeaderFormat>(), 1);
+        assert_eq!(
+            PropertiesError::NoCodec(FOREIGN).to_string(),
+            "no codec registered for header format 200"
+        );
     }
 
     /// A stand-in foreign codec: "raw" is the Weir encoding behind one byte.
     struct Prefixed;
     impl HeaderCodec for Prefixed {
         fn format(&self) -> HeaderFormat {
-            HeaderFormat::Amqp091
+            FOREIGN
         }
         fn decode(&self, raw: &[u8]) -> Result<Properties, PropertiesError> {
             Properties::decode(raw.get(1..).ok_or(PropertiesError::Truncated)?)
@@ -286,6 +368,25 @@ mod tests {
     }
 
     #[test]
+    fn a_number_is_registered_once_and_the_engines_own_is_never_replaced() {
+        let codecs = HeaderCodecs::new()
+            .register(Arc::new(Prefixed))
+            .expect("a new number");
+        assert_eq!(
+            codecs.formats().collect::<Vec<_>>(),
+            [HeaderFormat::WEIR, FOREIGN]
+        );
+        assert_eq!(
+            codecs.register(Arc::new(Prefixed)).err(),
+            Some(PropertiesError::FormatTaken(FOREIGN))
+        );
+        assert_eq!(
+            HeaderCodecs::new().register(Arc::new(WeirCodec)).err(),
+            Some(PropertiesError::FormatTaken(HeaderFormat::WEIR))
+        );
+    }
+
+    #[test]
     fn same_format_passes_through_and_others_convert_once() {
         let p = Properties {
             message_id: Some("m1".into()),
@@ -294,50 +395,36 @@ mod tests {
         let weir = MessageHeader::from_properties(&p).unwrap();
         // Without a codec for the target: a typed error.
         assert_eq!(
-            weir.encode_as(HeaderFormat::Amqp091, &HeaderCodecs::new()),
-            Err(PropertiesError::NoCodec(HeaderFormat::Amqp091))
+            weir.encode_as(FOREIGN, &HeaderCodecs::new()),
+            Err(PropertiesError::NoCodec(FOREIGN))
         );
-        let codecs = HeaderCodecs::new().with(Arc::new(Prefixed));
-        let same = weir.encode_as(HeaderFormat::Weir, &codecs).unwrap();
+        let codecs = HeaderCodecs::new().register(Arc::new(Prefixed)).unwrap();
+        let same = weir.encode_as(HeaderFormat::WEIR, &codecs).unwrap();
         assert_eq!(same.as_ptr(), weir.raw.as_ptr(), "same format: no copy");
-        let foreign = weir.encode_as(HeaderFormat::Amqp091, &codecs).unwrap();
+        let foreign = weir.encode_as(FOREIGN, &codecs).unwrap();
         assert_eq!(foreign[0], 0xee);
-        let back = MessageHeader::new(HeaderFormat::Amqp091, foreign);
+        let back = MessageHeader::new(FOREIGN, foreign);
         assert_eq!(back.properties(&codecs).unwrap(), p);
 
-        let cache = ConversionCache::new(8);
-        let a = cache
-            .convert(
-                7,
-                HeaderFormat::Weir,
-                &weir.raw,
-                HeaderFormat::Amqp091,
-                &codecs,
-            )
-            .unwrap();
-        let b = cache
-            .convert(
-                7,
-                HeaderFormat::Weir,
-                &weir.raw,
-                HeaderFormat::Amqp091,
-                &codecs,
-            )
-            .unwrap();
+        let convert = |target| {
+            codecs
+                .convert_cached(7, HeaderFormat::WEIR, &weir.raw, target)
+                .unwrap()
+        };
+        let a = convert(FOREIGN);
+        let b = convert(FOREIGN);
         assert_eq!(
             a.as_ptr(),
             b.as_ptr(),
             "second delivery reuses the conversion"
         );
-        let c = cache
-            .convert(
-                7,
-                HeaderFormat::Weir,
-                &weir.raw,
-                HeaderFormat::Weir,
-                &codecs,
-            )
-            .unwrap();
+        let c = convert(HeaderFormat::WEIR);
         assert_eq!(c.as_ptr(), weir.raw.as_ptr());
+        // Another registry (another engine) has its own cache.
+        let other = HeaderCodecs::new().register(Arc::new(Prefixed)).unwrap();
+        let d = other
+            .convert_cached(7, HeaderFormat::WEIR, &weir.raw, FOREIGN)
+            .unwrap();
+        assert_ne!(d.as_ptr(), a.as_ptr());
     }
 }

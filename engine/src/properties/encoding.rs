@@ -1,5 +1,5 @@
 //! The engine's own encoding of [`Properties`] (the bytes of
-//! [`HeaderFormat::Weir`](super::HeaderFormat)), and the bounds-checked
+//! [`HeaderFormat::WEIR`](super::HeaderFormat::WEIR)), and the bounds-checked
 //! [`Reader`] the adapters' codecs read with too.
 
 use bytes::Bytes;
@@ -717,5 +717,4 @@ mod tests {
             "a failed encode leaves the buffer as it was"
         );
     }
-
 }

@@ -11,12 +11,16 @@ pub enum PropertiesError {
     /// A version this build does not know (written by a newer one).
     #[error("unknown properties encoding version {0}")]
     UnknownVersion(u8),
-    /// A header-format byte this build does not know.
+    /// A header-format byte that is no format (0).
     #[error("unknown header format {0}")]
     UnknownFormat(u8),
-    /// No codec registered for a format the conversion needs.
-    #[error("no codec for header format {0:?}")]
+    /// No codec registered for a format the conversion needs (a format of a
+    /// protocol this process does not serve).
+    #[error("no codec registered for header format {0}")]
     NoCodec(HeaderFormat),
+    /// A codec registered under a number another codec has.
+    #[error("header format {0} is registered already")]
+    FormatTaken(HeaderFormat),
     /// Ran off the end of the input.
     #[error("properties truncated")]
     Truncated,

@@ -1,33 +1,39 @@
 //! The protocol-neutral message model: a message's headers and properties as
 //! the engine sees them, whatever protocol published it.
 //!
-//! # Two representations, one tag
+//! * `model`: [`Properties`], [`Table`], [`Value`];
+//! * `encoding`: the engine's own binary encoding of [`Properties`] and the
+//!   bounds-checked [`Reader`] every codec reads with;
+//! * `codec`: header formats ([`HeaderFormat`]), their codecs
+//!   ([`HeaderCodec`]) and the registry ([`HeaderCodecs`]);
+//! * `lookup`: what routing sees of headers ([`HeaderLookup`],
+//!   [`LazyLookup`], [`NoHeaders`]).
+//!
+//! # Raw bytes plus a format number
 //!
 //! A stored or queued message keeps its header as **raw bytes plus a
-//! [`HeaderFormat`] tag**:
-//!
-//! * [`HeaderFormat::Amqp091`]: AMQP 0-9-1's basic property block (flags and
-//!   values) exactly as the publisher sent it. This is the fast path: an AMQP
-//!   message delivered to an AMQP consumer is written to the socket as the
-//!   same bytes, never decoded or re-encoded.
-//! * [`HeaderFormat::Weir`]: [`Properties`] in this module's own compact
-//!   binary encoding ([`Properties::encode`]/[`Properties::decode`]), used by
-//!   every protocol that has no property block worth keeping (the native
-//!   protocol, HTTP).
-//! * [`HeaderFormat::Mqtt`]: an MQTT publish's QoS, retain flag and MQTT 5
-//!   properties, compactly (a 3.1.1 publish's header is one byte); its
-//!   codec is the MQTT adapter's.
+//! [`HeaderFormat`] number**, in whatever encoding its publisher's protocol
+//! has: AMQP 0-9-1 keeps the basic property block exactly as the publisher
+//! sent it (so an AMQP message delivered to an AMQP consumer is written to
+//! the socket as the same bytes, never decoded or re-encoded), MQTT a compact
+//! form of its publish flags and properties. The engine names only its own
+//! format, [`HeaderFormat::WEIR`] ([`Properties`] in this module's encoding,
+//! used by protocols with no header block worth keeping: HTTP, next the
+//! native protocol).
 //!
 //! The engine never sees a wire format, so it cannot decode an AMQP block
-//! itself: adapters register a [`HeaderCodec`] for their format in a
-//! [`HeaderCodecs`] (the gateway's AMQP codec lives in
-//! `gateway/src/amqp/convert.rs`), and the engine converts through it.
+//! itself: each adapter implements a [`HeaderCodec`] for its format, the
+//! gateway's composition root registers them under their numbers in one
+//! [`HeaderCodecs`] (`gateway/src/header_codecs.rs`), and the engine and the
+//! adapters convert through it, never by matching on formats. A number is
+//! never reused; a stored number without a registered codec reads back as
+//! bytes and fails only to convert ([`PropertiesError::NoCodec`]).
 //!
 //! # How it is meant to be used
 //!
 //! * **Publish**: the adapter hands the engine its raw header and format
-//!   (AMQP: the property block slice it already owns; MQTT: the
-//!   [`Properties`] it built, encoded once with [`Properties::encode`]).
+//!   (AMQP: the property block slice it already owns; MQTT: its compact
+//!   header, built once).
 //!   Nothing is decoded on publish unless a headers exchange asks
 //!   ([`LazyLookup`] decodes once per publish, only the headers table, and
 //!   only when a headers binding looks).
@@ -36,10 +42,11 @@
 //! * **Deliver**: the consumer's adapter asks for its own format.
 //!   Same format: the raw bytes pass through ([`MessageHeader::encode_as`]
 //!   returns the same `Bytes`, no copy). Another format: decode once to
-//!   [`Properties`], encode once to the target; a [`ConversionCache`] keyed
-//!   by (message id, target format) makes a message fanned out to many
-//!   consumers of another protocol convert once, lazily, at its first
-//!   delivery, not once per consumer.
+//!   [`Properties`], encode once to the target; the registry's conversion
+//!   cache ([`HeaderCodecs::convert_cached`]), keyed by (message id, target
+//!   format), makes a message fanned out to many consumers of another
+//!   protocol convert once, lazily, at its first delivery, not once per
+//!   consumer.
 //!
 //! # Memory
 //!
@@ -68,8 +75,8 @@ mod error;
 mod lookup;
 mod model;
 
-pub use codec::{ConversionCache, HeaderCodec, HeaderCodecs, HeaderFormat, MessageHeader, WeirCodec};
+pub use codec::{HeaderCodec, HeaderCodecs, HeaderFormat, MessageHeader, WeirCodec};
 pub use encoding::{Reader, FORMAT_VERSION, MAX_DEPTH};
 pub use error::PropertiesError;
-pub use lookup::LazyLookup;
+pub use lookup::{HeaderLookup, LazyLookup, NoHeaders};
 pub use model::{DeliveryMode, Properties, Table, Value};

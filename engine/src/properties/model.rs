@@ -264,5 +264,4 @@ mod tests {
         p.ttl_ms = Some(u64::MAX);
         assert_eq!(p.deadline_ms(5), Some(1_100));
     }
-
 }
