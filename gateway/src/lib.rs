@@ -3,6 +3,7 @@
 //!
 //! * [`config`]: settings from file, environment and flags.
 //! * [`engine`]: tenants, exchanges, queues, consumers, leases.
+//! * [`header_codecs`]: each protocol's header codec under its format number.
 //! * [`session`]: the session driver: one socket loop for every protocol,
 //!   its adapter trait, flow control and answers that wait for the store.
 //! * [`amqp`]: the AMQP 0-9-1 session (an adapter of the driver).
@@ -18,6 +19,7 @@
 pub mod amqp;
 pub mod config;
 pub mod connections;
+pub mod header_codecs;
 pub mod http;
 pub mod metrics;
 pub mod mqtt;

@@ -4,10 +4,11 @@
 //!
 //! * [`session`]: the session adapter run by the session driver (method
 //!   handlers by class, delivery encoding, queued replies).
-//! * [`convert`]: field tables to engine arguments, lazy message headers.
+//! * [`headers`]: AMQP's basic property block ⇄ the engine's properties
+//!   (the AMQP header codec, number 1), field tables to engine arguments.
 //! * [`Amqp`]: how the listeners hand it a connection.
 
-pub mod convert;
+pub mod headers;
 pub mod session;
 
 use crate::server::{Door, Services};
