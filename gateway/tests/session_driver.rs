@@ -232,12 +232,44 @@ fn mqtt_str(s: &str) -> Vec<u8> {
     v
 }
 
-/// A packet with its fixed header (remaining lengths below 128 here).
+/// A packet with its fixed header.
 fn packet(first: u8, body: &[u8]) -> Vec<u8> {
-    assert!(body.len() < 128);
-    let mut p = vec![first, body.len() as u8];
+    let mut p = vec![first];
+    let mut n = body.len();
+    loop {
+        let mut b = (n % 128) as u8;
+        n /= 128;
+        if n > 0 {
+            b |= 0x80;
+        }
+        p.push(b);
+        if n == 0 {
+            break;
+        }
+    }
     p.extend_from_slice(body);
     p
+}
+
+/// Takes the first whole packet off `buf`: its first byte and body.
+fn take_packet(buf: &mut Vec<u8>) -> Option<(u8, Vec<u8>)> {
+    let mut len = 0usize;
+    let mut i = 1;
+    loop {
+        let b = *buf.get(i)?;
+        len |= usize::from(b & 0x7f) << (7 * (i - 1));
+        i += 1;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    if buf.len() < i + len {
+        return None;
+    }
+    let first = buf[0];
+    let body = buf[i..i + len].to_vec();
+    buf.drain(..i + len);
+    Some((first, body))
 }
 
 fn connect(client_id: &str, clean: bool) -> Vec<u8> {
@@ -291,27 +323,8 @@ impl Mqtt {
     /// The next packet: its first byte and body.
     async fn packet(&mut self) -> (u8, Vec<u8>) {
         loop {
-            if self.buf.len() >= 2 {
-                let mut len = 0usize;
-                let mut shift = 0;
-                let mut i = 1;
-                let mut complete = false;
-                while i < self.buf.len() && i <= 4 {
-                    let b = self.buf[i];
-                    len |= usize::from(b & 0x7f) << shift;
-                    shift += 7;
-                    i += 1;
-                    if b & 0x80 == 0 {
-                        complete = true;
-                        break;
-                    }
-                }
-                if complete && self.buf.len() >= i + len {
-                    let first = self.buf[0];
-                    let body = self.buf[i..i + len].to_vec();
-                    self.buf.drain(..i + len);
-                    return (first, body);
-                }
+            if let Some(p) = take_packet(&mut self.buf) {
+                return p;
             }
             let mut chunk = [0u8; 4096];
             let n = tokio::time::timeout(PATIENCE, self.sock.read(&mut chunk))
@@ -395,41 +408,132 @@ async fn every_plain_listener_of_the_table_serves_its_protocol() {
     // MQTT over TCP: CONNACK.
     drop(Mqtt::connect(addrs.mqtt, "tcp", true).await);
     // MQTT over WebSocket: the upgrade, then CONNACK in a binary frame.
-    let mut ws = TcpStream::connect(addrs.mqtt_ws).await.expect("connect");
-    ws.write_all(
-        b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
-          Sec-WebSocket-Protocol: mqtt\r\n\r\n",
-    )
-    .await
-    .expect("write");
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut b = [0u8; 1];
-        let n = tokio::time::timeout(PATIENCE, ws.read(&mut b))
-            .await
-            .expect("upgrade answer in time")
-            .expect("read");
-        assert!(n > 0, "closed during the upgrade");
-        head.push(b[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 101"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
-    let payload = connect("ws", true);
-    let mask = [1u8, 2, 3, 4];
-    let mut f = vec![0x82, 0x80 | payload.len() as u8];
-    f.extend_from_slice(&mask);
-    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    ws.write_all(&f).await.expect("write");
-    let mut reply = [0u8; 6];
-    tokio::time::timeout(PATIENCE, ws.read_exact(&mut reply))
+    drop(WsMqtt::connect(addrs.mqtt_ws, "ws").await);
+}
+
+/// An MQTT-over-WebSocket connection: frames by hand, the MQTT byte stream
+/// inside them.
+struct WsMqtt {
+    sock: TcpStream,
+    /// Bytes read, not yet parsed into frames.
+    raw: Vec<u8>,
+    /// The MQTT bytes of the frames parsed.
+    mqtt: Vec<u8>,
+}
+
+impl WsMqtt {
+    /// Upgrades, sends CONNECT (clean session) and checks CONNACK.
+    async fn connect(addr: std::net::SocketAddr, client_id: &str) -> WsMqtt {
+        let mut sock = TcpStream::connect(addr).await.expect("connect");
+        sock.write_all(
+            b"GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+              Sec-WebSocket-Protocol: mqtt\r\n\r\n",
+        )
         .await
-        .expect("CONNACK in time")
-        .expect("read");
-    assert_eq!(reply, [0x82, 4, 0x20, 2, 0, 0], "CONNACK in a binary frame");
+        .expect("write");
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            let n = tokio::time::timeout(PATIENCE, sock.read(&mut b))
+                .await
+                .expect("upgrade answer in time")
+                .expect("read");
+            assert!(n > 0, "closed during the upgrade");
+            head.push(b[0]);
+        }
+        let head = String::from_utf8_lossy(&head);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        let mut ws = WsMqtt {
+            sock,
+            raw: Vec::new(),
+            mqtt: Vec::new(),
+        };
+        ws.send(&connect(client_id, true)).await;
+        let (first, body) = ws.packet().await;
+        assert_eq!((first, body), (0x20, vec![0, 0]), "CONNACK accepted");
+        ws
+    }
+
+    /// Sends MQTT bytes in one masked binary frame.
+    async fn send(&mut self, bytes: &[u8]) {
+        assert!(bytes.len() < 126);
+        let mask = [1u8, 2, 3, 4];
+        let mut f = vec![0x82, 0x80 | bytes.len() as u8];
+        f.extend_from_slice(&mask);
+        f.extend(bytes.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.sock.write_all(&f).await.expect("write");
+    }
+
+    /// The next MQTT packet, from however many frames.
+    async fn packet(&mut self) -> (u8, Vec<u8>) {
+        loop {
+            if let Some(p) = take_packet(&mut self.mqtt) {
+                return p;
+            }
+            // A whole frame from the server (unmasked)?
+            if self.raw.len() >= 2 {
+                let (len, at) = match self.raw[1] & 0x7f {
+                    126 if self.raw.len() >= 4 => (
+                        usize::from(u16::from_be_bytes([self.raw[2], self.raw[3]])),
+                        4,
+                    ),
+                    127 if self.raw.len() >= 10 => (
+                        u64::from_be_bytes(self.raw[2..10].try_into().expect("8 bytes")) as usize,
+                        10,
+                    ),
+                    126 | 127 => (usize::MAX, 0),
+                    n => (usize::from(n), 2),
+                };
+                if len != usize::MAX && self.raw.len() >= at + len {
+                    assert_eq!(self.raw[0], 0x82, "a binary frame");
+                    self.mqtt.extend_from_slice(&self.raw[at..at + len]);
+                    self.raw.drain(..at + len);
+                    continue;
+                }
+            }
+            let mut chunk = vec![0u8; 64 * 1024];
+            let n = tokio::time::timeout(PATIENCE, self.sock.read(&mut chunk))
+                .await
+                .expect("a frame in time")
+                .expect("read");
+            assert!(n > 0, "broker closed the connection");
+            self.raw.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_subscriber_that_stops_reading_gets_everything_once_it_reads_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let addrs = support::start(MemStore::new(), dir.path()).await;
+    let mut sub = WsMqtt::connect(addrs.mqtt_ws, "ws-sub").await;
+    let mut filter = 1u16.to_be_bytes().to_vec();
+    filter.extend(mqtt_str("big"));
+    filter.push(0);
+    sub.send(&packet(0x82, &filter)).await;
+    assert_eq!(sub.packet().await.0, 0x90, "SUBACK");
+
+    // Far more than the socket buffers, the WebSocket pump's pipe and the
+    // session's output hold: the session waits on a full pipe, as on a
+    // full socket, until the client reads again.
+    const COUNT: usize = 300;
+    const SIZE: usize = 32 * 1024;
+    let mut p = Mqtt::connect(addrs.mqtt, "ws-pub", true).await;
+    for i in 0..COUNT {
+        let mut body = mqtt_str("big");
+        body.extend_from_slice(&(i as u16 + 1).to_be_bytes());
+        body.extend(std::iter::repeat_n(i as u8, SIZE));
+        p.send(&packet(0x32, &body)).await;
+        assert_eq!(p.packet().await.0, 0x40, "PUBACK");
+    }
+    for i in 0..COUNT {
+        let (first, body) = sub.packet().await;
+        assert_eq!(first & 0xf0, 0x30, "a PUBLISH");
+        let payload = &body[2 + 3..];
+        assert_eq!(payload.len(), SIZE);
+        assert_eq!(payload[0], i as u8, "in order");
+    }
 }
 
 /// The task of every MQTT connection holds this future for the life of the
