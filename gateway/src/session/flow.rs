@@ -105,6 +105,18 @@ impl Flow {
         !self.blocked && !self.gate.as_ref().is_some_and(|g| g.paused())
     }
 
+    /// When a rate's pause ends (a deadline of the driver's timer).
+    pub fn deadline(&self) -> Option<std::time::Instant> {
+        self.gate.as_ref()?.pause_deadline()
+    }
+
+    /// The driver's timer fired: a rate's pause that is over ends.
+    pub fn on_timer(&mut self, now: std::time::Instant) {
+        if let Some(g) = self.gate.as_mut() {
+            g.end_pause_if_due(now);
+        }
+    }
+
     /// Resolves once the alarms changed (only while blocked) or the gate's
     /// block or pause did, with the new state taken; never otherwise.
     pub async fn changed(&mut self) {
@@ -116,7 +128,7 @@ impl Flow {
                     std::future::pending::<()>().await;
                 }
             }
-            // The tenant's block changed, or its rate pause is over.
+            // The tenant's block changed, or its store-share pause is over.
             () = tenant_gate::wake(self.gate.as_deref_mut(), blocked) => {}
         }
         self.refresh();

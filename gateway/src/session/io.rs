@@ -217,22 +217,29 @@ impl<W: AsyncWrite + Unpin + Send> WriteSide for PollWriter<W> {
         self.unflushed
     }
 
-    async fn write(&mut self, out: Option<&mut BytesMut>) -> io::Result<usize> {
-        let Some(out) = out.filter(|o| !o.is_empty()) else {
-            // Flush is cancel safe: what it did not write stays buffered.
-            std::future::poll_fn(|cx| Pin::new(&mut self.inner).poll_flush(cx)).await?;
-            self.unflushed = false;
-            return Ok(0);
-        };
-        let n = std::future::poll_fn(|cx| Pin::new(&mut self.inner).poll_write(cx, out)).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        // Taken off `out` in the same poll that wrote it: nothing is lost
-        // if the future is dropped.
-        bytes::Buf::advance(out, n);
-        self.try_flush()?;
-        Ok(n)
+    fn write(
+        &mut self,
+        out: Option<&mut BytesMut>,
+    ) -> impl Future<Output = io::Result<usize>> + Send {
+        let mut out = out.filter(|o| !o.is_empty());
+        std::future::poll_fn(move |cx| {
+            let Some(out) = out.as_deref_mut() else {
+                // Flush is cancel safe: what it did not write stays
+                // buffered.
+                ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
+                self.unflushed = false;
+                return Poll::Ready(Ok(0));
+            };
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, out))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            // Taken off `out` in the same poll that wrote it: nothing is
+            // lost if the future is dropped.
+            bytes::Buf::advance(out, n);
+            self.try_flush()?;
+            Poll::Ready(Ok(n))
+        })
     }
 }
 

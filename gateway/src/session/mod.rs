@@ -225,6 +225,9 @@ pub async fn run<A: Adapter, R: ReadSide, W: WriteSide>(
         }
         // 5. Timers, then write what we can without waiting.
         let now = Instant::now();
+        if fired {
+            a.flow().on_timer(now);
+        }
         a.on_clock(
             now,
             std::mem::take(&mut got_input),
@@ -250,7 +253,8 @@ pub async fn run<A: Adapter, R: ReadSide, W: WriteSide>(
             && a.out().len() < OUT_HIGH_WATER
             && !a.is_finished()
             && a.flow().may_read();
-        if let Some(at) = a.deadline(now, want_read, input.len()) {
+        let deadline = a.deadline(now, want_read, input.len());
+        if let Some(at) = deadline.into_iter().chain(a.flow().deadline()).min() {
             if armed.is_none_or(|t| at < t) {
                 timer.as_mut().reset(tokio::time::Instant::from_std(at));
                 armed = Some(at);
