@@ -1,7 +1,7 @@
 //! The HTTP listener (`[http] listen`, default `0.0.0.0:15672` as RabbitMQ's
 //! management plugin): the management API under `/api` ([`api`]), Prometheus
 //! metrics at `/metrics` ([`metrics`]) and the dashboard at `/`
-//! ([`dashboard`]), one axum router over the broker's [`Services`](crate::server::Services).
+//! ([`dashboard`]), one axum router over the broker's [`Services`].
 //!
 //! Handlers never touch queue state directly: they read the engine's
 //! figures and change definitions through the same engine calls the

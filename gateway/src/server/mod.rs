@@ -1,13 +1,13 @@
 //! Starting and stopping the broker, and what every connection shares.
 //!
-//! * [`services`]: [`Services`], the engine and everything the sessions and
+//! * `services`: [`Services`], the engine and everything the sessions and
 //!   the HTTP API share; the resource [`Alarms`].
-//! * [`login`]: logins behind the login throttle.
-//! * [`monitors`]: the memory and disk monitors that set the alarms, heap
+//! * `login`: logins behind the login throttle.
+//! * `monitors`: the memory and disk monitors that set the alarms, heap
 //!   trims.
-//! * [`listeners`]: the protocol listeners (one table, one accept loop) and
+//! * `listeners`: the protocol listeners (one table, one accept loop) and
 //!   the [`Door`] a protocol implements to be served on them.
-//! * [`lifecycle`]: [`Broker`]: open the store, recover, listen, serve,
+//! * `lifecycle`: [`Broker`]: open the store, recover, listen, serve,
 //!   shut down.
 
 mod lifecycle;

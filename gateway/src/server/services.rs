@@ -25,7 +25,7 @@ pub struct Services {
     /// How long a delivery may stay unacknowledged (None = forever).
     pub consumer_timeout: Option<Duration>,
     /// Resource alarms (memory, disk), set and cleared by the monitors in
-    /// [`super::monitors`]; every session subscribes.
+    /// the monitors (`server/monitors.rs`); every session subscribes.
     pub alarms: watch::Sender<Alarms>,
     /// How long a partly received message may make no progress (None = forever).
     pub partial_content_timeout: Option<Duration>,

@@ -3,7 +3,7 @@
 //! ([`crate::session`]), which owns the socket loop.
 //!
 //! Each turn of the driver hands every complete frame to
-//! [`Session::handle_event`], then closes the batch (one store append for
+//! `Session::handle_event`, then closes the batch (one store append for
 //! its settles, one store barrier for every confirm and reply of the batch
 //! that waits for the store), and encodes pending deliveries straight into
 //! the write buffer. Nothing in event handling waits but a login: replies
