@@ -7,6 +7,7 @@ use super::monitors::{self, Limits};
 use super::{Alarms, Services};
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::session::durable::settled;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -106,9 +107,9 @@ impl Broker {
                 .map_err(|e| ServerError::Policy(e.to_string()))?;
             // Limits come from the file at every start (not stored).
             tenant.set_limits(t.limits().map_err(|e| ServerError::Policy(e.to_string()))?);
-            if let Some(wait) = wait {
-                wait.await
-                    .map_err(|_| ServerError::Policy("the store closed".into()))?
+            if wait.is_some() {
+                settled(&engine, wait)
+                    .await
                     .map_err(|e| ServerError::Policy(e.to_string()))?;
                 tracing::info!(tenant = %t.name, "tenant created");
             }
@@ -133,8 +134,8 @@ impl Broker {
                 .set_policy(p.to_def())
                 .map_err(|e| ServerError::Policy(e.to_string()))?;
             // Durable before the first client can see it.
-            wait.await
-                .map_err(|_| ServerError::Policy("the store closed".into()))?
+            settled(&engine, Some(wait))
+                .await
                 .map_err(|e| ServerError::Policy(e.to_string()))?;
         }
         monitors::release_recovery_memory();
@@ -393,8 +394,8 @@ async fn apply_users(
         })
         .map_err(|e| ServerError::Policy(format!("users and permissions: {e}")))?;
     for w in waits {
-        w.await
-            .map_err(|_| ServerError::Policy("the store closed".into()))?
+        settled(engine, Some(w))
+            .await
             .map_err(|e| ServerError::Policy(e.to_string()))?;
     }
     tracing::info!(users = engine.authenticator().len(), "authentication ready");

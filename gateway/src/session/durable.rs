@@ -28,6 +28,7 @@
 //! closes). Every ticket handed out must be followed by
 //! [`Durability::end_batch`] before the session waits.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::{StoreError, Waiter};
@@ -184,22 +185,44 @@ impl Durability {
 }
 
 /// Waits until an engine change is durable: the answer of a request (the
-/// HTTP API), which has no session loop. The same tickets as a session's,
-/// over a barrier asked of `engine`'s store.
+/// HTTP API, startup), which has no session loop. The same tickets as a
+/// session's, over a barrier asked of `engine`'s store.
 pub async fn settled(engine: &Engine, wait: Option<DurableWait>) -> Result<(), NotDurable> {
     let mut d = Durability::default();
     let t = d.after(wait);
     if t.is_none() {
         return Ok(());
     }
+    let store = engine.store();
     let woken = Arc::new(tokio::sync::Notify::new());
     let wake = woken.clone();
-    let store = engine.store();
-    // A refused barrier is seen below as a failed ticket.
+    // A refused barrier is a failed ticket.
     let _ = d.request(
         |w| store.append(&[], &mut Vec::new(), Some(w)),
         move || wake.notify_one(),
     );
+    request_wait(d, t, woken).await
+}
+
+/// The answer of a request that published through `client` (the HTTP
+/// API's publish): resolves once everything `client` appended so far is
+/// durable. The barrier is asked for now; the future holds no borrow.
+pub fn appended(client: &Client) -> impl Future<Output = Result<(), NotDurable>> + Send + 'static {
+    let mut d = Durability::default();
+    let t = d.ticket();
+    let woken = Arc::new(tokio::sync::Notify::new());
+    let wake = woken.clone();
+    // A refused barrier is a failed ticket.
+    let _ = d.request(|w| client.durability_barrier(w), move || wake.notify_one());
+    request_wait(d, t, woken)
+}
+
+/// Waits for `d`'s ticket `t`, whose barrier's waiter notifies `woken`.
+async fn request_wait(
+    d: Durability,
+    t: Ticket,
+    woken: Arc<tokio::sync::Notify>,
+) -> Result<(), NotDurable> {
     loop {
         match d.status(t) {
             Status::Durable => return Ok(()),
