@@ -135,6 +135,15 @@ pub trait Store: Send + Sync + 'static {
     /// Makes everything appended so far durable and stops background work.
     /// Further appends fail with [`StoreError::Closed`].
     fn close(&self) -> Result<(), StoreError>;
+
+    // ----- the state store (contract v2) -----
+
+    /// Every key of the state store ([`Op::PutState`]) starting with
+    /// `prefix`, in key order, each with its value and its own version: what
+    /// the appends so far left (at open, what the last run left). A caller
+    /// recovers its keys by scanning its prefix once at startup; each
+    /// prefix is independent of the others and of the metadata map.
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError>;
 }
 
 /// Bytes available to an unprivileged user on the filesystem holding `path`

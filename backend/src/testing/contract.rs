@@ -59,6 +59,7 @@ pub fn run_all(h: &mut dyn Harness) {
     for seed in 0..4 {
         randomized_against_a_model(h, seed);
     }
+    super::contract_lifecycle::run_all(h);
 }
 
 const P1: PartitionId = PartitionId(1);

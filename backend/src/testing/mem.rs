@@ -2,7 +2,7 @@
 
 use crate::{
     LiveSet, Location, MessageData, MessageId, Op, PartitionId, Receipt, RecoveredMessage,
-    RecoveredMeta, Relocation, Store, StoreError, StoreStats, StoredMessage, Waiter,
+    RecoveredMeta, Relocation, StateEntry, Store, StoreError, StoreStats, StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -50,6 +50,8 @@ struct State {
     recovered_partitions: Vec<PartitionId>,
     hold: bool,
     held: Vec<Waiter>,
+    /// The state store: per key, its version and value.
+    state_map: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
     closed: bool,
     appended_bytes: u64,
 }
@@ -129,6 +131,23 @@ impl State {
         self.requeued.remove(&(partition, id));
     }
 
+    /// Every message of `partition` below `before` leaves it (a drop when
+    /// `before` is `MessageId::MAX`).
+    fn cut(&mut self, partition: PartitionId, before: MessageId) {
+        let Some(map) = self.live.get_mut(&partition) else {
+            return;
+        };
+        let kept = map.split_off(&before);
+        let gone = std::mem::replace(map, kept);
+        if map.is_empty() {
+            self.live.remove(&partition);
+        }
+        for (id, slot) in gone {
+            self.unlive(slot);
+            self.requeued.remove(&(partition, id));
+        }
+    }
+
     /// One partition stops living at `slot`; drops the record when none does.
     fn unlive(&mut self, slot: u64) {
         if let Some(r) = self.records.get_mut(&slot) {
@@ -137,6 +156,28 @@ impl State {
                 self.records.remove(&slot);
             }
         }
+    }
+}
+
+/// What an op other than a message adds to `appended_bytes` (a message
+/// counts its header and body when it is stored): a small record's worth,
+/// so that a caller appending one op per message shows in the counter.
+fn record_bytes(op: &Op<'_>) -> u64 {
+    let var = |b: &[u8]| b.len() as u64;
+    match op {
+        Op::Publish { .. } | Op::Page { .. } | Op::Move { .. } => 0,
+        Op::PutMeta { key, value } | Op::PutState { key, value } => 16 + var(key) + var(value),
+        Op::DeleteMeta { key } | Op::DeleteState { key } => 16 + var(key),
+        Op::MetaBatch { changes } => {
+            16 + changes
+                .iter()
+                .map(|c| match c {
+                    crate::MetaChange::Put { key, value } => var(key) + var(value),
+                    crate::MetaChange::Delete { key } => var(key),
+                })
+                .sum::<u64>()
+        }
+        _ => 16,
     }
 }
 
@@ -198,6 +239,7 @@ impl MemStore {
         let mut next = State {
             meta: st.meta.clone(),
             meta_version: st.meta_version,
+            state_map: st.state_map.clone(),
             ..State::default()
         };
         next.next_slot = st.next_slot;
@@ -282,6 +324,7 @@ impl Store for MemStore {
             return Err(StoreError::Closed);
         }
         for op in ops {
+            st.appended_bytes += record_bytes(op);
             match op {
                 Op::Publish {
                     id,
@@ -340,6 +383,15 @@ impl Store for MemStore {
                 Op::DeleteMeta { key } => {
                     st.meta_version += 1;
                     st.meta.remove(*key);
+                }
+                Op::DropPartition { partition } => st.cut(*partition, MessageId::MAX),
+                Op::Truncate { partition, before } => st.cut(*partition, *before),
+                Op::PutState { key, value } => {
+                    let version = st.state_map.get(*key).map_or(1, |(v, _)| v + 1);
+                    st.state_map.insert(key.to_vec(), (version, value.to_vec()));
+                }
+                Op::DeleteState { key } => {
+                    st.state_map.remove(*key);
                 }
                 Op::MetaBatch { changes } => {
                     st.meta_version += 1;
@@ -469,10 +521,32 @@ impl Store for MemStore {
     }
 
     fn stats(&self) -> StoreStats {
+        let st = self.state.lock();
         StoreStats {
-            appended_bytes: self.state.lock().appended_bytes,
+            appended_bytes: st.appended_bytes,
+            // What the records still held take: the space a drop,
+            // truncation or settle gives back shows here at once.
+            disk_bytes: st
+                .records
+                .values()
+                .map(|r| (r.msg.header.len() + r.msg.body.len()) as u64)
+                .sum(),
             ..StoreStats::default()
         }
+    }
+
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
+        let st = self.state.lock();
+        Ok(st
+            .state_map
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (version, value))| StateEntry {
+                key: k.clone(),
+                value: value.clone(),
+                version: *version,
+            })
+            .collect())
     }
 
     fn close(&self) -> Result<(), StoreError> {
