@@ -231,24 +231,22 @@ impl Engine {
             }
         }
         // Messages of partitions that no queue owns (deleted before the
-        // crash, settle records lost): settle them so their space is freed.
+        // crash, the drop record lost): drop them so their space is freed,
+        // one record per partition.
         let mut orphans = Vec::new();
+        let mut orphaned = 0;
         for pid in store.recovered_partitions()? {
             if owned.contains(&pid) {
                 continue;
             }
-            for m in store.recover_partition(pid)? {
-                orphans.push(Op::Settle {
-                    partition: pid,
-                    id: m.id,
-                    location: m.location,
-                });
-            }
+            orphaned += store.recover_partition(pid)?.len();
+            orphans.push(Op::DropPartition { partition: pid });
         }
         if !orphans.is_empty() {
             tracing::info!(
-                messages = orphans.len(),
-                "settling messages of deleted queues"
+                partitions = orphans.len(),
+                messages = orphaned,
+                "dropping messages of deleted queues"
             );
             store.append(&orphans, &mut Vec::new(), None)?;
         }

@@ -759,7 +759,10 @@ impl Tenant {
         self.remove_queue(&q)
     }
 
-    /// Removes a queue: unbinds it, cancels its consumers, settles its messages.
+    /// Removes a queue: unbinds it, cancels its consumers, drops its
+    /// messages. Each partition that held stored (or paged) messages is
+    /// emptied in the store by one [`Op::DropPartition`], whatever its
+    /// depth; a lease still out on it settles into nothing.
     fn remove_queue(&self, q: &Arc<Queue>) -> Result<(u64, Option<DurableWait>)> {
         let engine = self.engine()?;
         {
@@ -785,7 +788,7 @@ impl Tenant {
             self.maybe_auto_delete_exchange(&x);
         }
         let mut count = 0u64;
-        let mut settled = Vec::new();
+        let mut dropped = Vec::new();
         for p in &q.partitions {
             let (consumers, entries) = p.delete();
             for c in consumers {
@@ -795,20 +798,15 @@ impl Tenant {
                 });
             }
             count += entries.len() as u64;
-            settled.extend(
-                entries
-                    .into_iter()
-                    .filter_map(|e| e.location.map(|l| (p.id, e.id, l))),
-            );
+            // Leased entries are not among `entries`: their records go too.
+            if p.has_leases() || entries.iter().any(|e| e.location.is_some()) {
+                dropped.push(p.id);
+            }
         }
         engine.retire(&q.partitions);
-        let mut ops: Vec<Op> = settled
+        let mut ops: Vec<Op> = dropped
             .iter()
-            .map(|(p, id, l)| Op::Settle {
-                partition: *p,
-                id: *id,
-                location: *l,
-            })
+            .map(|&partition| Op::DropPartition { partition })
             .collect();
         let qkey = meta::queue_key(&self.name, q.name());
         if q.def.durable && q.exclusive_owner().is_none() {

@@ -1006,6 +1006,59 @@ mod tests {
     }
 
     #[test]
+    fn lifecycle_and_state_records_roundtrip() {
+        let mut buf = Vec::new();
+        let lens = [
+            encode_cut(&mut buf, PartitionId(7), MessageId::MAX),
+            encode_cut(&mut buf, PartitionId(8), 1234),
+            encode_state(&mut buf, 5, 3, b"s\0t\0k", Some(b"value")),
+            encode_state(&mut buf, 6, 0, b"s\0t\0k", None),
+        ];
+        assert_eq!(lens[0], FRAME_HEADER + cut_payload_len(MessageId::MAX));
+        assert_eq!(lens[1], FRAME_HEADER + cut_payload_len(1234));
+        let mut off = 0;
+        let mut recs = Vec::new();
+        for len in lens {
+            let (p, n) = split_frame(&buf[off..]).unwrap();
+            assert_eq!(n, len);
+            recs.push(decode_payload(p).unwrap());
+            off += n;
+        }
+        assert!(matches!(
+            recs[0],
+            Record::Cut {
+                partition: PartitionId(7),
+                before: MessageId::MAX
+            }
+        ));
+        assert!(matches!(
+            recs[1],
+            Record::Cut {
+                partition: PartitionId(8),
+                before: 1234
+            }
+        ));
+        assert!(matches!(
+            recs[2],
+            Record::State {
+                seq: 5,
+                version: 3,
+                key: b"s\0t\0k",
+                value: Some(b"value")
+            }
+        ));
+        assert!(matches!(
+            recs[3],
+            Record::State {
+                seq: 6,
+                key: b"s\0t\0k",
+                value: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn truncated_and_corrupt_frames_are_reported() {
         let mut buf = Vec::new();
         encode_message(

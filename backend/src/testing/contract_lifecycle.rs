@@ -581,12 +581,15 @@ mod tests {
         dropped: HashSet<PartitionId>,
     }
 
+    type StateMap = BTreeMap<Vec<u8>, (u64, Vec<u8>)>;
+
     struct Faulty {
         inner: Arc<MemStore>,
         fault: Fault,
         lasting: Arc<Mutex<Side>>,
-        /// Lost at restart.
-        state: Mutex<(u64, BTreeMap<Vec<u8>, (u64, Vec<u8>)>)>,
+        /// Lost at restart: a counter of puts, and per key its version
+        /// and value.
+        state: Mutex<(u64, StateMap)>,
     }
 
     impl Store for Faulty {
