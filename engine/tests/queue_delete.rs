@@ -153,3 +153,149 @@ fn deleting_a_queue_of_a_million_durable_messages_is_one_record_and_frees_its_sp
     assert_eq!(t.queue("small", CONN).expect("small").message_count(), 10);
     store.close().expect("close");
 }
+
+/// The figures of docs/BENCHMARKS.md ("Issue 21: deleting a queue of 1M
+/// messages"): run in release with
+/// `cargo test --release -p weir-engine --test queue_delete -- --ignored --nocapture`.
+/// Default log options (64 MiB segments, fsync on), 16-byte bodies. The
+/// engine's delete against what the delete did before this issue (a settle
+/// per message, replayed here at the store).
+#[test]
+#[ignore = "a release-mode measurement, not a check"]
+fn figures_deleting_a_million() {
+    use std::time::Instant;
+    const N: u64 = 1_000_000;
+    let base = std::env::var_os("WEIR_BENCH_DIR").map(std::path::PathBuf::from);
+    let tmp = |label: &str| {
+        match &base {
+            Some(b) => tempfile::Builder::new().prefix(label).tempdir_in(b),
+            None => tempfile::Builder::new().prefix(label).tempdir(),
+        }
+        .expect("tempdir")
+    };
+    let body = [b'x'; 16];
+    let fill16 = |store: &dyn Store, partition: PartitionId| {
+        let first = store.allocate_ids(N);
+        for chunk in (first..first + N).collect::<Vec<_>>().chunks(10_000) {
+            let ops: Vec<Op<'_>> = chunk
+                .iter()
+                .map(|&id| Op::Publish {
+                    id,
+                    partitions: std::slice::from_ref(&partition),
+                    data: MessageData {
+                        exchange: "",
+                        routing_key: "deep",
+                        header_format: 1,
+                        header: b"",
+                        body: &body,
+                        attrs: MessageAttrs::default(),
+                    },
+                })
+                .collect();
+            store.append(&ops, &mut Vec::new(), None).expect("append");
+        }
+        durable(store);
+    };
+    let reclaimed = |store: &dyn Store, compact: &dyn Fn() -> usize| {
+        let t = Instant::now();
+        loop {
+            while compact() > 0 {}
+            durable(store);
+            if store.stats().segments <= 2 {
+                return t.elapsed();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+
+    // Before this issue: one settle per message, at the store.
+    {
+        let dir = tmp("settles");
+        let store = LogStore::open(dir.path(), LogOptions::default()).expect("store");
+        fill16(&*store, PartitionId(1));
+        store.close().expect("close");
+        let store = LogStore::open(dir.path(), LogOptions::default()).expect("store");
+        let msgs = store.recover_partition(PartitionId(1)).expect("recover");
+        let s0 = store.stats();
+        let t = Instant::now();
+        let ops: Vec<Op<'_>> = msgs
+            .iter()
+            .map(|m| Op::Settle {
+                partition: PartitionId(1),
+                id: m.id,
+                location: m.location,
+            })
+            .collect();
+        let built = t.elapsed();
+        store.append(&ops, &mut Vec::new(), None).expect("append");
+        let appended = t.elapsed();
+        durable(&*store);
+        let done = t.elapsed();
+        let s1 = store.stats();
+        struct Nothing;
+        impl weir_backend::LiveSet for Nothing {
+            fn for_each_live(
+                &self,
+                _: &mut dyn FnMut(PartitionId, weir_backend::MessageId, weir_backend::Location),
+            ) {
+            }
+            fn relocate(&self, moves: &[weir_backend::Relocation]) -> Vec<bool> {
+                vec![false; moves.len()]
+            }
+        }
+        let freed = reclaimed(&*store, &|| store.compact(&Nothing).expect("compact"));
+        println!(
+            "settle per message (store): {} segments, {} MB on disk; ops built {:.1} ms, appended {:.1} ms, durable {:.1} ms; {} bytes appended; segments reclaimed {:.1} ms later",
+            s0.segments,
+            s0.disk_bytes >> 20,
+            built.as_secs_f64() * 1e3,
+            appended.as_secs_f64() * 1e3,
+            done.as_secs_f64() * 1e3,
+            s1.appended_bytes - s0.appended_bytes,
+            freed.as_secs_f64() * 1e3,
+        );
+        store.close().expect("close");
+    }
+
+    // Now: the engine's queue delete, one drop record.
+    {
+        let dir = tmp("drop");
+        let deep = {
+            let store = LogStore::open(dir.path(), LogOptions::default()).expect("store");
+            let engine = Engine::open(store.clone()).expect("engine");
+            let deep = declare(&tenant(&engine), "deep");
+            fill16(&*store, deep);
+            store.close().expect("close");
+            deep
+        };
+        let store = LogStore::open(dir.path(), LogOptions::default()).expect("store");
+        let t = Instant::now();
+        let engine = Engine::open(store.clone()).expect("engine");
+        let recovered = t.elapsed();
+        let tn = tenant(&engine);
+        assert_eq!(tn.queue("deep", CONN).expect("deep").message_count(), N);
+        let s0 = store.stats();
+        let t = Instant::now();
+        let (count, wait) = tn.delete_queue("deep", false, false, CONN).expect("delete");
+        let returned = t.elapsed();
+        if let Some(w) = wait {
+            w.blocking_recv().expect("store answered").expect("durable");
+        }
+        let done = t.elapsed();
+        assert_eq!(count, N);
+        let s1 = store.stats();
+        let freed = reclaimed(&*store, &|| engine.compact().expect("compact"));
+        println!(
+            "drop (engine queue delete of partition {}): {} segments, {} MB on disk (engine recovered the queue in {:.0} ms); delete returned {:.1} ms, durable {:.1} ms; {} bytes appended; segments reclaimed {:.1} ms later",
+            deep.0,
+            s0.segments,
+            s0.disk_bytes >> 20,
+            recovered.as_secs_f64() * 1e3,
+            returned.as_secs_f64() * 1e3,
+            done.as_secs_f64() * 1e3,
+            s1.appended_bytes - s0.appended_bytes,
+            freed.as_secs_f64() * 1e3,
+        );
+        store.close().expect("close");
+    }
+}
