@@ -154,19 +154,6 @@ pub enum Op<'a> {
         /// The message.
         data: MessageData<'a>,
     },
-    /// A message paged out of memory: a transient message, or one in a
-    /// non-durable queue, that sits too deep in its queue to stay in RAM.
-    /// Produces a [`Location`] like [`Op::Publish`] and counts as live (for
-    /// reclamation) until settled, but is never worth an fsync and is
-    /// ignored by recovery: a restart drops it, as it must.
-    Page {
-        /// The message id.
-        id: MessageId,
-        /// The partitions it is queued in (at least one).
-        partitions: &'a [PartitionId],
-        /// The message.
-        data: MessageData<'a>,
-    },
     /// The message `id` is settled (acked, purged, dropped) in `partition`.
     /// `location` is where the engine last saw it, so the store can account for
     /// the space it frees.

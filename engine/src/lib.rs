@@ -41,6 +41,7 @@ pub mod queue;
 pub mod reply_to;
 pub mod retained;
 pub mod session_state;
+mod spill;
 pub mod stats;
 pub mod tenant;
 pub mod timers;

@@ -760,9 +760,10 @@ impl Tenant {
     }
 
     /// Removes a queue: unbinds it, cancels its consumers, drops its
-    /// messages. Each partition that held stored (or paged) messages is
+    /// messages. Each durable partition that held stored messages is
     /// emptied in the store by one [`Op::DropPartition`], whatever its
-    /// depth; a lease still out on it settles into nothing.
+    /// depth, and its paged copies are released from the spill at once; a
+    /// lease still out on it settles into nothing.
     fn remove_queue(&self, q: &Arc<Queue>) -> Result<(u64, Option<DurableWait>)> {
         let engine = self.engine()?;
         {
@@ -800,23 +801,32 @@ impl Tenant {
             count += entries.len() as u64;
             // Leased entries are not among `entries`: their records go too.
             if p.has_leases() || entries.iter().any(|e| e.location.is_some()) {
-                dropped.push(p.id);
+                dropped.push(p);
             }
         }
         engine.retire(&q.partitions);
         let mut ops: Vec<Op> = dropped
             .iter()
-            .map(|&partition| Op::DropPartition { partition })
+            .filter(|p| p.durable)
+            .map(|p| Op::DropPartition { partition: p.id })
             .collect();
         let qkey = meta::queue_key(&self.name, q.name());
         if q.def.durable && q.exclusive_owner().is_none() {
             ops.push(Op::DeleteMeta { key: &qkey });
             ops.extend(keys.iter().map(|k| Op::DeleteMeta { key: k }));
         }
-        if ops.is_empty() {
-            return Ok((count, None));
+        let wait = if ops.is_empty() {
+            None
+        } else {
+            Some(engine.persist(&ops)?)
+        };
+        // After the drops: the spill may share the store's accounting.
+        if let Some(spill) = engine.store().spill() {
+            for p in &dropped {
+                spill.release_partition(p.id);
+            }
         }
-        Ok((count, Some(engine.persist(&ops)?)))
+        Ok((count, wait))
     }
 
     /// queue.purge; returns the number of messages removed.
@@ -836,8 +846,10 @@ impl Tenant {
                 }
             }
         }
+        let engine = self.engine()?;
+        crate::spill::release_spilled(&**engine.store(), &mut ops);
         if !ops.is_empty() {
-            self.engine()?.store().append(&ops, &mut Vec::new(), None)?;
+            engine.store().append(&ops, &mut Vec::new(), None)?;
         }
         Ok(count)
     }

@@ -294,7 +294,29 @@ impl Location {
     pub(crate) const fn len(self) -> u32 {
         self.words()[2]
     }
+
+    /// Whether this is a [`Spill`] position: a page record, named with the
+    /// segment word's top bit set so that it is never mistaken for a
+    /// stored message (segment ids stay below it).
+    pub(crate) const fn is_spilled(self) -> bool {
+        self.words()[0] & SPILL_TAG != 0
+    }
+
+    /// The [`Spill`] position of the page record at `self`.
+    pub(crate) const fn spilled(self) -> Location {
+        let [s, o, l] = self.words();
+        Location::from_words([s | SPILL_TAG, o, l])
+    }
+
+    /// Where the record is in the log, spilled or not.
+    pub(crate) const fn in_log(self) -> Location {
+        let [s, o, l] = self.words();
+        Location::from_words([s & !SPILL_TAG, o, l])
+    }
 }
+
+/// Marks [`Spill`] positions (see [`Location::is_spilled`]).
+const SPILL_TAG: u32 = 1 << 31;
 
 pub(crate) fn pack_pos(segment: SegmentId, end: u64) -> u64 {
     debug_assert!(end <= u64::from(u32::MAX));
@@ -614,9 +636,6 @@ fn encoded_len(op: &Op<'_>) -> usize {
             Op::Publish {
                 partitions, data, ..
             } => record::message_payload_len(MessageKind::Publish, partitions.len(), data, 0),
-            Op::Page {
-                partitions, data, ..
-            } => record::message_payload_len(MessageKind::Page, partitions.len(), data, 0),
             Op::Move {
                 partitions, data, ..
             } => record::message_payload_len(MessageKind::Move, partitions.len(), data, 0),
@@ -642,6 +661,7 @@ impl State {
         let header = segment::HEADER_LEN as u64;
         if self.head_size > header && self.head_size + len64 > segment_size {
             self.head += 1;
+            assert!(self.head < SPILL_TAG, "segment ids exhausted");
             self.head_size = 0;
             let prev = self.segments.insert(self.head, SegmentInfo::default());
             assert!(prev.is_none(), "segment {} assigned twice", self.head);
@@ -791,6 +811,9 @@ impl LogStore {
                 .as_ref()
                 .is_some_and(|c| c.contains(partition, id))
         };
+        // A spilled copy is relocated as one and keeps its spill position.
+        let spilled = from.is_spilled();
+        let from = from.in_log();
         // Read the source with no lock held: that may mean disk I/O.
         let (raw, idx) = match self.read_message(from) {
             Ok(found) => found,
@@ -846,7 +869,7 @@ impl LogStore {
         if pending_bytes >= WAKE_PENDING_BYTES {
             self.shared.wake.notify_one();
         }
-        Ok(Some(loc))
+        Ok(Some(if spilled { loc.spilled() } else { loc }))
     }
 
     /// Copies one partition's message and frees the source at once, as if
@@ -861,7 +884,10 @@ impl LogStore {
         let loc = self
             .copy_for_compaction(partition, id, from)?
             .expect("no compaction is running");
-        self.shared.state.lock().unlive(partition, id, from);
+        self.shared
+            .state
+            .lock()
+            .unlive(partition, id, from.in_log());
         Ok(loc)
     }
 }
@@ -900,10 +926,7 @@ impl Store for LogStore {
         // Validate the whole batch first so a rejected op leaves nothing behind.
         let mut total = 0usize;
         for op in ops {
-            if let Op::Publish { partitions, .. }
-            | Op::Page { partitions, .. }
-            | Op::Move { partitions, .. } = op
-            {
+            if let Op::Publish { partitions, .. } | Op::Move { partitions, .. } = op {
                 if partitions.is_empty() || partitions.len() > u32::MAX as usize {
                     return Err(StoreError::io(
                         "append",
@@ -935,7 +958,7 @@ impl Store for LogStore {
         if st.no_space
             && ops
                 .iter()
-                .any(|op| matches!(op, Op::Publish { .. } | Op::Page { .. } | Op::Move { .. }))
+                .any(|op| matches!(op, Op::Publish { .. } | Op::Move { .. }))
         {
             return Err(StoreError::NoSpace);
         }
@@ -946,20 +969,11 @@ impl Store for LogStore {
                     id,
                     partitions,
                     data,
-                }
-                | Op::Page {
-                    id,
-                    partitions,
-                    data,
                 } => {
-                    let kind = if matches!(op, Op::Page { .. }) {
-                        MessageKind::Page
-                    } else {
-                        MessageKind::Publish
-                    };
                     let len = encoded_len(op);
                     let (loc, buf) = st.place(len, segment_size);
-                    let n = record::encode_message(buf, kind, *id, partitions, data, 0);
+                    let n =
+                        record::encode_message(buf, MessageKind::Publish, *id, partitions, data, 0);
                     debug_assert_eq!(n, len);
                     let info = st.head_info();
                     for p in partitions.iter() {
@@ -1118,17 +1132,15 @@ impl Store for LogStore {
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        let (raw, idx) = self.read_message(location)?;
-        let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&raw[r]).into_owned();
-        Ok(StoredMessage {
-            id: idx.id,
-            exchange: text(idx.exchange.clone()),
-            routing_key: text(idx.routing_key.clone()),
-            header_format: idx.header_format,
-            header: raw.slice(idx.header.clone()),
-            body: raw.slice(idx.body.clone()),
-            attrs: idx.attrs,
-        })
+        if location.is_spilled() {
+            // The spill's: read through `Spill::read`.
+            return Err(StoreError::NotFound(location));
+        }
+        self.read_stored(location)
+    }
+
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(self)
     }
 
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
@@ -1254,7 +1266,7 @@ impl LogStore {
         let started = std::time::Instant::now();
         let mut todo = Vec::new();
         live.for_each_live(&mut |partition, id, location| {
-            if todo.len() < MAX_RELOCATIONS && candidates.contains(&location.segment()) {
+            if todo.len() < MAX_RELOCATIONS && candidates.contains(&location.in_log().segment()) {
                 todo.push((partition, id, location));
             }
         });
@@ -1298,12 +1310,12 @@ impl LogStore {
         for (i, c) in copies.iter().enumerate() {
             if swapped.get(i).copied().unwrap_or(false) {
                 // The engine names the copy from now on.
-                st.unlive(c.partition, c.id, c.old);
+                st.unlive(c.partition, c.id, c.old.in_log());
                 moved += 1;
             } else {
                 // Settled or moved meanwhile: the settle (naming `old`)
                 // frees the source, and the copy is garbage.
-                st.unlive(c.partition, c.id, c.new);
+                st.unlive(c.partition, c.id, c.new.in_log());
             }
         }
         drop(st);
@@ -1417,6 +1429,108 @@ impl LogStore {
             }
         }
         Ok(done.len())
+    }
+}
+
+impl LogStore {
+    /// Reads the message record at `location` (a spilled one at its log
+    /// position) and copies out its fields.
+    fn read_stored(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        let (raw, idx) = self.read_message(location)?;
+        let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&raw[r]).into_owned();
+        Ok(StoredMessage {
+            id: idx.id,
+            exchange: text(idx.exchange.clone()),
+            routing_key: text(idx.routing_key.clone()),
+            header_format: idx.header_format,
+            header: raw.slice(idx.header.clone()),
+            body: raw.slice(idx.body.clone()),
+            attrs: idx.attrs,
+        })
+    }
+}
+
+/// The log's spill: page records in the same segments as everything else
+/// (record types 6 and 9), accounted like messages, never fsynced for
+/// their own sake and skipped by recovery. A release writes nothing: the
+/// page is simply no longer counted, and its segment is reclaimed with the
+/// rest once nothing in it is live.
+impl crate::Spill for LogStore {
+    fn spill(
+        &self,
+        owner: Owner,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: MessageData<'_>,
+    ) -> Result<(Location, Admission), StoreError> {
+        if partitions.is_empty() || partitions.len() > u32::MAX as usize {
+            return Err(StoreError::io(
+                "spill",
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "a spilled message needs 1..=u32::MAX partitions",
+                ),
+            ));
+        }
+        let len = FRAME_HEADER
+            + record::message_payload_len(MessageKind::Page, partitions.len(), &data, 0);
+        if len + record::EXT_LEN > self.max_record() {
+            return Err(StoreError::TooLarge(len));
+        }
+        let mut st = self.shared.state.lock();
+        if st.closing || st.failed {
+            return Err(StoreError::Closed);
+        }
+        if st.no_space {
+            return Err(StoreError::NoSpace);
+        }
+        let (loc, buf) = st.place(len, self.shared.opts.segment_size);
+        let n = record::encode_message(buf, MessageKind::Page, id, partitions, &data, 0);
+        debug_assert_eq!(n, len);
+        let info = st.head_info();
+        for p in partitions {
+            info.add_live(*p, id);
+        }
+        info.placed += partitions.len() as u64;
+        info.max_id = info.max_id.max(id);
+        // Its id must never be handed out again, even across a restart.
+        self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
+        let admission = st.owners.appended(owner, len as u64);
+        let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
+        drop(st);
+        self.shared
+            .stats
+            .appended_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        // Never waited on: only a backlog wakes the writer.
+        if pending_bytes >= WAKE_PENDING_BYTES {
+            self.shared.wake.notify_one();
+        }
+        Ok((loc.spilled(), admission))
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        if !location.is_spilled() {
+            return Err(StoreError::NotFound(location));
+        }
+        self.read_stored(location.in_log())
+    }
+
+    fn holds(&self, location: Location) -> bool {
+        location.is_spilled()
+    }
+
+    fn release(&self, partition: PartitionId, id: MessageId, location: Location) {
+        if !location.is_spilled() {
+            return;
+        }
+        let mut st = self.shared.state.lock();
+        st.unlive(partition, id, location.in_log());
+        st.forget(partition, id);
+    }
+
+    fn release_partition(&self, partition: PartitionId) {
+        self.shared.state.lock().cut(partition, MessageId::MAX);
     }
 }
 

@@ -3,7 +3,9 @@
 //! small record each, are honoured by recovery and give their space back;
 //! a settle of a message a drop or truncation took is a no-op; the state
 //! store ([`Op::PutState`], [`Store::scan_state`]) keeps a version per key,
-//! scans by prefix and survives restarts and reclamation.
+//! scans by prefix and survives restarts and reclamation; a [`crate::Spill`]
+//! is readable, gives its space back when released, keeps its copies
+//! spilled through compaction, and is never recovered.
 //!
 //! [`run_all`] is called by [`super::contract::run_all`], so every store
 //! that passes the contract passes these. The tests at the bottom keep one
@@ -27,6 +29,7 @@ pub fn run_all(h: &mut dyn Harness) {
     state_keys_have_their_own_versions_and_survive_restart(h);
     state_scan_is_by_prefix(h);
     state_survives_reclamation(h);
+    spill_is_released_and_never_recovered(h);
 }
 
 const P1: PartitionId = PartitionId(11);
@@ -528,6 +531,83 @@ pub fn state_survives_reclamation(h: &mut dyn Harness) {
     }
 }
 
+/// The spill (a store without one skips this): its copies read back from
+/// it (not from the store), stay spilled when compaction moves them, give
+/// their space back once released, and are gone after a restart, while the
+/// stored message beside them is recovered; a spilled id is never reused.
+pub fn spill_is_released_and_never_recovered(h: &mut dyn Harness) {
+    let store = h.create();
+    let Some(spill) = store.spill() else {
+        store.close().expect("close");
+        return;
+    };
+    let held = Held::default();
+    let (stored, stored_loc) = fill(&*store, &[P2], 1, b"stored")[0];
+    held.insert(P2, stored, stored_loc);
+    assert!(!spill.holds(stored_loc));
+    let baseline = store.stats().disk_bytes;
+    // 300 copies in P1, every tenth also in P3; the ones in P3 stay held.
+    let mut copies = Vec::new();
+    for i in 0..300u64 {
+        let id = store.allocate_ids(1);
+        let parts: &[PartitionId] = if i % 10 == 0 { &[P1, P3] } else { &[P1] };
+        let (loc, _) = spill
+            .spill(crate::Owner::SHARED, id, parts, data(&BODY))
+            .expect("spill");
+        assert!(spill.holds(loc), "a spill holds its own positions");
+        assert!(
+            store.read(loc).is_err(),
+            "a spilled copy is not the store's"
+        );
+        assert_eq!(spill.read(loc).expect("read").id, id);
+        if i % 10 == 0 {
+            held.insert(P3, id, loc);
+        }
+        copies.push((id, loc));
+    }
+    append_wait(&*store, &[]);
+    let filled = store.stats().disk_bytes;
+    for &(id, loc) in &copies {
+        spill.release(P1, id, loc);
+    }
+    // Released twice: harmless.
+    spill.release(P1, copies[1].0, copies[1].1);
+    churn(&*store, 30);
+    for _ in 0..64 {
+        if store.compact(&held).expect("compact") == 0 {
+            break;
+        }
+        append_wait(&*store, &[]);
+    }
+    append_wait(&*store, &[]);
+    append_wait(&*store, &[]);
+    for (&(p, id), &loc) in held.live.borrow().iter() {
+        if p == P3 {
+            assert!(spill.holds(loc), "compaction made a spilled copy stored");
+            assert_eq!(spill.read(loc).expect("read").id, id);
+        }
+    }
+    let after = store.stats().disk_bytes;
+    assert!(
+        after.saturating_sub(baseline) * 3 < filled.saturating_sub(baseline),
+        "released copies kept their space: {baseline} bytes before spilling, {filled} spilled, {after} after release and compaction"
+    );
+    let last = copies.last().map_or(0, |c| c.0);
+    match restart(h, store) {
+        Ok(store) => {
+            assert!(
+                recovered_ids(&*store, P3).is_empty(),
+                "spilled copies came back after a restart"
+            );
+            assert!(recovered_ids(&*store, P1).is_empty());
+            assert_eq!(recovered_ids(&*store, P2), vec![stored]);
+            assert!(store.allocate_ids(1) > last, "a spilled id was reused");
+            store.close().expect("close");
+        }
+        Err(store) => store.close().expect("close"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! One deliberately wrong store per rule, each a [`MemStore`] behind a
@@ -567,6 +647,11 @@ mod tests {
         StateGlobalVersion,
         /// A scan ignores its prefix's last byte.
         ScanSloppyPrefix,
+        /// The spill is the durable store: its copies are recovered.
+        SpillIsDurable,
+        /// Releasing a spilled copy does nothing: its space is never
+        /// given back.
+        SpillLeaks,
     }
 
     /// What a wrapper keeps beside the store; `lasting` survives restarts.
@@ -590,6 +675,99 @@ mod tests {
         /// Lost at restart: a counter of puts, and per key its version
         /// and value.
         state: Mutex<(u64, StateMap)>,
+        /// [`Fault::SpillIsDurable`]: the stored positions its spill handed
+        /// out (and compaction moved them to).
+        spilled: Mutex<HashSet<Location>>,
+    }
+
+    impl Faulty {
+        fn inner_spill(&self) -> &dyn crate::Spill {
+            Store::spill(&*self.inner).expect("MemStore has a spill")
+        }
+    }
+
+    /// Follows [`Fault::SpillIsDurable`]'s positions through compaction.
+    struct Tracking<'a> {
+        live: &'a dyn LiveSet,
+        spilled: &'a Mutex<HashSet<Location>>,
+    }
+
+    impl LiveSet for Tracking<'_> {
+        fn for_each_live(&self, visit: &mut dyn FnMut(PartitionId, MessageId, Location)) {
+            self.live.for_each_live(visit);
+        }
+        fn relocate(&self, moves: &[Relocation]) -> Vec<bool> {
+            let done = self.live.relocate(moves);
+            let mut spilled = self.spilled.lock();
+            for (m, ok) in moves.iter().zip(&done) {
+                if *ok && spilled.remove(&m.old) {
+                    spilled.insert(m.new);
+                }
+            }
+            done
+        }
+    }
+
+    impl crate::Spill for Faulty {
+        fn spill(
+            &self,
+            owner: crate::Owner,
+            id: MessageId,
+            partitions: &[PartitionId],
+            data: MessageData<'_>,
+        ) -> Result<(Location, crate::Admission), StoreError> {
+            if self.fault != Fault::SpillIsDurable {
+                return self.inner_spill().spill(owner, id, partitions, data);
+            }
+            let mut locs = Vec::new();
+            self.inner.append(
+                &[Op::Publish {
+                    id,
+                    partitions,
+                    data,
+                }],
+                &mut locs,
+                None,
+            )?;
+            self.spilled.lock().insert(locs[0]);
+            Ok((locs[0], crate::Admission::default()))
+        }
+
+        fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+            if self.fault == Fault::SpillIsDurable {
+                return Store::read(&*self.inner, location);
+            }
+            self.inner_spill().read(location)
+        }
+
+        fn holds(&self, location: Location) -> bool {
+            if self.fault == Fault::SpillIsDurable {
+                return self.spilled.lock().contains(&location);
+            }
+            self.inner_spill().holds(location)
+        }
+
+        fn release(&self, partition: PartitionId, id: MessageId, location: Location) {
+            match self.fault {
+                Fault::SpillLeaks => {}
+                Fault::SpillIsDurable => {
+                    let _ = self.inner.append(
+                        &[Op::Settle {
+                            partition,
+                            id,
+                            location,
+                        }],
+                        &mut Vec::new(),
+                        None,
+                    );
+                }
+                _ => self.inner_spill().release(partition, id, location),
+            }
+        }
+
+        fn release_partition(&self, partition: PartitionId) {
+            self.inner_spill().release_partition(partition);
+        }
     }
 
     impl Store for Faulty {
@@ -702,7 +880,14 @@ mod tests {
         }
 
         fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-            self.inner.read(location)
+            if self.spilled.lock().contains(&location) {
+                return Err(StoreError::NotFound(location));
+            }
+            Store::read(&*self.inner, location)
+        }
+
+        fn spill(&self) -> Option<&dyn crate::Spill> {
+            Some(self)
         }
 
         fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
@@ -729,7 +914,10 @@ mod tests {
         }
 
         fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
-            self.inner.compact(live)
+            self.inner.compact(&Tracking {
+                live,
+                spilled: &self.spilled,
+            })
         }
 
         fn stats(&self) -> StoreStats {
@@ -779,6 +967,7 @@ mod tests {
                 fault: self.fault,
                 lasting: self.lasting.clone(),
                 state: Mutex::default(),
+                spilled: Mutex::default(),
             })
         }
     }
@@ -885,5 +1074,15 @@ mod tests {
     #[test]
     fn scan_rule_fails_a_store_with_a_sloppy_prefix() {
         fails(state_scan_is_by_prefix, Fault::ScanSloppyPrefix);
+    }
+
+    #[test]
+    fn spill_rule_fails_a_spill_that_is_recovered() {
+        fails(spill_is_released_and_never_recovered, Fault::SpillIsDurable);
+    }
+
+    #[test]
+    fn spill_rule_fails_a_spill_that_keeps_released_space() {
+        fails(spill_is_released_and_never_recovered, Fault::SpillLeaks);
     }
 }

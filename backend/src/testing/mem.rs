@@ -1,8 +1,9 @@
 //! [`MemStore`]: everything in memory, durability on a manual switch.
 
 use crate::{
-    LiveSet, Location, MessageData, MessageId, Op, PartitionId, Receipt, RecoveredMessage,
-    RecoveredMeta, Relocation, StateEntry, Store, StoreError, StoreStats, StoredMessage, Waiter,
+    Admission, LiveSet, Location, MessageData, MessageId, Op, Owner, PartitionId, Receipt,
+    RecoveredMessage, RecoveredMeta, Relocation, StateEntry, Store, StoreError, StoreStats,
+    StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -13,6 +14,8 @@ use std::sync::Arc;
 /// Marks MemStore positions (third word), so a position from another store
 /// is never mistaken for one of ours.
 const MEM_TAG: u32 = 0x4d45_4d00;
+/// Marks the positions of MemStore's [`Spill`] (third word).
+const MEM_SPILL_TAG: u32 = 0x4d45_4d01;
 
 /// An in-memory [`Store`] for in-process tests.
 ///
@@ -64,13 +67,22 @@ struct Record {
     live: u32,
 }
 
+/// The slot of one of our positions, stored or spilled.
 fn slot_of(loc: Location) -> Option<u64> {
     let [hi, lo, tag] = loc.words();
-    (tag == MEM_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+    (tag == MEM_TAG || tag == MEM_SPILL_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+}
+
+fn is_spilled(loc: Location) -> bool {
+    loc.words()[2] == MEM_SPILL_TAG
 }
 
 fn location_of(slot: u64) -> Location {
     Location::from_words([(slot >> 32) as u32, slot as u32, MEM_TAG])
+}
+
+fn spill_location_of(slot: u64) -> Location {
+    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_SPILL_TAG])
 }
 
 impl State {
@@ -165,7 +177,7 @@ impl State {
 fn record_bytes(op: &Op<'_>) -> u64 {
     let var = |b: &[u8]| b.len() as u64;
     match op {
-        Op::Publish { .. } | Op::Page { .. } | Op::Move { .. } => 0,
+        Op::Publish { .. } | Op::Move { .. } => 0,
         Op::PutMeta { key, value } | Op::PutState { key, value } => 16 + var(key) + var(value),
         Op::DeleteMeta { key } | Op::DeleteState { key } => 16 + var(key),
         Op::MetaBatch { changes } => {
@@ -178,6 +190,65 @@ fn record_bytes(op: &Op<'_>) -> u64 {
                 .sum::<u64>()
         }
         _ => 16,
+    }
+}
+
+impl State {
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        slot_of(location)
+            .and_then(|s| self.records.get(&s))
+            .map(|r| r.msg.clone())
+            .ok_or(StoreError::NotFound(location))
+    }
+}
+
+/// The spill: records like published ones, marked paged (dropped by
+/// [`MemStore::reopen`]), with positions of their own tag.
+impl crate::Spill for MemStore {
+    fn spill(
+        &self,
+        _owner: Owner,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: MessageData<'_>,
+    ) -> Result<(Location, Admission), StoreError> {
+        if partitions.is_empty() {
+            return Err(StoreError::io(
+                "spill",
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "a spilled message needs at least one partition",
+                ),
+            ));
+        }
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(StoreError::Closed);
+        }
+        let slot = st.publish(id, partitions, &data, true);
+        self.next_id.fetch_max(id + 1, Ordering::SeqCst);
+        Ok((spill_location_of(slot), Admission::default()))
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        if !is_spilled(location) {
+            return Err(StoreError::NotFound(location));
+        }
+        self.state.lock().read(location)
+    }
+
+    fn holds(&self, location: Location) -> bool {
+        is_spilled(location)
+    }
+
+    fn release(&self, partition: PartitionId, id: MessageId, location: Location) {
+        if is_spilled(location) {
+            self.state.lock().settle(partition, id);
+        }
+    }
+
+    fn release_partition(&self, partition: PartitionId) {
+        self.state.lock().cut(partition, MessageId::MAX);
     }
 }
 
@@ -304,10 +375,7 @@ impl Store for MemStore {
         waiter: Option<Waiter>,
     ) -> Result<(), StoreError> {
         for op in ops {
-            if let Op::Publish { partitions, .. }
-            | Op::Page { partitions, .. }
-            | Op::Move { partitions, .. } = op
-            {
+            if let Op::Publish { partitions, .. } | Op::Move { partitions, .. } = op {
                 if partitions.is_empty() {
                     return Err(StoreError::io(
                         "append",
@@ -330,13 +398,8 @@ impl Store for MemStore {
                     id,
                     partitions,
                     data,
-                }
-                | Op::Page {
-                    id,
-                    partitions,
-                    data,
                 } => {
-                    let slot = st.publish(*id, partitions, data, matches!(op, Op::Page { .. }));
+                    let slot = st.publish(*id, partitions, data, false);
                     self.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(location_of(slot));
                 }
@@ -425,11 +488,14 @@ impl Store for MemStore {
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        let st = self.state.lock();
-        slot_of(location)
-            .and_then(|s| st.records.get(&s))
-            .map(|r| r.msg.clone())
-            .ok_or(StoreError::NotFound(location))
+        if is_spilled(location) {
+            return Err(StoreError::NotFound(location));
+        }
+        self.state.lock().read(location)
+    }
+
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(self)
     }
 
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
@@ -506,7 +572,12 @@ impl Store for MemStore {
                     partition,
                     id,
                     old,
-                    new: location_of(new),
+                    // A spilled copy stays spilled.
+                    new: if is_spilled(old) {
+                        spill_location_of(new)
+                    } else {
+                        location_of(new)
+                    },
                 });
             }
         }
