@@ -10,9 +10,10 @@
 use weir_backend::{Location, Op, Store, StoreError, StoredMessage};
 
 /// Releases through the store's spill the spilled copies that `ops`
-/// settle, and takes those settles out of `ops` (the durable store never
-/// sees a spill position). A dead-letter move whose source is spilled
-/// becomes a plain publish of the new message, its source released here.
+/// settle, and takes those settles (and requeues of spilled copies) out of
+/// `ops`: the durable store never sees a spill position. A dead-letter move
+/// whose source is spilled becomes a plain publish of the new message, its
+/// source released here.
 pub(crate) fn release_spilled(store: &dyn Store, ops: &mut Vec<Op<'_>>) {
     let Some(spill) = store.spill() else {
         return;
@@ -42,6 +43,9 @@ pub(crate) fn release_spilled(store: &dyn Store, ops: &mut Vec<Op<'_>>) {
             };
             true
         }
+        // A spilled copy's delivery state lives in memory only: it dies
+        // with the process anyway.
+        Op::Requeue { location, .. } if spill.holds(location) => false,
         _ => true,
     });
 }
