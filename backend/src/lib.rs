@@ -4,7 +4,11 @@
 //! The store never sees a wire protocol. A message is opaque bytes (`header`,
 //! `body`) plus the few attributes the engine needs without reading the body
 //! back (size, priority, expiry). Metadata (exchanges, queues, bindings) is an
-//! opaque, versioned key/value map that the engine encodes.
+//! opaque, versioned key/value map that the engine encodes; small values that
+//! belong to no queue (session state, retained messages) are keys of the
+//! state store, each versioned on its own ([`Op::PutState`],
+//! [`Store::scan_state`]). Transient messages paged out of memory go to a
+//! local [`Spill`], outside the durable contract.
 //!
 //! * [`log`]: the embedded, segmented, group-committed log store (default).
 //! * `testing` (cargo feature `testing`): an in-memory store for in-process
