@@ -24,7 +24,7 @@ fn retain(t: &Tenant, topic: &str, body: &str) {
     let w = t
         .retain(
             topic,
-            MessageHeader::new(HeaderFormat::Mqtt, Bytes::new()),
+            MessageHeader::new(HeaderFormat::new(3), Bytes::new()),
             Bytes::from(body.to_owned()),
             None,
             NOW,
@@ -82,7 +82,7 @@ fn retained_and_session_state_are_versioned_per_key_outside_the_metadata() {
     durable(
         t.retain(
             "c",
-            MessageHeader::new(HeaderFormat::Mqtt, Bytes::new()),
+            MessageHeader::new(HeaderFormat::new(3), Bytes::new()),
             Bytes::new(),
             None,
             NOW,
