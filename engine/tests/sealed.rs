@@ -122,7 +122,7 @@ fn publish(c: &mut Client, queue: &str, body: &str, ttl_ms: Option<u64>) -> Publ
         routing_key: Bytes::copy_from_slice(queue.as_bytes()),
         properties: props.to_bytes().expect("encodable"),
         body: Bytes::copy_from_slice(body.as_bytes()),
-        header_format: HeaderFormat::Weir,
+        header_format: HeaderFormat::WEIR,
         persistent: false,
         priority: 0,
         ttl_ms,
@@ -131,7 +131,7 @@ fn publish(c: &mut Client, queue: &str, body: &str, ttl_ms: Option<u64>) -> Publ
 }
 
 fn header() -> MessageHeader {
-    MessageHeader::new(HeaderFormat::Mqtt, Bytes::from_static(&[1]))
+    MessageHeader::new(HeaderFormat::new(3), Bytes::from_static(&[1]))
 }
 
 #[test]

@@ -809,7 +809,10 @@ async fn resumed_sessions_get_exactly_their_own_subscriptions_back() {
         let p = s.next_publish().await;
         assert_eq!(p.topic.as_ref(), topic(i).as_bytes(), "session {i}");
         assert_eq!(&p.payload[..], format!("m{i}").as_bytes());
-        let ids = p.properties.as_ref().map(|x| x.subscription_identifiers.clone());
+        let ids = p
+            .properties
+            .as_ref()
+            .map(|x| x.subscription_identifiers.clone());
         assert_eq!(ids, Some(vec![100 + i]), "session {i}'s identifier");
         s.ack(&p).await;
     }

@@ -24,19 +24,6 @@ pub enum DeadLetterMove {
     Kept,
 }
 
-/// Routing through the default exchange looks at no header (a `CC` header
-/// of the dead letter must not send the copy anywhere else).
-struct NoHeaders;
-
-impl crate::exchange::HeaderLookup for NoHeaders {
-    fn header(&self, _: &str) -> Option<serde_json::Value> {
-        None
-    }
-    fn may_have(&self, _: &str) -> bool {
-        false
-    }
-}
-
 impl Client {
     /// Refuses a connection's client: these calls are the management API's.
     fn require_management(&self, what: &str) -> Result<()> {
@@ -98,10 +85,12 @@ impl Client {
         let Some(source) = source.filter(|s| s != from && self.queue_exists(s)) else {
             return Ok(DeadLetterMove::Kept);
         };
+        // No header routes: a `CC` header of the dead letter must not send
+        // the copy anywhere else.
         let route = RouteInput {
             exchange: "",
             routing_key: &source,
-            headers: &NoHeaders,
+            headers: &crate::properties::NoHeaders,
         };
         let r = self.publish(&route, |id| Message {
             id,

@@ -464,7 +464,7 @@ impl Client {
         // out, and may move it again (and reclaim the old segment) between
         // the lookup and the read: retry while the location keeps changing.
         let mut loc = p.leased_location(e)?;
-        let mut read = self.store.read(loc);
+        let mut read = crate::spill::read(&*self.store, loc);
         for _ in 0..3 {
             if read.is_ok() {
                 break;
@@ -472,14 +472,15 @@ impl Client {
             match p.leased_location(e) {
                 Some(now) if now != loc => {
                     loc = now;
-                    read = self.store.read(loc);
+                    read = crate::spill::read(&*self.store, loc);
                 }
                 _ => break,
             }
         }
         let read = read.map_err(|err| err.to_string()).and_then(|m| {
-            // A tag this version does not know (a newer writer) is refused
-            // like an unreadable record, never guessed at.
+            // 0 is no format (a damaged record): refused like an unreadable
+            // one. Any other number reads back, with or without a codec
+            // here: only a conversion needs one, and fails clearly.
             let f = HeaderFormat::from_u8(m.header_format).map_err(|err| err.to_string())?;
             Ok((m, f))
         });

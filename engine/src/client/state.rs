@@ -18,18 +18,6 @@ use crate::properties::MessageHeader;
 use crate::retained::{RetainError, RetainedCursor, RetainedMessage};
 use crate::topic::{filter_to_binding_key, topic_to_routing_key, MQTT_EXCHANGE};
 
-/// Routing through `amq.topic` for a permission check looks at no header.
-struct NoHeaders;
-
-impl crate::exchange::HeaderLookup for NoHeaders {
-    fn header(&self, _: &str) -> Option<serde_json::Value> {
-        None
-    }
-    fn may_have(&self, _: &str) -> bool {
-        false
-    }
-}
-
 impl Client {
     // ----- retained messages (MQTT) -----
 
@@ -50,7 +38,7 @@ impl Client {
         self.authorize_publish(&RouteInput {
             exchange: MQTT_EXCHANGE,
             routing_key: &key,
-            headers: &NoHeaders,
+            headers: &crate::properties::NoHeaders,
         })?;
         self.tenant
             .retain(topic, header, body, expires_at_ms, now_ms)

@@ -324,7 +324,7 @@ async fn declare(
         connection: c.id(),
     })?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(super::created(!existed))
 }
 
@@ -352,7 +352,7 @@ async fn delete(
         dq.if_empty.as_deref() == Some("true"),
     )?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     state.shared.request_trim();
     Ok(StatusCode::NO_CONTENT)
 }

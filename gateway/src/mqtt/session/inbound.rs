@@ -6,11 +6,13 @@
 use super::connect::TOPIC_EXCHANGE;
 use super::{state_key, AckKind, PendingAck, Session};
 use crate::engine::client::Published;
-use crate::engine::exchange::HeaderLookup;
 use crate::engine::message::{now_ms, Message};
+// MQTT messages route by topic only: no header is looked at.
+use crate::engine::properties::NoHeaders;
 use crate::engine::tenant::RouteInput;
 use crate::engine::{Client, EngineError};
-use crate::mqtt::convert;
+use crate::mqtt::message_format;
+use crate::session::durable::{Status, Ticket};
 use bytes::Bytes;
 use weir_protocols::mqtt::{Publish, QoS, Version};
 
@@ -20,18 +22,6 @@ const UNSPECIFIED_ERROR: u8 = 0x80;
 const QUOTA_EXCEEDED: u8 = 0x97;
 const NOT_AUTHORIZED: u8 = 0x87;
 
-/// MQTT messages route by topic only: no header is looked at.
-struct NoHeaders;
-
-impl HeaderLookup for NoHeaders {
-    fn header(&self, _: &str) -> Option<serde_json::Value> {
-        None
-    }
-    fn may_have(&self, _: &str) -> bool {
-        false
-    }
-}
-
 /// Routes and stores one MQTT publish through `client`. `publisher`: the
 /// client id recorded for no-local subscriptions.
 pub(super) fn route(
@@ -39,7 +29,7 @@ pub(super) fn route(
     p: &Publish,
     publisher: Option<&str>,
 ) -> Result<Published, EngineError> {
-    let i = convert::inbound(p, publisher, now_ms());
+    let i = message_format::inbound(p, publisher, now_ms());
     let route = RouteInput {
         exchange: TOPIC_EXCHANGE,
         routing_key: &i.routing_key,
@@ -149,30 +139,31 @@ impl Session {
         self.queue_ack(packet_id, AckKind::Complete, 0, true);
     }
 
-    /// Queues an answer in arrival order: after the batch's barrier when
+    /// Queues an answer in arrival order: after the batch's ticket when
     /// `durable` (its records must be on disk first) or when an earlier
     /// answer waits for one, else as soon as those before it went.
     pub(super) fn queue_ack(&mut self, packet_id: u16, kind: AckKind, reason: u8, durable: bool) {
-        self.batch_needs_barrier |= durable;
-        let waiting = self.acks.back().map_or(0, |a| a.barrier);
-        let barrier = if durable {
-            self.barriers_sent + 1
+        let ticket = if durable {
+            self.durability.ticket()
         } else {
-            waiting
+            self.acks.back().map_or(Ticket::NONE, |a| a.ticket)
         };
         self.acks.push_back(PendingAck {
             packet_id,
             kind,
             reason,
-            barrier,
+            ticket,
         });
     }
 
-    /// Sends the acks whose store barrier completed, in order.
+    /// Sends the acks whose tickets are durable, in order; a failed one
+    /// closes the connection.
     pub(super) fn send_ready_acks(&mut self) {
         while let Some(a) = self.acks.front() {
-            if a.barrier > self.barriers_done {
-                break;
+            match self.durability.status(a.ticket) {
+                Status::Pending => break,
+                Status::Failed => return self.store_failed(),
+                Status::Durable => {}
             }
             let Some(a) = self.acks.pop_front() else {
                 break;
@@ -199,11 +190,11 @@ impl Session {
             return true;
         };
         let now = now_ms();
-        let i = convert::inbound(p, None, now);
+        let i = message_format::inbound(p, None, now);
         // Checked as the publish carrying it (a cached decision by now).
         match client.retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now) {
             Ok(wait) => {
-                self.batch_needs_barrier |= wait.is_some();
+                self.durability.after(wait);
                 true
             }
             Err(e) => {

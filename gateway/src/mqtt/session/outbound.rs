@@ -4,11 +4,12 @@
 //! 1 and 2 hold their lease until PUBACK / PUBREC, within the client's
 //! receive maximum.
 
-use super::{state_key, InFlight, Session, DELIVERY_HIGH_WATER, SCOPE};
+use super::{state_key, InFlight, Session, SCOPE};
 use crate::engine::lease::Settle;
 use crate::engine::message::now_ms;
 use crate::engine::topic;
-use crate::mqtt::convert;
+use crate::mqtt::message_format;
+use crate::session::DELIVERY_HIGH_WATER;
 use std::time::Instant;
 use weir_protocols::mqtt::{OutgoingPublish, QoS, SendError};
 
@@ -41,7 +42,7 @@ impl Session {
                 client.discard(d);
                 continue;
             };
-            let out = match convert::outbound(&message, &d.entry, &codecs, now) {
+            let out = match message_format::outbound(&message, &d.entry, &codecs, now) {
                 Ok(o) => o,
                 Err(e) => {
                     // Published over AMQP with a key no MQTT topic has.
@@ -296,7 +297,7 @@ impl Session {
                 }
                 continue;
             };
-            let out = match convert::outbound_retained(m, &codecs, now) {
+            let out = match message_format::outbound_retained(m, &codecs, now) {
                 Ok(o) if !o.expired => o,
                 _ => {
                     r.found.pop_front();
