@@ -40,6 +40,7 @@ trap cleanup EXIT
 for n in "${SIZES[@]}"; do
   DIR="$(mktemp -d)"
   mkdir "$DIR/data"
+  : >"$DIR/broker.log"
   PORT="$(free_port)"
   # Room for every session at once above the default MQTT connection limit (10,000).
   printf '[mqtt]\nmax_connections = %d\n' $((n + 1000)) >"$DIR/weir.toml"
