@@ -18,7 +18,7 @@
 //! rejection anywhere in that cycle, is dropped for that queue and counted
 //! (RabbitMQ's cycle rule), so automatic dead-lettering never loops.
 
-use crate::message::{now_ms, Entry, Message};
+use crate::message::{Entry, Message};
 use crate::properties::{HeaderFormat, LazyLookup, Table, Value};
 use crate::queue::{Enqueued, Partition, Queue};
 use crate::tenant::RouteInput;
@@ -88,7 +88,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
     let tenant = queue.as_ref().and_then(|q| engine.tenant(&q.tenant));
     let args = queue.as_ref().map(|q| q.args());
     let dlx = args.as_ref().and_then(|a| a.dead_letter_exchange.clone());
-    let now = now_ms();
+    let now = engine.clock().now_ms();
     let mut out: Vec<Outgoing> = Vec::with_capacity(dead.len());
     for (entry, reason) in dead {
         let location = from.dead_location(&entry);

@@ -25,6 +25,7 @@ pub mod args;
 pub mod auth;
 pub mod bounds;
 pub mod client;
+pub mod clock;
 pub mod consumer;
 pub mod deadletter;
 pub mod definitions;
@@ -46,10 +47,11 @@ pub mod tenant;
 pub mod timers;
 
 pub use client::Client;
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use error::{ClientError, EngineError, Result};
 pub use tenant::Tenant;
 
-use message::{now_ms, Entry};
+use message::Entry;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,6 +68,8 @@ pub type DurableWait = oneshot::Receiver<std::result::Result<(), StoreError>>;
 /// The engine: every tenant, over one store.
 pub struct Engine {
     store: Arc<dyn Store>,
+    /// Where every deadline starts: the only source of "now" (see [`clock`]).
+    clock: SharedClock,
     tenants: RwLock<HashMap<String, Arc<Tenant>>>,
     next_partition: AtomicU64,
     next_connection: AtomicU64,
@@ -100,17 +104,21 @@ impl Engine {
     /// in its queue in id order, marked redelivered (it may have been
     /// delivered before the restart). Messages of partitions no queue owns
     /// are settled. Queues get back their unexpired idempotency receipts.
-    pub fn open(store: Arc<dyn Store>) -> Result<Arc<Self>> {
+    ///
+    /// Every deadline is computed from `clock`: the broker passes
+    /// [`SystemClock`], tests a [`ManualClock`] they move by hand.
+    pub fn open(store: Arc<dyn Store>, clock: SharedClock) -> Result<Arc<Self>> {
         let recovered = store.recovered_meta()?;
         let auth = auth::Authenticator::new([])
             .map_err(|e| EngineError::PreconditionFailed(format!("authentication: {e}")))?;
         let engine = Arc::new(Engine {
             store: store.clone(),
+            clock: clock.clone(),
             tenants: RwLock::new(HashMap::new()),
             next_partition: AtomicU64::new(1),
             next_connection: AtomicU64::new(1),
             retired: parking_lot::Mutex::new(Vec::new()),
-            timers: Arc::default(),
+            timers: Arc::new(timers::Timers::new(clock.clone())),
             dead_letters: Default::default(),
             codecs: parking_lot::RwLock::new(Arc::new(properties::HeaderCodecs::new())),
             retained: Default::default(),
@@ -198,14 +206,14 @@ impl Engine {
                 q.dedup().restore(
                     store.recover_receipts(id)?,
                     store.recover_receipts(queue::dedup::cancel_id(id))?,
-                    now_ms(),
+                    clock.now_ms(),
                 );
             }
             for p in &q.partitions {
                 owned.insert(p.id);
                 let msgs = store.recover_partition(p.id)?;
                 restored_messages += msgs.len() as u64;
-                let now = now_ms();
+                let now = clock.now_ms();
                 p.restore(msgs.into_iter().map(|m| {
                     let e = Entry {
                         seq: 0,
@@ -253,7 +261,7 @@ impl Engine {
             store.append(&orphans, &mut Vec::new(), None)?;
         }
         // Retained messages that expired while the broker was down.
-        engine.sweep_retained(now_ms());
+        engine.sweep_retained();
         if recovered.truncated_bytes > 0 {
             tracing::warn!(
                 bytes = recovered.truncated_bytes,
@@ -272,6 +280,13 @@ impl Engine {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The clock every deadline is computed from. Sessions read it once
+    /// per batch for the times they pass in (lease times, a publish's
+    /// expiry), so they agree with the engine's own reads.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
     }
 
     /// A tenant by name.
@@ -343,22 +358,26 @@ impl Engine {
         self.retained.bytes()
     }
 
-    /// Removes the retained messages of every tenant that expired at
-    /// `now_ms`, from memory and (without waiting) from the store; returns
-    /// how many. Lookups skip expired ones anyway: this only frees their
-    /// space, so calling it every few seconds is plenty.
-    pub fn sweep_retained(&self, now_ms: u64) -> usize {
+    /// Removes the retained messages of every tenant that expired by now
+    /// (the engine's clock), from memory and (without waiting) from the
+    /// store; returns how many. Lookups skip expired ones anyway: this only
+    /// frees their space, so calling it every few seconds is plenty.
+    pub fn sweep_retained(&self) -> usize {
+        let now_ms = self.clock.now_ms();
         self.tenants()
             .iter()
             .map(|t| t.sweep_retained(self, now_ms))
             .sum()
     }
 
-    /// Runs the timed work due at `now_ms` (expiry, dead-lettering), one
-    /// batch per partition; returns when to call again (ms since epoch),
-    /// if anything is scheduled. The gateway's timer task calls it; it
-    /// sleeps until the returned time or until [`timers::Timers::changed`].
-    pub fn run_timers(&self, now_ms: u64) -> Option<u64> {
+    /// Runs the timed work due by now (the engine's clock: expiry,
+    /// dead-lettering, idle queues), one batch per partition; returns when
+    /// to call again (ms since epoch, on the same clock), if anything is
+    /// scheduled. The gateway's timer task calls it; it sleeps until the
+    /// returned time or until [`timers::Timers::changed`]. Tests on a
+    /// [`ManualClock`] advance it and call this.
+    pub fn run_timers(&self) -> Option<u64> {
+        let now_ms = self.clock.now_ms();
         for p in self.timers.take_due(now_ms) {
             let work = p.take_due(now_ms);
             deadletter::process(self, &p, work.dead);

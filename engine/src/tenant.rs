@@ -1212,12 +1212,20 @@ pub(crate) fn generated_name() -> String {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    // splitmix64 over (time, counter, pid): unique per process, unpredictable enough.
+    // A random seed per process (not the clock: time is an input the engine
+    // reads only through its `Clock`). Without OS randomness, the standard
+    // library's hasher keys (themselves seeded by the OS) stand in.
+    let seed = *SEED.get_or_init(|| {
+        getrandom::u64().unwrap_or_else(|_| {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        })
+    });
+    // splitmix64 over (seed, counter, pid): unique per process, unpredictable enough.
     let mut x = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((std::process::id() as u64) << 32);
     let mut s = String::from("amq.gen-");
     for _ in 0..22 {

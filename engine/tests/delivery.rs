@@ -1,24 +1,33 @@
 //! Delivery semantics in process: TTL with the expiry index, dead-lettering
 //! with `x-death`, delivery limits, length limits and overflow modes. Time
-//! is an input: [`Engine::run_timers`] is called with a chosen "now".
+//! is an input: the engine runs on a [`ManualClock`] the tests move
+//! ([`run_at`]) before [`Engine::run_timers`]; nothing sleeps.
 
 use bytes::Bytes;
 use serde_json::{json, Value as Json};
 use std::sync::Arc;
-use std::time::Instant;
 use weir_backend::testing::MemStore;
 use weir_engine::client::{GetAck, Published};
 use weir_engine::exchange::HeaderLookup;
 use weir_engine::lease::Settle;
-use weir_engine::message::{now_ms, Message};
+use weir_engine::message::Message;
 use weir_engine::properties::{HeaderFormat, Properties, Table, Value};
 use weir_engine::tenant::{QueueDeclare, RouteInput};
 use weir_engine::{Client, Engine, DEFAULT_TENANT};
+use weir_engine::{Clock, ManualClock};
 
-fn setup() -> (Arc<Engine>, Client) {
-    let e = Engine::open(MemStore::new()).expect("engine");
+fn setup() -> (Arc<Engine>, Client, Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let e = Engine::open(MemStore::new(), clock.clone()).expect("engine");
     let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
-    (e, c)
+    (e, c, clock)
+}
+
+/// Moves the engine's clock to `at_ms` and runs the timed work due then;
+/// returns when the timer is next due.
+fn run_at(e: &Engine, clock: &ManualClock, at_ms: u64) -> Option<u64> {
+    clock.set_ms(at_ms);
+    e.run_timers()
 }
 
 fn declare(c: &Client, name: &str, args: Json) -> Result<(), String> {
@@ -119,7 +128,7 @@ fn headers_of(e: &Engine, m: &Message) -> Table {
 
 #[test]
 fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&c, "dlq", json!({})).expect("dlq");
     declare(
         &c,
@@ -129,12 +138,12 @@ fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
     .expect("q");
     publish(&mut c, "q", "long", Some(3_600_000));
     publish(&mut c, "q", "short", Some(1_000));
-    let t0 = now_ms();
-    // Not yet due.
-    e.run_timers(t0 + 500);
+    let t0 = clock.now_ms();
+    // Not yet due, a millisecond before its deadline.
+    run_at(&e, &clock, t0 + 999);
     assert_eq!(c.queue("dlq").expect("dlq").message_count(), 0);
-    // Due: the short one leaves from behind the long one, at once.
-    let next = e.run_timers(t0 + 1_100);
+    // Due: the short one leaves from behind the long one, on time.
+    let next = run_at(&e, &clock, t0 + 1_000);
     let (body, reasons, count) = get(&mut c, &e, "dlq").expect("dead-lettered");
     assert_eq!((body.as_str(), count), ("short", 1));
     assert_eq!(reasons, vec!["expired"]);
@@ -147,14 +156,14 @@ fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
 
 #[test]
 fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&c, "q", json!({"x-message-ttl": 60_000})).expect("q");
     publish(&mut c, "q", "own-ttl-lower", Some(1_000));
     publish(&mut c, "q", "queue-ttl", None);
-    let t0 = now_ms();
-    e.run_timers(t0 + 2_000);
+    let t0 = clock.now_ms();
+    run_at(&e, &clock, t0 + 2_000);
     assert_eq!(c.queue("q").expect("q").message_count(), 1);
-    e.run_timers(t0 + 61_000);
+    run_at(&e, &clock, t0 + 61_000);
     assert_eq!(c.queue("q").expect("q").message_count(), 0);
     // Without a dead-letter exchange they were dropped and counted.
     assert_eq!(
@@ -172,7 +181,7 @@ fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
 
 #[test]
 fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(&c, "dlq", json!({})).expect("dlq");
     declare(
         &c,
@@ -187,7 +196,7 @@ fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
             GetAck::Lease {
                 scope: 1,
                 tag: 1,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -195,7 +204,7 @@ fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
     assert_eq!(&got.message.body[..], b"bad");
     c.settle(1, 1, false, Settle::Drop).expect("reject");
     c.commit();
-    e.run_timers(now_ms());
+    e.run_timers();
     let got = c
         .get("dlq", GetAck::Auto)
         .expect("get")
@@ -226,7 +235,7 @@ fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
 
 #[test]
 fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(&c, "dlq", json!({})).expect("dlq");
     declare(
         &c,
@@ -243,7 +252,7 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
             GetAck::Lease {
                 scope: 1,
                 tag: tag + 1,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -263,7 +272,7 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
         assert!(deliveries <= 4, "the poison message loops");
     }
     assert_eq!(deliveries, 4, "first delivery + 3 redeliveries");
-    e.run_timers(now_ms());
+    e.run_timers();
     let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
     assert_eq!(body, "poison");
     assert_eq!(reasons, vec!["delivery_limit"]);
@@ -271,7 +280,7 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
 
 #[test]
 fn quorum_queues_default_to_a_delivery_limit_of_20() {
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     declare(&c, "qq", json!({"x-queue-type": "quorum"})).expect("qq");
     publish(&mut c, "qq", "p", None);
     let mut n = 0;
@@ -281,7 +290,7 @@ fn quorum_queues_default_to_a_delivery_limit_of_20() {
             GetAck::Lease {
                 scope: 1,
                 tag: n + 1,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -295,7 +304,7 @@ fn quorum_queues_default_to_a_delivery_limit_of_20() {
 
 #[test]
 fn max_length_drop_head_dead_letters_the_oldest() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(&c, "dlq", json!({})).expect("dlq");
     declare(
         &c,
@@ -309,7 +318,7 @@ fn max_length_drop_head_dead_letters_the_oldest() {
             Published::Routed { refused: false, .. }
         ));
     }
-    e.run_timers(now_ms());
+    e.run_timers();
     assert_eq!(bodies(&mut c, &e, "q"), vec!["3", "4"]);
     let dead: Vec<_> = std::iter::from_fn(|| get(&mut c, &e, "dlq")).collect();
     assert_eq!(
@@ -322,7 +331,7 @@ fn max_length_drop_head_dead_letters_the_oldest() {
 
 #[test]
 fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(
         &c,
         "q",
@@ -356,7 +365,7 @@ fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
         publish(&mut c, "q2", &big, None),
         Published::Routed { refused: true, .. }
     ));
-    e.run_timers(now_ms());
+    e.run_timers();
     let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
     assert_eq!(
         (body.as_str(), reasons[0].as_str()),
@@ -366,7 +375,7 @@ fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
 
 #[test]
 fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     // a expires into b, b expires back into a.
     declare(
         &c,
@@ -381,9 +390,9 @@ fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
     )
     .expect("b");
     publish(&mut c, "a", "m", None);
-    let t0 = now_ms();
+    let t0 = clock.now_ms();
     for step in 1..=10 {
-        e.run_timers(t0 + step * 1_000);
+        run_at(&e, &clock, t0 + step * 1_000);
     }
     assert_eq!(c.queue("a").expect("a").message_count(), 0);
     assert_eq!(c.queue("b").expect("b").message_count(), 0);
@@ -397,7 +406,7 @@ fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
 
 #[test]
 fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
-    let (_e, c) = setup();
+    let (_e, c, _) = setup();
     for args in [
         json!({"x-max-priority": "10"}),
         json!({"x-max-priority": 256}),
@@ -411,7 +420,7 @@ fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
 
 #[test]
 fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&c, "idle", json!({"x-expires": 1_000})).expect("idle");
     declare(&c, "busy", json!({"x-expires": 1_000})).expect("busy");
     c.subscribe(
@@ -426,16 +435,18 @@ fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
     )
     .expect("subscribe");
     publish(&mut c, "idle", "publishing is not a use", None);
-    let t0 = now_ms();
-    e.run_timers(t0 + 500);
+    let t0 = clock.now_ms();
+    run_at(&e, &clock, t0 + 999);
     assert!(c.queue("idle").is_ok());
-    let next = e.run_timers(t0 + 1_100);
-    assert!(c.queue("idle").is_err(), "idle queue deleted");
+    let next = run_at(&e, &clock, t0 + 1_000);
+    assert!(c.queue("idle").is_err(), "idle queue deleted on time");
     assert!(c.queue("busy").is_ok(), "a queue with a consumer is in use");
     // The consumer leaves: idle from now on.
     assert!(c.unsubscribe(1, b"t"));
     assert!(next.is_some() || e.timers.next_ms().is_some());
-    e.run_timers(now_ms() + 1_100);
+    run_at(&e, &clock, t0 + 1_999);
+    assert!(c.queue("busy").is_ok(), "idle for 999 ms only");
+    run_at(&e, &clock, t0 + 2_000);
     assert!(c.queue("busy").is_err(), "deleted after its consumer left");
 }
 
@@ -443,7 +454,7 @@ fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
 fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_restart() {
     use weir_engine::policy::{ApplyTo, PolicyDef};
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     declare(&c, "jobs.a", json!({})).expect("a");
     declare(&c, "other", json!({})).expect("other");
@@ -490,7 +501,7 @@ fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_resta
     drop(c);
     drop(e);
     // After a restart the policy still applies.
-    let e = Engine::open(store.reopen()).expect("reopened");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("reopened");
     let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     assert_eq!(c.queue("jobs.a").expect("a").args().max_length, Some(2));
     assert_eq!(c.tenant().policies().len(), 1);
@@ -515,7 +526,7 @@ impl HeaderLookup for Key {
 fn ordering_keys_keep_per_key_order_across_random_nacks() {
     const KEYS: usize = 16;
     const PER_KEY: usize = 700; // 11,200 messages
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     declare(&c, "ordered", json!({"x-partitions": 4})).expect("declare");
     // Interleave keys as a real producer would.
     for i in 0..PER_KEY {
@@ -569,7 +580,8 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
             next_tag[scope as usize] += 1;
             let tag = next_tag[scope as usize];
             batch.push((scope, tag, String::from_utf8_lossy(&m.body).into_owned()));
-            c.lease(scope, tag, d, Instant::now(), now_ms());
+            let (now, now_ms) = (c.clock().now(), c.clock().now_ms());
+            c.lease(scope, tag, d, now, now_ms);
         }
         c.finish_deliveries();
         assert!(
@@ -609,7 +621,7 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
 #[test]
 fn a_lowered_limit_drops_heads_only_under_drop_head() {
     use weir_engine::policy::{ApplyTo, PolicyDef};
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     declare(&c, "lim.reject", json!({"x-overflow": "reject-publish"})).expect("reject");
     declare(&c, "lim.drop", json!({})).expect("drop");
     for q in ["lim.reject", "lim.drop"] {
@@ -644,7 +656,7 @@ fn a_lowered_limit_drops_heads_only_under_drop_head() {
 
 #[test]
 fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     declare(&c, "parts", json!({"x-partitions": 2})).expect("declare");
     for key in ["a", "b"] {
         for i in 0..2 {
@@ -674,7 +686,7 @@ fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
             GetAck::Lease {
                 scope: 1,
                 tag,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -692,9 +704,8 @@ fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
 
 #[test]
 fn counters_sum_the_wait_of_each_delivery_and_read_depth_without_a_lock() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&c, "q", json!({})).expect("declare");
-    let before = now_ms();
     for i in 0..3 {
         publish(&mut c, "q", &format!("m{i}"), None);
     }
@@ -704,24 +715,15 @@ fn counters_sum_the_wait_of_each_delivery_and_read_depth_without_a_lock() {
         .expect("queue");
     let n = q.counters();
     assert_eq!((n.published, n.ready, n.leased, n.waited_ms), (3, 3, 0, 0));
-    // Nothing to await but the clock: the wait is the figure under test.
-    while now_ms() < before + 30 {
-        std::thread::yield_now();
-    }
+    clock.advance_ms(30);
     let lease = GetAck::Lease {
         scope: 1,
         tag: 1,
-        now: Instant::now(),
+        now: c.clock().now(),
     };
     let got = c.get("q", lease).expect("get").expect("a message");
-    let after = now_ms();
     let n = q.counters();
     assert_eq!((n.delivered, n.ready, n.leased), (1, 2, 1));
-    assert!(
-        (30..=after - before).contains(&n.waited_ms),
-        "waited {} ms, at least 30 and at most {}",
-        n.waited_ms,
-        after - before
-    );
+    assert_eq!(n.waited_ms, 30, "waited 30 ms on the engine's clock");
     drop(got);
 }

@@ -15,6 +15,7 @@ use weir_engine::message::Message;
 use weir_engine::permissions::{PermissionDef, UserDef};
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, Engine};
 
 struct NoHeaders;
@@ -27,7 +28,7 @@ impl HeaderLookup for NoHeaders {
 
 fn engine(dir: &std::path::Path) -> Arc<Engine> {
     let store = LogStore::open(dir, LogOptions::default()).expect("store");
-    let e = Engine::open(store).expect("engine");
+    let e = Engine::open(store, ManualClock::new()).expect("engine");
     let _user_written = e.put_user(UserDef {
         name: "u".into(),
         password_hash: weir_engine::auth::GUEST_PASSWORD_HASH.into(),

@@ -252,7 +252,7 @@ impl Client {
                     partition,
                     consumer: None,
                     entry,
-                    since: Instant::now(),
+                    since: self.clock.now(),
                 },
                 Settle::Ack,
                 Return::Failed,

@@ -23,7 +23,7 @@
 use crate::consumer::{ConnHandle, Consumer, Credit, Delivery, Notice, Scope, NO_ACK_WINDOW};
 use crate::error::{ClientError, EngineError, Result};
 use crate::lease::{Lease, Leases, Settle};
-use crate::message::{now_ms, Entry, Message};
+use crate::message::{Entry, Message};
 use crate::meta::DestinationKind;
 use crate::permissions::{is_topic, Authz, Permission, Resource};
 use crate::properties::{HeaderFormat, Value};
@@ -194,6 +194,8 @@ type ScopeMap<V> = HashMap<Scope, V, BuildHasherDefault<ScopeHasher>>;
 /// as `principal`, working in one tenant.
 pub struct Client {
     store: Arc<dyn Store>,
+    /// The engine's clock (publish times, receipts' windows).
+    clock: crate::clock::SharedClock,
     tenant: Arc<Tenant>,
     principal: Arc<str>,
     handle: Arc<ConnHandle>,
@@ -286,6 +288,7 @@ impl Client {
             owner: Owner(t.quota().tag()),
             over_share: false,
             store: engine.store().clone(),
+            clock: engine.clock().clone(),
             tenant: t,
             principal,
             handle: ConnHandle::new(engine.next_connection_id()),
@@ -311,6 +314,12 @@ impl Client {
     /// The connection id (owner of exclusive queues).
     pub fn id(&self) -> u64 {
         self.handle.id
+    }
+
+    /// The engine's clock: what a session reads, once per batch, for the
+    /// times it passes in (lease times, a publish's expiry).
+    pub fn clock(&self) -> &crate::clock::SharedClock {
+        &self.clock
     }
 
     /// The tenant it works in.

@@ -3,9 +3,10 @@
 use super::consumers::ConsumerSet;
 use super::ready::ReadyList;
 use crate::args::{Overflow, QueueArgs, RetryType};
+use crate::clock::SharedClock;
 use crate::consumer::{Consumer, Delivery};
 use crate::deadletter::DeadReason;
-use crate::message::{now_ms, Entry};
+use crate::message::Entry;
 use crate::timers::Timers;
 use parking_lot::{Mutex, MutexGuard};
 use std::cmp::Reverse;
@@ -129,6 +130,9 @@ pub struct Partition {
     /// The engine's timer, for time-driven work (expiry, dead-letters);
     /// None in unit tests that drive [`Partition::take_due`] by hand.
     timers: Option<Arc<Timers>>,
+    /// The engine's clock (the timers' one; the system clock without
+    /// timers): every deadline here is computed from it.
+    clock: SharedClock,
     /// The earliest time this partition has in `timers` (u64::MAX: none).
     scheduled: AtomicU64,
     /// Its queue has a delivery limit (or is a quorum queue): returned
@@ -346,6 +350,9 @@ impl Partition {
             counters: Counters::default(),
             ready_len: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            clock: timers
+                .as_ref()
+                .map_or_else(crate::clock::SystemClock::shared, |t| t.clock().clone()),
             timers,
             scheduled: AtomicU64::new(u64::MAX),
             queue,
@@ -375,6 +382,12 @@ impl Partition {
         (consumers, entries)
     }
 
+    /// Now, on the engine's clock (ms since epoch).
+    #[inline]
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     /// Whether its queue was deleted.
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
@@ -391,7 +404,7 @@ impl Partition {
     /// without a stored deadline get the queue's TTL from now (a restart
     /// does not make them immortal).
     pub fn restore(self: &Arc<Self>, entries: impl IntoIterator<Item = (Entry, u64)>) {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut st = self.lock();
         let mut next_due = None::<u64>;
         for (mut e, deliver_at) in entries {
@@ -761,7 +774,7 @@ impl Partition {
         let counts = self.counts_deliveries();
         {
             let mut st = self.lock();
-            let now = now_ms();
+            let now = self.now_ms();
             for mut e in entries {
                 if let Some(l) = st.leased.remove(&e.id) {
                     e.location = Some(l);
@@ -1015,7 +1028,7 @@ impl Partition {
             return false;
         };
         if *now == 0 {
-            *now = now_ms();
+            *now = self.now_ms();
         }
         // Deliverable up to and including its deadline's millisecond: a
         // message with TTL 0 still reaches a consumer waiting for it at
@@ -1057,7 +1070,7 @@ impl Partition {
         }
         e.attempts = e.attempts.saturating_add(1);
         if now == 0 {
-            now = now_ms();
+            now = self.now_ms();
         }
         self.counters
             .waited_ms
@@ -1130,7 +1143,7 @@ impl Partition {
             oldest_age_ms: st
                 .ready
                 .front()
-                .map(|e| now_ms().saturating_sub(e.enqueued_ms))
+                .map(|e| self.now_ms().saturating_sub(e.enqueued_ms))
                 .unwrap_or(0),
             consumers: st.consumers.len() as u32,
         }
@@ -1319,7 +1332,7 @@ mod tests {
             redelivered: false,
             attempts: 0,
             priority: 0,
-            enqueued_ms: now_ms(),
+            enqueued_ms: 0,
             expires_at_ms: 0,
             message: None,
         }

@@ -7,7 +7,7 @@ use super::connect::TOPIC_EXCHANGE;
 use super::{state_key, AckKind, PendingAck, Session};
 use crate::engine::client::Published;
 use crate::engine::exchange::HeaderLookup;
-use crate::engine::message::{now_ms, Message};
+use crate::engine::message::Message;
 use crate::engine::tenant::RouteInput;
 use crate::engine::{Client, EngineError};
 use crate::mqtt::convert;
@@ -39,7 +39,7 @@ pub(super) fn route(
     p: &Publish,
     publisher: Option<&str>,
 ) -> Result<Published, EngineError> {
-    let i = convert::inbound(p, publisher, now_ms());
+    let i = convert::inbound(p, publisher, client.clock().now_ms());
     let route = RouteInput {
         exchange: TOPIC_EXCHANGE,
         routing_key: &i.routing_key,
@@ -198,7 +198,7 @@ impl Session {
         let Some(client) = self.client.as_ref() else {
             return true;
         };
-        let now = now_ms();
+        let now = client.clock().now_ms();
         let i = convert::inbound(p, None, now);
         match client
             .tenant()

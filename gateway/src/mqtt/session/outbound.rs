@@ -6,7 +6,6 @@
 
 use super::{state_key, InFlight, Session, DELIVERY_HIGH_WATER, SCOPE};
 use crate::engine::lease::Settle;
-use crate::engine::message::now_ms;
 use crate::mqtt::convert;
 use std::time::Instant;
 use weir_protocols::mqtt::{self, OutgoingPublish, QoS, SendError};
@@ -21,7 +20,7 @@ impl Session {
         client.drain(&mut notices);
         let codecs = self.engine.codecs();
         let batch_time = Instant::now();
-        let now = now_ms();
+        let now = self.engine.clock().now_ms();
         while self.conn.out.len() < DELIVERY_HIGH_WATER {
             let Some(d) = client.next_delivery() else {
                 break;
@@ -261,7 +260,7 @@ impl Session {
         };
         let tenant = client.tenant().clone();
         let codecs = self.engine.codecs();
-        let now = now_ms();
+        let now = self.engine.clock().now_ms();
         let mut steps = 0;
         while let Some(r) = self.retained_out.front_mut() {
             if self.conn.out.len() >= DELIVERY_HIGH_WATER {
