@@ -8,7 +8,8 @@ use serde_json::{json, Value as Json};
 use std::sync::Arc;
 use weir_backend::testing::MemStore;
 use weir_engine::client::{GetAck, Published};
-use weir_engine::exchange::HeaderLookup;
+use weir_engine::exchange::{ExchangeDef, ExchangeKind, HeaderLookup};
+use weir_engine::meta::DestinationKind;
 use weir_engine::lease::Settle;
 use weir_engine::message::Message;
 use weir_engine::properties::{HeaderFormat, Properties, Table, Value};
@@ -126,6 +127,86 @@ fn headers_of(e: &Engine, m: &Message) -> Table {
         .unwrap_or_default()
 }
 
+/// Takes the head of `queue` (settled at once): its body and properties.
+fn take(c: &mut Client, e: &Engine, queue: &str) -> Option<(String, Properties)> {
+    let got = c.get(queue, GetAck::Auto).expect("get")?;
+    let props = e
+        .codecs()
+        .decode(got.message.header_format, &got.message.properties)
+        .expect("decodable");
+    Some((String::from_utf8_lossy(&got.message.body).into_owned(), props))
+}
+
+/// Publishes `body` persistently through `exchange` with `routing_key`.
+fn publish_via(c: &mut Client, exchange: &str, routing_key: &str, body: &str) {
+    let route = RouteInput {
+        exchange,
+        routing_key,
+        headers: &NoHeaders,
+    };
+    c.publish(&route, |id| Message {
+        id,
+        exchange: Bytes::copy_from_slice(exchange.as_bytes()),
+        routing_key: Bytes::copy_from_slice(routing_key.as_bytes()),
+        properties: Properties::default().to_bytes().expect("encodable"),
+        body: Bytes::copy_from_slice(body.as_bytes()),
+        header_format: HeaderFormat::Weir,
+        persistent: true,
+        priority: 0,
+        ttl_ms: None,
+    })
+    .expect("publish");
+    c.commit();
+}
+
+/// A durable fanout exchange `name`, bound to each of `queues`.
+fn fanout(c: &Client, name: &str, queues: &[&str]) {
+    c.tenant()
+        .declare_exchange(
+            ExchangeDef {
+                name: name.into(),
+                kind: ExchangeKind::Fanout,
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                delayed: false,
+                arguments: json!({}),
+            },
+            false,
+        )
+        .expect("declare exchange");
+    for q in queues {
+        c.tenant()
+            .bind(name, DestinationKind::Queue, q, "", json!({}), c.id())
+            .expect("bind");
+    }
+}
+
+/// The `x-death` entries of `h`, each as a table.
+fn deaths(h: &Table) -> Vec<Table> {
+    match h.get("x-death") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|d| match d {
+                Value::Table(t) => t.clone(),
+                other => panic!("an x-death entry is a table: {other:?}"),
+            })
+            .collect(),
+        other => panic!("no x-death: {other:?}"),
+    }
+}
+
+fn text(v: &str) -> Value {
+    Value::String(v.into())
+}
+
+/// `x-first-death-*` and `x-last-death-*` of `h`: [exchange, queue, reason] each.
+fn first_last(h: &Table) -> [[Option<&Value>; 3]; 2] {
+    ["first", "last"].map(|w| {
+        ["exchange", "queue", "reason"].map(|f| h.get(&format!("x-{w}-death-{f}")))
+    })
+}
+
 #[test]
 fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
     let (e, mut c, clock) = setup();
@@ -144,14 +225,121 @@ fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
     assert_eq!(c.queue("dlq").expect("dlq").message_count(), 0);
     // Due: the short one leaves from behind the long one, on time.
     let next = run_at(&e, &clock, t0 + 1_000);
-    let (body, reasons, count) = get(&mut c, &e, "dlq").expect("dead-lettered");
-    assert_eq!((body.as_str(), count), ("short", 1));
-    assert_eq!(reasons, vec!["expired"]);
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered");
+    assert_eq!(body, "short");
+    let h = props.headers.unwrap_or_default();
+    let d = deaths(&h);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].get("reason"), Some(&text("expired")));
+    assert_eq!(d[0].get("count"), Some(&Value::I64(1)));
+    // Its own TTL moves into x-death (RabbitMQ's original-expiration): the
+    // dead-lettered copy does not expire again.
+    assert_eq!(d[0].get("original-expiration"), Some(&text("1000")));
+    assert_eq!(props.ttl_ms, None, "expiration is moved into x-death");
     assert_eq!(bodies(&mut c, &e, "q"), vec!["long"]);
     assert!(
         next.is_some_and(|n| n > t0 + 3_000_000),
         "the long one is still scheduled"
     );
+}
+
+/// A queue TTL dead-letters its copy of a message on time, with `x-death`
+/// ("expired", the queue, the exchange and routing key it was published
+/// with, the engine's time) and `x-first-death-*` / `x-last-death-*`; the
+/// copy of the same message in a queue with a long TTL stays.
+#[test]
+fn a_queue_ttl_dead_letters_on_time_while_a_long_lived_copy_stays() {
+    let (e, mut c, clock) = setup();
+    declare(&c, "dlq", json!({})).expect("dlq");
+    fanout(&c, "dlx", &["dlq"]);
+    for (q, ttl) in [("short", 1_000), ("long", 3_600_000)] {
+        declare(
+            &c,
+            q,
+            json!({"x-message-ttl": ttl, "x-dead-letter-exchange": "dlx"}),
+        )
+        .expect(q);
+    }
+    fanout(&c, "fan", &["short", "long"]);
+    let t0 = clock.now_ms();
+    publish_via(&mut c, "fan", "rk", "m");
+    run_at(&e, &clock, t0 + 999);
+    assert!(take(&mut c, &e, "dlq").is_none(), "not before its TTL");
+    run_at(&e, &clock, t0 + 1_000);
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered on time");
+    assert_eq!(body, "m");
+    let h = props.headers.unwrap_or_default();
+    let d = deaths(&h);
+    assert_eq!(d.len(), 1);
+    for (k, v) in [
+        ("reason", text("expired")),
+        ("queue", text("short")),
+        ("exchange", text("fan")),
+        ("routing-keys", Value::Array(vec![text("rk")])),
+        ("count", Value::I64(1)),
+        ("time", Value::Timestamp((t0 + 1_000) / 1000)),
+    ] {
+        assert_eq!(d[0].get(k), Some(&v), "x-death {k}");
+    }
+    let (fan, short, expired) = (text("fan"), text("short"), text("expired"));
+    let death = [Some(&fan), Some(&short), Some(&expired)];
+    assert_eq!(first_last(&h), [death, death]);
+    assert_eq!(c.queue("long").expect("long").message_count(), 1);
+    assert_eq!(c.queue("short").expect("short").message_count(), 0);
+}
+
+/// A TTL deadline is the publish time plus the TTL, across a restart too:
+/// a restart before the deadline keeps the message until then (not a TTL
+/// counted afresh from the restart), and one whose deadline passed while
+/// the broker was down is never delivered after it comes back. Both the
+/// queue's TTL and a message's own.
+#[test]
+fn a_ttl_deadline_is_kept_across_a_restart_not_counted_afresh() {
+    let (store, clock) = (MemStore::new(), ManualClock::new());
+    {
+        let e = Engine::open(store.clone(), clock.clone()).expect("engine");
+        let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+        declare(&c, "ttl", json!({"x-message-ttl": 1_500})).expect("ttl");
+        declare(&c, "own", json!({})).expect("own");
+        publish(&mut c, "ttl", "queue-ttl", None);
+        publish(&mut c, "own", "own-ttl", Some(1_500));
+        barrier(&c);
+    }
+    clock.advance_ms(1_000);
+    let store = store.reopen();
+    {
+        let e = Engine::open(store.clone(), clock.clone()).expect("engine");
+        let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+        e.run_timers();
+        for q in ["ttl", "own"] {
+            assert_eq!(c.queue(q).expect(q).message_count(), 1, "{q}: still alive");
+        }
+    }
+    clock.advance_ms(501);
+    let e = Engine::open(store.reopen(), clock.clone()).expect("engine");
+    let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+    for q in ["ttl", "own"] {
+        assert_eq!(
+            bodies(&mut c, &e, q),
+            Vec::<String>::new(),
+            "{q}: delivered after its deadline: recovery restarted the TTL clock"
+        );
+        // The get dropped the expired head before the timer ran: the ready
+        // count follows at once.
+        assert_eq!(c.queue(q).expect(q).message_count(), 0, "{q}");
+    }
+}
+
+/// Waits until everything appended so far is durable.
+fn barrier(c: &Client) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    c.durability_barrier(Box::new(move |r| {
+        let _ = tx.send(r);
+    }))
+    .expect("barrier");
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("waiter called")
+        .expect("durable");
 }
 
 #[test]
@@ -273,9 +461,17 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
     }
     assert_eq!(deliveries, 4, "first delivery + 3 redeliveries");
     e.run_timers();
-    let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered");
     assert_eq!(body, "poison");
-    assert_eq!(reasons, vec!["delivery_limit"]);
+    let h = props.headers.unwrap_or_default();
+    let d = deaths(&h);
+    assert_eq!(d.len(), 1, "dead-lettered once");
+    assert_eq!(d[0].get("reason"), Some(&text("delivery_limit")));
+    let (x, q, r) = (text(""), text("work"), text("delivery_limit"));
+    let death = [Some(&x), Some(&q), Some(&r)];
+    assert_eq!(first_last(&h), [death, death]);
+    assert_eq!(c.queue("work").expect("work").message_count(), 0);
+    assert_eq!(c.queue("dlq").expect("dlq").message_count(), 0);
 }
 
 #[test]
@@ -366,11 +562,13 @@ fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
         Published::Routed { refused: true, .. }
     ));
     e.run_timers();
-    let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
-    assert_eq!(
-        (body.as_str(), reasons[0].as_str()),
-        (big.as_str(), "maxlen")
-    );
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered");
+    assert_eq!(body, big);
+    let h = props.headers.unwrap_or_default();
+    assert_eq!(deaths(&h)[0].get("reason"), Some(&text("maxlen")));
+    let (x, q, r) = (text(""), text("q2"), text("maxlen"));
+    assert_eq!(first_last(&h)[1], [Some(&x), Some(&q), Some(&r)], "x-last-death-*");
+    assert_eq!(bodies(&mut c, &e, "q2"), vec!["a"]);
 }
 
 #[test]

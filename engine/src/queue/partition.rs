@@ -1064,7 +1064,11 @@ impl Partition {
                 break;
             }
         }
-        let mut e = st.ready.pop_front()?;
+        let Some(mut e) = st.ready.pop_front() else {
+            // Expired heads may have just left: the counter follows.
+            self.ready_len.store(0, Ordering::Relaxed);
+            return None;
+        };
         if let Some(l) = e.location {
             st.leased.insert(e.id, l);
         }
