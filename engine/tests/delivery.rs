@@ -9,9 +9,9 @@ use std::sync::Arc;
 use weir_backend::testing::MemStore;
 use weir_engine::client::{GetAck, Published};
 use weir_engine::exchange::{ExchangeDef, ExchangeKind, HeaderLookup};
-use weir_engine::meta::DestinationKind;
 use weir_engine::lease::Settle;
 use weir_engine::message::Message;
+use weir_engine::meta::DestinationKind;
 use weir_engine::properties::{HeaderFormat, Properties, Table, Value};
 use weir_engine::tenant::{QueueDeclare, RouteInput};
 use weir_engine::{Client, Engine, DEFAULT_TENANT};
@@ -76,7 +76,7 @@ fn publish(c: &mut Client, queue: &str, body: &str, ttl_ms: Option<u32>) -> Publ
             routing_key: Bytes::copy_from_slice(queue.as_bytes()),
             properties: props.to_bytes().expect("encodable"),
             body: Bytes::copy_from_slice(body.as_bytes()),
-            header_format: HeaderFormat::Weir,
+            header_format: HeaderFormat::WEIR,
             persistent: true,
             priority: 0,
             ttl_ms: ttl_ms.map(u64::from),
@@ -134,7 +134,10 @@ fn take(c: &mut Client, e: &Engine, queue: &str) -> Option<(String, Properties)>
         .codecs()
         .decode(got.message.header_format, &got.message.properties)
         .expect("decodable");
-    Some((String::from_utf8_lossy(&got.message.body).into_owned(), props))
+    Some((
+        String::from_utf8_lossy(&got.message.body).into_owned(),
+        props,
+    ))
 }
 
 /// Publishes `body` persistently through `exchange` with `routing_key`.
@@ -150,7 +153,7 @@ fn publish_via(c: &mut Client, exchange: &str, routing_key: &str, body: &str) {
         routing_key: Bytes::copy_from_slice(routing_key.as_bytes()),
         properties: Properties::default().to_bytes().expect("encodable"),
         body: Bytes::copy_from_slice(body.as_bytes()),
-        header_format: HeaderFormat::Weir,
+        header_format: HeaderFormat::WEIR,
         persistent: true,
         priority: 0,
         ttl_ms: None,
@@ -202,9 +205,8 @@ fn text(v: &str) -> Value {
 
 /// `x-first-death-*` and `x-last-death-*` of `h`: [exchange, queue, reason] each.
 fn first_last(h: &Table) -> [[Option<&Value>; 3]; 2] {
-    ["first", "last"].map(|w| {
-        ["exchange", "queue", "reason"].map(|f| h.get(&format!("x-{w}-death-{f}")))
-    })
+    ["first", "last"]
+        .map(|w| ["exchange", "queue", "reason"].map(|f| h.get(&format!("x-{w}-death-{f}"))))
 }
 
 #[test]
@@ -567,7 +569,11 @@ fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
     let h = props.headers.unwrap_or_default();
     assert_eq!(deaths(&h)[0].get("reason"), Some(&text("maxlen")));
     let (x, q, r) = (text(""), text("q2"), text("maxlen"));
-    assert_eq!(first_last(&h)[1], [Some(&x), Some(&q), Some(&r)], "x-last-death-*");
+    assert_eq!(
+        first_last(&h)[1],
+        [Some(&x), Some(&q), Some(&r)],
+        "x-last-death-*"
+    );
     assert_eq!(bodies(&mut c, &e, "q2"), vec!["a"]);
 }
 
@@ -741,7 +747,7 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
                 routing_key: Bytes::from_static(b"ordered"),
                 properties: Bytes::new(),
                 body: Bytes::from(format!("{k}:{i}")),
-                header_format: HeaderFormat::Weir,
+                header_format: HeaderFormat::WEIR,
                 persistent: false,
                 priority: 0,
                 ttl_ms: None,
@@ -870,7 +876,7 @@ fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
                 routing_key: Bytes::from_static(b"parts"),
                 properties: Bytes::new(),
                 body: Bytes::from(format!("{key}{i}")),
-                header_format: HeaderFormat::Weir,
+                header_format: HeaderFormat::WEIR,
                 persistent: false,
                 priority: 0,
                 ttl_ms: None,

@@ -478,8 +478,9 @@ impl Client {
             }
         }
         let read = read.map_err(|err| err.to_string()).and_then(|m| {
-            // A tag this version does not know (a newer writer) is refused
-            // like an unreadable record, never guessed at.
+            // 0 is no format (a damaged record): refused like an unreadable
+            // one. Any other number reads back, with or without a codec
+            // here: only a conversion needs one, and fails clearly.
             let f = HeaderFormat::from_u8(m.header_format).map_err(|err| err.to_string())?;
             Ok((m, f))
         });
