@@ -327,7 +327,7 @@ impl Engine {
         }
         let mut w = self.tenants.write();
         w.entry(name.to_string())
-            .or_insert_with(|| Tenant::new(name, Arc::downgrade(self)))
+            .or_insert_with(|| Tenant::new(name, Arc::downgrade(self), self.clock.clone()))
             .clone()
     }
 

@@ -95,6 +95,9 @@ pub struct Tenant {
     /// Name.
     pub name: Arc<str>,
     engine: Weak<Engine>,
+    /// The engine's clock, held here so a client reads it without reaching
+    /// the engine (and without a field of its own per connection).
+    clock: crate::clock::SharedClock,
     exchanges: RwLock<HashMap<String, Arc<Exchange>>>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     /// Policies by name.
@@ -131,7 +134,11 @@ fn inequivalent(
 }
 
 impl Tenant {
-    pub(crate) fn new(name: &str, engine: Weak<Engine>) -> Arc<Self> {
+    pub(crate) fn new(
+        name: &str,
+        engine: Weak<Engine>,
+        clock: crate::clock::SharedClock,
+    ) -> Arc<Self> {
         let mut exchanges = HashMap::new();
         for (n, kind) in STANDARD_EXCHANGES {
             exchanges.insert(
@@ -150,6 +157,7 @@ impl Tenant {
         Arc::new(Tenant {
             name: name.into(),
             engine,
+            clock,
             exchanges: RwLock::new(exchanges),
             queues: RwLock::new(HashMap::new()),
             policies: RwLock::new(Vec::new()),
@@ -158,6 +166,11 @@ impl Tenant {
             replies: Default::default(),
             quota: TenantQuota::new(),
         })
+    }
+
+    /// The engine's clock (see [`crate::clock`]).
+    pub fn clock(&self) -> &crate::clock::SharedClock {
+        &self.clock
     }
 
     /// The tenant's limits and usage: counts checked here and by

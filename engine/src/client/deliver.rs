@@ -252,7 +252,7 @@ impl Client {
                     partition,
                     consumer: None,
                     entry,
-                    since: self.clock.now(),
+                    since: self.tenant.clock().now(),
                 },
                 Settle::Ack,
                 Return::Failed,

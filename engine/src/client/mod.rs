@@ -194,8 +194,6 @@ type ScopeMap<V> = HashMap<Scope, V, BuildHasherDefault<ScopeHasher>>;
 /// as `principal`, working in one tenant.
 pub struct Client {
     store: Arc<dyn Store>,
-    /// The engine's clock (publish times, receipts' windows).
-    clock: crate::clock::SharedClock,
     tenant: Arc<Tenant>,
     principal: Arc<str>,
     handle: Arc<ConnHandle>,
@@ -288,7 +286,6 @@ impl Client {
             owner: Owner(t.quota().tag()),
             over_share: false,
             store: engine.store().clone(),
-            clock: engine.clock().clone(),
             tenant: t,
             principal,
             handle: ConnHandle::new(engine.next_connection_id()),
@@ -319,7 +316,7 @@ impl Client {
     /// The engine's clock: what a session reads, once per batch, for the
     /// times it passes in (lease times, a publish's expiry).
     pub fn clock(&self) -> &crate::clock::SharedClock {
-        &self.clock
+        self.tenant.clock()
     }
 
     /// The tenant it works in.

@@ -57,7 +57,7 @@ impl Client {
         let message = Arc::new(message(id));
         debug_assert_eq!(message.id, id, "a message keeps the id it was given");
         let size = message.size();
-        let now = self.clock.now_ms();
+        let now = self.tenant.clock().now_ms();
         // Idempotent publish: the queues that already hold the message's key
         // drop it; the others record it. Their receipts stay locked until
         // the end of this call (after the store append and the enqueue), so

@@ -3,7 +3,6 @@
 use super::consumers::ConsumerSet;
 use super::ready::ReadyList;
 use crate::args::{Overflow, QueueArgs, RetryType};
-use crate::clock::SharedClock;
 use crate::consumer::{Consumer, Delivery};
 use crate::deadletter::DeadReason;
 use crate::message::Entry;
@@ -130,9 +129,6 @@ pub struct Partition {
     /// The engine's timer, for time-driven work (expiry, dead-letters);
     /// None in unit tests that drive [`Partition::take_due`] by hand.
     timers: Option<Arc<Timers>>,
-    /// The engine's clock (the timers' one; the system clock without
-    /// timers): every deadline here is computed from it.
-    clock: SharedClock,
     /// The earliest time this partition has in `timers` (u64::MAX: none).
     scheduled: AtomicU64,
     /// Its queue has a delivery limit (or is a quorum queue): returned
@@ -350,9 +346,6 @@ impl Partition {
             counters: Counters::default(),
             ready_len: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
-            clock: timers
-                .as_ref()
-                .map_or_else(crate::clock::SystemClock::shared, |t| t.clock().clone()),
             timers,
             scheduled: AtomicU64::new(u64::MAX),
             queue,
@@ -382,10 +375,15 @@ impl Partition {
         (consumers, entries)
     }
 
-    /// Now, on the engine's clock (ms since epoch).
+    /// Now, on the engine's clock (ms since epoch): the one its timers
+    /// are on (no field of its own: a queue costs no more memory), the
+    /// system clock for a partition without timers (unit tests).
     #[inline]
     pub(crate) fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+        match &self.timers {
+            Some(t) => t.clock().now_ms(),
+            None => crate::clock::Clock::now_ms(&crate::clock::SystemClock),
+        }
     }
 
     /// Whether its queue was deleted.
