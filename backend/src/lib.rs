@@ -4,7 +4,11 @@
 //! The store never sees a wire protocol. A message is opaque bytes (`header`,
 //! `body`) plus the few attributes the engine needs without reading the body
 //! back (size, priority, expiry). Metadata (exchanges, queues, bindings) is an
-//! opaque, versioned key/value map that the engine encodes.
+//! opaque, versioned key/value map that the engine encodes; small values that
+//! belong to no queue (session state, retained messages) are keys of the
+//! state store, each versioned on its own ([`Op::PutState`],
+//! [`Store::scan_state`]). Transient messages paged out of memory go to a
+//! local [`Spill`], outside the durable contract.
 //!
 //! * [`log`]: the embedded, segmented, group-committed log store (default).
 //! * `testing` (cargo feature `testing`): an in-memory store for in-process
@@ -36,16 +40,16 @@ pub trait Store: Send + Sync + 'static {
     /// in allocation order.
     fn allocate_ids(&self, n: u64) -> MessageId;
 
-    /// Appends `ops` in order. For every [`Op::Publish`], [`Op::Page`] and
-    /// [`Op::Move`] one [`Location`] (of the new record) is pushed onto
-    /// `locations`, in order. When `waiter` is
+    /// Appends `ops` in order. For every [`Op::Publish`] and [`Op::Move`]
+    /// one [`Location`] (of the new record) is pushed onto `locations`, in
+    /// order. When `waiter` is
     /// given it is called once all of `ops` (and everything appended before
     /// them) is durable: fsynced on the embedded store.
     ///
     /// Appends from different callers are ordered: if `append` A returns
     /// before `append` B starts, A's records precede B's in the store.
     ///
-    /// While the disk is full, batches holding a publish, page or move fail
+    /// While the disk is full, batches holding a publish or move fail
     /// with [`StoreError::NoSpace`] (nothing of them is appended); settles,
     /// requeues, receipts and metadata are still accepted. A waiter may be called with an error
     /// without the store failing for good (a write that ran out of space):
@@ -82,7 +86,7 @@ pub trait Store: Send + Sync + 'static {
             .map(|()| Admission::default())
     }
 
-    /// Reads back a published (or paged) message.
+    /// Reads back a published message (not a [`Spill`]'s copy).
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError>;
 
     /// The metadata map and its version: at open, what the last run left.
@@ -94,7 +98,7 @@ pub trait Store: Send + Sync + 'static {
     fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError>;
 
     /// The live messages of `partition` when the store was opened, in id
-    /// order, without their bodies. Paged messages are never recovered.
+    /// order, without their bodies. [`Spill`] copies are never recovered.
     ///
     /// Call it once per partition, at startup, before appending anything for
     /// that partition (a gateway calls it only for the partitions it owns).
@@ -135,6 +139,68 @@ pub trait Store: Send + Sync + 'static {
     /// Makes everything appended so far durable and stops background work.
     /// Further appends fail with [`StoreError::Closed`].
     fn close(&self) -> Result<(), StoreError>;
+
+    // ----- the state store (contract v2) -----
+
+    /// Every key of the state store ([`Op::PutState`]) starting with
+    /// `prefix`, in key order, each with its value and its own version: what
+    /// the appends so far left (at open, what the last run left). A caller
+    /// recovers its keys by scanning its prefix once at startup; each
+    /// prefix is independent of the others and of the metadata map.
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError>;
+
+    // ----- paging (contract v2): local, outside the durable contract -----
+
+    /// The store's [`Spill`], if it has one: where the engine pages
+    /// transient messages out of memory. None: nothing is paged (deep
+    /// transient messages stay in memory).
+    fn spill(&self) -> Option<&dyn Spill> {
+        None
+    }
+}
+
+/// Local storage for transient messages paged out of memory: a transient
+/// message, or one in a non-durable queue, that sits too deep in its queue
+/// to stay in RAM. Not part of the durable contract: never made durable on
+/// purpose, never replicated, never recovered (a restart drops every copy,
+/// as it must), and no record of a release is written.
+///
+/// Its positions are [`Location`]s that [`Spill::holds`] tells apart from
+/// the store's: a caller reads and releases them here, never through
+/// [`Store::read`] or an [`Op::Settle`] (a store ignores a spill position
+/// named as an [`Op::Move`]'s source: the caller releases it here too). A
+/// store that provides its own spill may relocate spilled copies during
+/// [`Store::compact`] (they are among the positions a [`LiveSet`] shows);
+/// a relocated copy stays spilled.
+pub trait Spill: Send + Sync {
+    /// Writes a copy of message `id`, queued in `partitions` (at least
+    /// one), on behalf of `owner` (fairness as for [`Store::append_for`]),
+    /// and returns its position. Fails with [`StoreError::NoSpace`] while
+    /// the disk is full: the caller keeps the message in memory.
+    fn spill(
+        &self,
+        owner: Owner,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: MessageData<'_>,
+    ) -> Result<(Location, Admission), StoreError>;
+
+    /// Reads a spilled copy back.
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError>;
+
+    /// Whether `location` is a position of this spill (not the store's).
+    fn holds(&self, location: Location) -> bool;
+
+    /// The copy of `id` is no longer needed in `partition` (settled,
+    /// purged, expired, moved): once released in every partition it was
+    /// spilled for, its space can be reused. Releasing twice is harmless.
+    fn release(&self, partition: PartitionId, id: MessageId, location: Location);
+
+    /// Every copy spilled for `partition` is released (its queue was
+    /// deleted). Call it only once the partition holds no stored message
+    /// any more (non-durable, or dropped by [`Op::DropPartition`]): a store
+    /// whose spill shares its accounting may release those too.
+    fn release_partition(&self, partition: PartitionId);
 }
 
 /// Bytes available to an unprivileged user on the filesystem holding `path`

@@ -169,6 +169,10 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
         stored_at.push(at);
     }
     let mut locations = Vec::with_capacity(n_located);
+    // A paged source is released through the spill (a move from it becomes
+    // a publish, so the ops that get a location keep their order and
+    // `stored_at` still holds).
+    crate::spill::release_spilled(&**engine.store(), &mut ops);
     if !ops.is_empty() {
         if let Err(e) = engine.store().append(&ops, &mut locations, None) {
             // Nothing of the batch was applied: the messages stay where they
@@ -222,6 +226,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
             }
         }
     }
+    crate::spill::release_spilled(&**engine.store(), &mut refused);
     if !refused.is_empty() {
         let mut sink = Vec::new();
         if let Err(e) = engine.store().append(&refused, &mut sink, None) {
@@ -335,7 +340,7 @@ fn republish(
 /// Reads a message whose body is not in memory, following compaction.
 fn read_back(engine: &Engine, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
     let mut loc = p.dead_location(e)?;
-    let mut read = engine.store().read(loc);
+    let mut read = crate::spill::read(&**engine.store(), loc);
     for _ in 0..3 {
         if read.is_ok() {
             break;
@@ -343,7 +348,7 @@ fn read_back(engine: &Engine, p: &Partition, e: &Entry) -> Option<Arc<Message>> 
         match p.dead_location(e) {
             Some(now) if now != loc => {
                 loc = now;
-                read = engine.store().read(loc);
+                read = crate::spill::read(&**engine.store(), loc);
             }
             _ => break,
         }

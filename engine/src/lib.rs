@@ -42,6 +42,7 @@ pub mod queue;
 pub mod reply_to;
 pub mod retained;
 pub mod session_state;
+mod spill;
 pub mod stats;
 pub mod tenant;
 pub mod timers;
@@ -133,23 +134,26 @@ impl Engine {
 
         let mut bindings = Vec::new();
         let mut queues = Vec::new();
-        for (k, v) in &recovered.meta {
-            if let Some((t, key)) = session_state::decode_key(k) {
+        // Protocol session state and retained messages live in the store's
+        // state store, each under its own key prefix (no global version).
+        for e in store.scan_state(session_state::KEY_PREFIX)? {
+            if let Some((t, key)) = session_state::decode_key(&e.key) {
                 engine
                     .tenant_or_create(&t)
                     .session_state
-                    .restore(key, v.clone());
-                continue;
+                    .restore(key, e.value);
             }
-            if let Some(r) = retained::decode_entry(k, v) {
-                match r {
-                    Ok((t, m)) => engine.tenant_or_create(&t).retained.restore(&engine, m),
-                    Err(e) => {
-                        tracing::warn!(key = %String::from_utf8_lossy(k), error = %e, "ignoring an unreadable retained message")
-                    }
+        }
+        for e in store.scan_state(retained::KEY_PREFIX)? {
+            match retained::decode_entry(&e.key, &e.value) {
+                Some(Ok((t, m))) => engine.tenant_or_create(&t).retained.restore(&engine, m),
+                Some(Err(err)) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(&e.key), error = %err, "ignoring an unreadable retained message")
                 }
-                continue;
+                None => {}
             }
+        }
+        for (k, v) in &recovered.meta {
             match meta::decode(k, v) {
                 Some(meta::MetaEntry::Tenant(t)) => {
                     engine.tenant_or_create(&t);
@@ -239,24 +243,22 @@ impl Engine {
             }
         }
         // Messages of partitions that no queue owns (deleted before the
-        // crash, settle records lost): settle them so their space is freed.
+        // crash, the drop record lost): drop them so their space is freed,
+        // one record per partition.
         let mut orphans = Vec::new();
+        let mut orphaned = 0;
         for pid in store.recovered_partitions()? {
             if owned.contains(&pid) {
                 continue;
             }
-            for m in store.recover_partition(pid)? {
-                orphans.push(Op::Settle {
-                    partition: pid,
-                    id: m.id,
-                    location: m.location,
-                });
-            }
+            orphaned += store.recover_partition(pid)?.len();
+            orphans.push(Op::DropPartition { partition: pid });
         }
         if !orphans.is_empty() {
             tracing::info!(
-                messages = orphans.len(),
-                "settling messages of deleted queues"
+                partitions = orphans.len(),
+                messages = orphaned,
+                "dropping messages of deleted queues"
             );
             store.append(&orphans, &mut Vec::new(), None)?;
         }

@@ -1,8 +1,9 @@
 //! [`MemStore`]: everything in memory, durability on a manual switch.
 
 use crate::{
-    LiveSet, Location, MessageData, MessageId, Op, PartitionId, Receipt, RecoveredMessage,
-    RecoveredMeta, Relocation, Store, StoreError, StoreStats, StoredMessage, Waiter,
+    Admission, LiveSet, Location, MessageData, MessageId, Op, Owner, PartitionId, Receipt,
+    RecoveredMessage, RecoveredMeta, Relocation, StateEntry, Store, StoreError, StoreStats,
+    StoredMessage, Waiter,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -13,6 +14,8 @@ use std::sync::Arc;
 /// Marks MemStore positions (third word), so a position from another store
 /// is never mistaken for one of ours.
 const MEM_TAG: u32 = 0x4d45_4d00;
+/// Marks the positions of MemStore's [`Spill`] (third word).
+const MEM_SPILL_TAG: u32 = 0x4d45_4d01;
 
 /// An in-memory [`Store`] for in-process tests.
 ///
@@ -50,6 +53,8 @@ struct State {
     recovered_partitions: Vec<PartitionId>,
     hold: bool,
     held: Vec<Waiter>,
+    /// The state store: per key, its version and value.
+    state_map: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
     closed: bool,
     appended_bytes: u64,
 }
@@ -62,13 +67,22 @@ struct Record {
     live: u32,
 }
 
+/// The slot of one of our positions, stored or spilled.
 fn slot_of(loc: Location) -> Option<u64> {
     let [hi, lo, tag] = loc.words();
-    (tag == MEM_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+    (tag == MEM_TAG || tag == MEM_SPILL_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+}
+
+fn is_spilled(loc: Location) -> bool {
+    loc.words()[2] == MEM_SPILL_TAG
 }
 
 fn location_of(slot: u64) -> Location {
     Location::from_words([(slot >> 32) as u32, slot as u32, MEM_TAG])
+}
+
+fn spill_location_of(slot: u64) -> Location {
+    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_SPILL_TAG])
 }
 
 impl State {
@@ -129,6 +143,23 @@ impl State {
         self.requeued.remove(&(partition, id));
     }
 
+    /// Every message of `partition` below `before` leaves it (a drop when
+    /// `before` is `MessageId::MAX`).
+    fn cut(&mut self, partition: PartitionId, before: MessageId) {
+        let Some(map) = self.live.get_mut(&partition) else {
+            return;
+        };
+        let kept = map.split_off(&before);
+        let gone = std::mem::replace(map, kept);
+        if map.is_empty() {
+            self.live.remove(&partition);
+        }
+        for (id, slot) in gone {
+            self.unlive(slot);
+            self.requeued.remove(&(partition, id));
+        }
+    }
+
     /// One partition stops living at `slot`; drops the record when none does.
     fn unlive(&mut self, slot: u64) {
         if let Some(r) = self.records.get_mut(&slot) {
@@ -137,6 +168,87 @@ impl State {
                 self.records.remove(&slot);
             }
         }
+    }
+}
+
+/// What an op other than a message adds to `appended_bytes` (a message
+/// counts its header and body when it is stored): a small record's worth,
+/// so that a caller appending one op per message shows in the counter.
+fn record_bytes(op: &Op<'_>) -> u64 {
+    let var = |b: &[u8]| b.len() as u64;
+    match op {
+        Op::Publish { .. } | Op::Move { .. } => 0,
+        Op::PutMeta { key, value } | Op::PutState { key, value } => 16 + var(key) + var(value),
+        Op::DeleteMeta { key } | Op::DeleteState { key } => 16 + var(key),
+        Op::MetaBatch { changes } => {
+            16 + changes
+                .iter()
+                .map(|c| match c {
+                    crate::MetaChange::Put { key, value } => var(key) + var(value),
+                    crate::MetaChange::Delete { key } => var(key),
+                })
+                .sum::<u64>()
+        }
+        _ => 16,
+    }
+}
+
+impl State {
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        slot_of(location)
+            .and_then(|s| self.records.get(&s))
+            .map(|r| r.msg.clone())
+            .ok_or(StoreError::NotFound(location))
+    }
+}
+
+/// The spill: records like published ones, marked paged (dropped by
+/// [`MemStore::reopen`]), with positions of their own tag.
+impl crate::Spill for MemStore {
+    fn spill(
+        &self,
+        _owner: Owner,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: MessageData<'_>,
+    ) -> Result<(Location, Admission), StoreError> {
+        if partitions.is_empty() {
+            return Err(StoreError::io(
+                "spill",
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "a spilled message needs at least one partition",
+                ),
+            ));
+        }
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(StoreError::Closed);
+        }
+        let slot = st.publish(id, partitions, &data, true);
+        self.next_id.fetch_max(id + 1, Ordering::SeqCst);
+        Ok((spill_location_of(slot), Admission::default()))
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        if !is_spilled(location) {
+            return Err(StoreError::NotFound(location));
+        }
+        self.state.lock().read(location)
+    }
+
+    fn holds(&self, location: Location) -> bool {
+        is_spilled(location)
+    }
+
+    fn release(&self, partition: PartitionId, id: MessageId, location: Location) {
+        if is_spilled(location) {
+            self.state.lock().settle(partition, id);
+        }
+    }
+
+    fn release_partition(&self, partition: PartitionId) {
+        self.state.lock().cut(partition, MessageId::MAX);
     }
 }
 
@@ -198,6 +310,7 @@ impl MemStore {
         let mut next = State {
             meta: st.meta.clone(),
             meta_version: st.meta_version,
+            state_map: st.state_map.clone(),
             ..State::default()
         };
         next.next_slot = st.next_slot;
@@ -262,10 +375,7 @@ impl Store for MemStore {
         waiter: Option<Waiter>,
     ) -> Result<(), StoreError> {
         for op in ops {
-            if let Op::Publish { partitions, .. }
-            | Op::Page { partitions, .. }
-            | Op::Move { partitions, .. } = op
-            {
+            if let Op::Publish { partitions, .. } | Op::Move { partitions, .. } = op {
                 if partitions.is_empty() {
                     return Err(StoreError::io(
                         "append",
@@ -282,18 +392,14 @@ impl Store for MemStore {
             return Err(StoreError::Closed);
         }
         for op in ops {
+            st.appended_bytes += record_bytes(op);
             match op {
                 Op::Publish {
                     id,
                     partitions,
                     data,
-                }
-                | Op::Page {
-                    id,
-                    partitions,
-                    data,
                 } => {
-                    let slot = st.publish(*id, partitions, data, matches!(op, Op::Page { .. }));
+                    let slot = st.publish(*id, partitions, data, false);
                     self.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(location_of(slot));
                 }
@@ -341,6 +447,15 @@ impl Store for MemStore {
                     st.meta_version += 1;
                     st.meta.remove(*key);
                 }
+                Op::DropPartition { partition } => st.cut(*partition, MessageId::MAX),
+                Op::Truncate { partition, before } => st.cut(*partition, *before),
+                Op::PutState { key, value } => {
+                    let version = st.state_map.get(*key).map_or(1, |(v, _)| v + 1);
+                    st.state_map.insert(key.to_vec(), (version, value.to_vec()));
+                }
+                Op::DeleteState { key } => {
+                    st.state_map.remove(*key);
+                }
                 Op::MetaBatch { changes } => {
                     st.meta_version += 1;
                     for c in changes.iter() {
@@ -373,11 +488,14 @@ impl Store for MemStore {
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        let st = self.state.lock();
-        slot_of(location)
-            .and_then(|s| st.records.get(&s))
-            .map(|r| r.msg.clone())
-            .ok_or(StoreError::NotFound(location))
+        if is_spilled(location) {
+            return Err(StoreError::NotFound(location));
+        }
+        self.state.lock().read(location)
+    }
+
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(self)
     }
 
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
@@ -454,7 +572,12 @@ impl Store for MemStore {
                     partition,
                     id,
                     old,
-                    new: location_of(new),
+                    // A spilled copy stays spilled.
+                    new: if is_spilled(old) {
+                        spill_location_of(new)
+                    } else {
+                        location_of(new)
+                    },
                 });
             }
         }
@@ -469,10 +592,32 @@ impl Store for MemStore {
     }
 
     fn stats(&self) -> StoreStats {
+        let st = self.state.lock();
         StoreStats {
-            appended_bytes: self.state.lock().appended_bytes,
+            appended_bytes: st.appended_bytes,
+            // What the records still held take: the space a drop,
+            // truncation or settle gives back shows here at once.
+            disk_bytes: st
+                .records
+                .values()
+                .map(|r| (r.msg.header.len() + r.msg.body.len()) as u64)
+                .sum(),
             ..StoreStats::default()
         }
+    }
+
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
+        let st = self.state.lock();
+        Ok(st
+            .state_map
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (version, value))| StateEntry {
+                key: k.clone(),
+                value: value.clone(),
+                version: *version,
+            })
+            .collect())
     }
 
     fn close(&self) -> Result<(), StoreError> {

@@ -464,7 +464,7 @@ impl Client {
         // out, and may move it again (and reclaim the old segment) between
         // the lookup and the read: retry while the location keeps changing.
         let mut loc = p.leased_location(e)?;
-        let mut read = self.store.read(loc);
+        let mut read = crate::spill::read(&*self.store, loc);
         for _ in 0..3 {
             if read.is_ok() {
                 break;
@@ -472,7 +472,7 @@ impl Client {
             match p.leased_location(e) {
                 Some(now) if now != loc => {
                     loc = now;
-                    read = self.store.read(loc);
+                    read = crate::spill::read(&*self.store, loc);
                 }
                 _ => break,
             }

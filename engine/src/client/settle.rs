@@ -202,6 +202,8 @@ impl Client {
     /// publish record they settle, which was appended when published), then
     /// the partitions whose consumers got credit back deliver again.
     pub fn commit(&mut self) {
+        // Paged copies are released through the spill, not the store.
+        crate::spill::release_spilled(&*self.store, &mut self.settles);
         if !self.settles.is_empty() {
             self.locs.clear();
             match self
