@@ -6,6 +6,7 @@ use std::sync::Arc;
 use weir_backend::log::{LogOptions, LogStore};
 use weir_backend::{MessageAttrs, MessageData, Op, PartitionId, Store};
 use weir_engine::tenant::QueueDeclare;
+use weir_engine::ManualClock;
 use weir_engine::{Engine, Tenant, DEFAULT_TENANT};
 
 const CONN: u64 = 1;
@@ -94,7 +95,7 @@ fn deleting_a_queue_of_a_million_durable_messages_is_one_record_and_frees_its_sp
     // A deep queue and a small one beside it, declared through the engine.
     let (deep, small) = {
         let store = LogStore::open(dir.path(), opts()).expect("store");
-        let engine = Engine::open(store.clone()).expect("engine");
+        let engine = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         let t = tenant(&engine);
         let ids = (declare(&t, "deep"), declare(&t, "small"));
         store.close().expect("close");
@@ -107,7 +108,7 @@ fn deleting_a_queue_of_a_million_durable_messages_is_one_record_and_frees_its_sp
         store.close().expect("close");
     }
     let store = LogStore::open(dir.path(), opts()).expect("store");
-    let engine = Engine::open(store.clone()).expect("engine");
+    let engine = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let t = tenant(&engine);
     assert_eq!(t.queue("deep", CONN).expect("deep").message_count(), N);
     let before = store.stats();
@@ -147,7 +148,7 @@ fn deleting_a_queue_of_a_million_durable_messages_is_one_record_and_frees_its_sp
         store.recovered_partitions().expect("partitions"),
         vec![small]
     );
-    let engine = Engine::open(store.clone()).expect("engine");
+    let engine = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let t = tenant(&engine);
     assert!(t.queue("deep", CONN).is_err());
     assert_eq!(t.queue("small", CONN).expect("small").message_count(), 10);
@@ -267,7 +268,7 @@ fn figures_deleting_a_million() {
         let dir = tmp("drop");
         let deep = {
             let store = LogStore::open(dir.path(), LogOptions::default()).expect("store");
-            let engine = Engine::open(store.clone()).expect("engine");
+            let engine = Engine::open(store.clone(), ManualClock::new()).expect("engine");
             let deep = declare(&tenant(&engine), "deep");
             fill16(&*store, deep);
             store.close().expect("close");
@@ -275,7 +276,7 @@ fn figures_deleting_a_million() {
         };
         let store = LogStore::open(dir.path(), LogOptions::default()).expect("store");
         let t = Instant::now();
-        let engine = Engine::open(store.clone()).expect("engine");
+        let engine = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         let recovered = t.elapsed();
         let tn = tenant(&engine);
         assert_eq!(tn.queue("deep", CONN).expect("deep").message_count(), N);

@@ -12,6 +12,7 @@ use weir_engine::message::Message;
 use weir_engine::properties::HeaderFormat;
 use weir_engine::queue::HOT_ENTRIES;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, Engine, DEFAULT_TENANT};
 
 struct NoHeaders;
@@ -92,7 +93,7 @@ fn deep_transient_messages_are_spilled_read_back_released_and_not_recovered() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let store = LogStore::open(dir.path(), opts()).expect("store");
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         declare(&e, "t", false);
         declare(&e, "d", true);
         let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
@@ -142,7 +143,7 @@ fn deep_transient_messages_are_spilled_read_back_released_and_not_recovered() {
         store.recovered_partitions().expect("partitions").is_empty(),
         "spilled copies came back after a restart"
     );
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     assert!(c.get("d", GetAck::Auto).expect("get").is_none());
     store.close().expect("close");
