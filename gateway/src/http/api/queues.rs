@@ -323,7 +323,7 @@ async fn declare(
         connection: c.id(),
     })?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(super::created(!existed))
 }
 
@@ -367,7 +367,7 @@ async fn delete(
         )?,
     };
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     state.shared.request_trim();
     Ok(StatusCode::NO_CONTENT)
 }
