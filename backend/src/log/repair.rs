@@ -8,7 +8,8 @@
 use super::scan::{self, Item};
 use super::segment::{self, sync_dir};
 use crate::lock::DirLock;
-use crate::{Damage, StoreError};
+use super::Damage;
+use crate::StoreError;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

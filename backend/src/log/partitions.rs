@@ -1,0 +1,303 @@
+//! Partitions of the log store across handles: ownership (acquire, epochs,
+//! fencing) and recovery of a partition at any time.
+//!
+//! A single process holds every partition of the embedded log, but it may
+//! open several handles on it ([`super::LogStore::handle`]), as the
+//! processes sharing a networked store would: each [`crate::Store::acquire`]
+//! gives its handle the partition with a new epoch and fences the previous
+//! holder. While only the first handle exists, no append is ever checked
+//! (one flag), so the single-gateway hot path pays nothing for it.
+//!
+//! Recovery: open scans the whole log and keeps each partition's live
+//! messages and receipts until they are asked for. Until the first
+//! compaction ends this startup window, appends note the partitions they
+//! touch: a partition not touched since open is answered from what open
+//! found (the usual startup), any other, and every recovery after the
+//! window, by scanning the retained segments for its records (a takeover
+//! between handles, rare and allowed to be slow).
+
+use super::record::{self, MessageKind, Record};
+use super::{receipts, segment, LogStore, State};
+use crate::{
+    Epoch, MessageId, MessageRef, PartitionId, RangeMessage, Receipt, RecoveredMessage,
+    StoreError, StoredMessage,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+/// The handle id of the [`LogStore`] itself; [`LogStore::handle`] numbers
+/// the others from 2.
+pub(crate) const FIRST_HANDLE: u64 = 1;
+
+/// Ownership of partitions, in the append state.
+#[derive(Default)]
+pub(crate) struct Owners {
+    /// Whether a second handle was ever made: until then nothing is checked.
+    pub multi: bool,
+    /// Current holder (handle) and epoch of every acquired partition.
+    pub holders: HashMap<PartitionId, (u64, Epoch)>,
+    /// The last epoch given for each partition.
+    pub epochs: HashMap<PartitionId, u64>,
+}
+
+impl Owners {
+    /// Fails with `Fenced` when another handle than `handle` holds `p`.
+    pub(crate) fn check(&self, handle: u64, p: PartitionId) -> Result<(), StoreError> {
+        if !self.multi {
+            return Ok(());
+        }
+        match self.holders.get(&p) {
+            Some((h, _)) if *h != handle => Err(StoreError::Fenced(p)),
+            _ => Ok(()),
+        }
+    }
+
+    fn acquire(&mut self, handle: u64, p: PartitionId) -> Epoch {
+        let e = self.epochs.entry(p).or_default();
+        *e += 1;
+        let epoch = Epoch(*e);
+        self.holders.insert(p, (handle, epoch));
+        epoch
+    }
+}
+
+/// What open found, handed out per partition during the startup window.
+#[derive(Default)]
+pub(crate) struct OpenLists {
+    pub messages: HashMap<PartitionId, Vec<RecoveredMessage>>,
+    pub receipts: HashMap<PartitionId, Vec<Receipt>>,
+    /// Partitions whose messages were handed out already.
+    pub messages_taken: HashSet<PartitionId>,
+    /// Partitions whose receipts were handed out already.
+    pub receipts_taken: HashSet<PartitionId>,
+}
+
+/// A partition's records, found by a scan of the retained log.
+#[derive(Default)]
+struct Scanned {
+    live: BTreeMap<MessageId, RecoveredMessage>,
+    receipts: HashMap<u64, u64>,
+}
+
+impl LogStore {
+    pub(crate) fn acquire_as(&self, handle: u64, p: PartitionId) -> Result<Epoch, StoreError> {
+        let mut st = self.shared.state.lock();
+        if st.closing || st.failed {
+            return Err(StoreError::Closed);
+        }
+        Ok(st.owners.acquire(handle, p))
+    }
+
+    pub(crate) fn try_acquire_as(
+        &self,
+        handle: u64,
+        p: PartitionId,
+    ) -> Result<Option<Epoch>, StoreError> {
+        let mut st = self.shared.state.lock();
+        if st.closing || st.failed {
+            return Err(StoreError::Closed);
+        }
+        if let Some((h, e)) = st.owners.holders.get(&p) {
+            return Ok((*h == handle).then_some(*e));
+        }
+        Ok(Some(st.owners.acquire(handle, p)))
+    }
+
+    /// Whether `p` can still be answered from what open found: the startup
+    /// window is open and nothing was appended for it since.
+    fn untouched(st: &State, p: PartitionId) -> bool {
+        st.touched.as_ref().is_some_and(|t| !t.contains(&p))
+    }
+
+    pub(crate) fn recover_partition_as(
+        &self,
+        handle: u64,
+        p: PartitionId,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        {
+            let st = self.shared.state.lock();
+            st.owners.check(handle, p)?;
+            if Self::untouched(&st, p) {
+                let mut open = self.open_lists.lock();
+                if open.messages_taken.insert(p) {
+                    return Ok(open.messages.remove(&p).unwrap_or_default());
+                }
+            }
+        }
+        let scanned = self.scan_partition(p)?;
+        Ok(scanned.live.into_values().collect())
+    }
+
+    pub(crate) fn recover_receipts_as(
+        &self,
+        handle: u64,
+        p: PartitionId,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        {
+            let st = self.shared.state.lock();
+            st.owners.check(handle, p)?;
+            if Self::untouched(&st, p) {
+                let mut open = self.open_lists.lock();
+                if open.receipts_taken.insert(p) {
+                    return Ok(open.receipts.remove(&p).unwrap_or_default());
+                }
+            }
+        }
+        let now = super::now_ms();
+        let mut found = self.scan_partition(p)?.receipts;
+        // Receipts copied out of reclaimed segments.
+        let files = self.receipt_files.lock().0.clone();
+        for f in files {
+            let path = receipts::path(&self.shared.dir, f.seq);
+            let Ok(buf) = std::fs::read(&path) else {
+                // Deleted meanwhile: all of it expired.
+                continue;
+            };
+            if let Ok((_, entries)) = receipts::decode(&buf) {
+                for (q, key_hash, expires) in entries {
+                    if q == p {
+                        let e = found.entry(key_hash).or_default();
+                        *e = (*e).max(expires);
+                    }
+                }
+            }
+        }
+        Ok(found
+            .into_iter()
+            .filter(|(_, e)| *e > now)
+            .map(|(key_hash, expires_at_ms)| Receipt {
+                key_hash,
+                expires_at_ms,
+            })
+            .collect())
+    }
+
+    /// Ends the startup window (the first compaction): what open found and
+    /// nobody asked for is dropped, recoveries scan from now on.
+    pub(crate) fn end_startup_window(&self) {
+        let mut st = self.shared.state.lock();
+        if st.touched.take().is_some() {
+            drop(st);
+            *self.open_lists.lock() = OpenLists::default();
+        }
+    }
+
+    /// Up to `max` live stored messages of `p` from id `from` on, read by
+    /// a scan (the log keeps no per-partition index).
+    pub(crate) fn read_range_now(
+        &self,
+        p: PartitionId,
+        from: MessageId,
+        max: usize,
+    ) -> Result<Vec<RangeMessage>, StoreError> {
+        let scanned = self.scan_partition(p)?;
+        let mut out = Vec::new();
+        for (id, m) in scanned.live.range(from..) {
+            if out.len() >= max {
+                break;
+            }
+            let mut message: StoredMessage = self.read_stored(m.location)?;
+            message.attrs.deliver_at_ms = m.attrs.deliver_at_ms;
+            out.push(RangeMessage {
+                at: MessageRef::new(p, *id, m.location),
+                attempts: m.attempts,
+                message,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Waits until everything appended so far is durable, then replays the
+    /// retained segments for the records of `p`.
+    fn scan_partition(&self, p: PartitionId) -> Result<Scanned, StoreError> {
+        self.flush()?;
+        let segments: Vec<_> = self.shared.state.lock().segments.keys().copied().collect();
+        let mut out = Scanned::default();
+        for seg in segments {
+            let path = segment::segment_path(&self.shared.log_dir, seg);
+            let buf = match std::fs::read(&path) {
+                Ok(b) => b,
+                // Reclaimed meanwhile: nothing in it was live, and only a
+                // prefix of the log is ever reclaimed.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(StoreError::io(format!("reading {}", path.display()), e)),
+            };
+            let mut off = segment::HEADER_LEN;
+            while off < buf.len() {
+                let Some((rec, len)) = record::split_frame(&buf[off..])
+                    .ok()
+                    .and_then(|(payload, len)| Some((record::decode_payload(payload).ok()?, len)))
+                else {
+                    // The head's preallocated zeros, or the end of what the
+                    // writer wrote so far: nothing of ours lies beyond (we
+                    // flushed first).
+                    break;
+                };
+                let loc = crate::Location::log(seg, off as u32, len as u32);
+                match rec {
+                    Record::Message(m) if m.kind == MessageKind::Page => {}
+                    Record::Message(m) => {
+                        if m.partitions().any(|q| q == p) {
+                            out.live.insert(
+                                m.id,
+                                RecoveredMessage {
+                                    id: m.id,
+                                    location: loc,
+                                    size: m.body.len() as u32,
+                                    attempts: m.attempts,
+                                    attrs: m.attrs,
+                                },
+                            );
+                        }
+                        if let Some((from, from_id)) = m.moved_from {
+                            if from == p {
+                                out.live.remove(&from_id);
+                            }
+                        }
+                    }
+                    Record::Settle { partition, id } if partition == p => {
+                        out.live.remove(&id);
+                    }
+                    Record::Requeue {
+                        partition,
+                        id,
+                        attempts,
+                        deliver_at_ms,
+                    } if partition == p => {
+                        if let Some(m) = out.live.get_mut(&id) {
+                            m.attempts = attempts;
+                            m.attrs.deliver_at_ms = deliver_at_ms;
+                        }
+                    }
+                    Record::Receipt {
+                        partition,
+                        key_hash,
+                        expires_at_ms,
+                    } if partition == p => {
+                        let e = out.receipts.entry(key_hash).or_default();
+                        *e = (*e).max(expires_at_ms);
+                    }
+                    _ => {}
+                }
+                off += len;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Blocks until everything appended so far is durable.
+    fn flush(&self) -> Result<(), StoreError> {
+        let ticket = crate::Ticket::new(self.shared.state.lock().next_ticket);
+        if ticket.get() <= self.shared.durable.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.when_durable_now(
+            ticket,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv().map_err(|_| StoreError::Closed)?
+    }
+}
