@@ -105,6 +105,11 @@ pub trait Store: Send + Sync + 'static {
     /// not made durable). It may be called on the caller's thread, before
     /// this returns (a ticket already durable, [`Ticket::NONE`]), or on a
     /// thread of the store's: it must not block.
+    ///
+    /// A handle calls its waiters in the order they were registered: a
+    /// waiter never overtakes an earlier one, even when its own ticket is
+    /// durable sooner (a client's confirmations stay in order). This orders
+    /// the calls, not the commits.
     fn when_durable(&self, ticket: Ticket, waiter: Waiter);
 
     // ----- reads -----

@@ -170,7 +170,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
     }
     let mut locations = Vec::with_capacity(n_located);
     if !ops.is_empty() {
-        if let Err(e) = engine.store().append(&ops, &mut locations, None) {
+        if let Err(e) = engine.store().append(&ops, &mut locations) {
             // Nothing of the batch was applied: the messages stay where they
             // were in the store and come back (redelivered) after a restart.
             tracing::error!(error = %e, partition = from.id.0, "dead-lettering failed to reach the store");
@@ -224,7 +224,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
     }
     if !refused.is_empty() {
         let mut sink = Vec::new();
-        if let Err(e) = engine.store().append(&refused, &mut sink, None) {
+        if let Err(e) = engine.store().append(&refused, &mut sink) {
             tracing::error!(error = %e, "cannot settle dead-lettered copies refused by their queue");
         }
     }

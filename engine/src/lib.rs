@@ -250,7 +250,7 @@ impl Engine {
                 messages = orphans.len(),
                 "settling messages of deleted queues"
             );
-            store.append(&orphans, &mut Vec::new(), None)?;
+            store.append(&orphans, &mut Vec::new())?;
         }
         // Retained messages that expired while the broker was down.
         engine.sweep_retained(now_ms());
@@ -390,13 +390,13 @@ impl Engine {
     /// Appends metadata ops; the receiver resolves once they are durable.
     pub(crate) fn persist(&self, ops: &[Op<'_>]) -> Result<DurableWait> {
         let (tx, rx) = oneshot::channel();
-        self.store.append(
-            ops,
-            &mut Vec::new(),
-            Some(Box::new(move |r| {
+        let ticket = self.store.append(ops, &mut Vec::new())?;
+        self.store.when_durable(
+            ticket,
+            Box::new(move |r| {
                 let _ = tx.send(r);
-            })),
-        )?;
+            }),
+        );
         Ok(rx)
     }
 

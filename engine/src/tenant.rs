@@ -839,7 +839,7 @@ impl Tenant {
             }
         }
         if !ops.is_empty() {
-            self.engine()?.store().append(&ops, &mut Vec::new(), None)?;
+            self.engine()?.store().append(&ops, &mut Vec::new())?;
         }
         Ok(count)
     }

@@ -177,9 +177,7 @@ fn the_message_count_is_bounded_per_tenant() {
                 key: &other,
                 value: b"{}",
             }],
-            &mut Vec::new(),
-            None,
-        )
+            &mut Vec::new())
         .expect("append");
     let e = Engine::open(store).expect("engine");
     e.set_retained_limits(RetainedLimits {
@@ -218,9 +216,7 @@ fn the_bytes_are_bounded_over_every_tenant() {
                 key: &other,
                 value: b"{}",
             }],
-            &mut Vec::new(),
-            None,
-        )
+            &mut Vec::new())
         .expect("append");
     let e = Engine::open(store).expect("engine");
     // Each message below: 1 topic byte + 1 header byte + body.
@@ -481,9 +477,7 @@ fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
                 key: &other,
                 value: b"{}",
             }],
-            &mut Vec::new(),
-            None,
-        )
+            &mut Vec::new())
         .expect("append");
     (Engine::open(store.clone()).expect("engine"), store)
 }

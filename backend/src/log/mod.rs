@@ -230,6 +230,9 @@ pub(crate) struct State {
     touched: Option<HashSet<PartitionId>>,
     /// The writer thread is gone: no ticket becomes durable any more.
     writer_done: bool,
+    /// The writer took waiters and has not finished calling them: a new
+    /// waiter must not overtake them.
+    calling: bool,
 }
 
 #[derive(Default)]
@@ -441,6 +444,7 @@ impl LogStore {
                 owners: partitions::Owners::default(),
                 touched: Some(HashSet::new()),
                 writer_done: false,
+                calling: false,
             }),
             wake: Condvar::new(),
             next_id: AtomicU64::new(rec.next_id),
@@ -1107,15 +1111,18 @@ impl LogStore {
     }
 
     pub(crate) fn when_durable_now(&self, ticket: Ticket, waiter: Waiter) {
-        if ticket.get() <= self.shared.durable.load(Ordering::Acquire) {
+        let mut st = self.shared.state.lock();
+        let durable = ticket.get() <= self.shared.durable.load(Ordering::Acquire);
+        // At once only when no earlier waiter is pending or being called:
+        // waiters are called in the order they were registered.
+        if durable && st.waiters.is_empty() && !st.calling {
+            drop(st);
             writer::call_waiter(waiter, Ok(()));
             return;
         }
-        let mut st = self.shared.state.lock();
         if st.failed || st.writer_done {
-            // Re-read under the lock: the writer's last round may have
-            // covered it before it stopped.
-            let durable = ticket.get() <= self.shared.durable.load(Ordering::Acquire);
+            // No round will come: the writer's last one covered everything
+            // it could.
             drop(st);
             writer::call_waiter(
                 waiter,

@@ -332,14 +332,20 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
                 }
             }
         }
-        // Synced (or the store does not sync): every ticket handed out when
-        // the round was taken is durable. Before the waiters, so that a
-        // waiter asking about a ticket sees it.
-        if round.sync || !shared.opts.sync {
-            shared.durable.fetch_max(round.ticket, Ordering::Release);
-        }
+        let had_waiters = !round.waiters.is_empty();
         for w in round.waiters {
             call_waiter(w, Ok(()));
+        }
+        // Synced (or the store does not sync): every ticket handed out when
+        // the round was taken is durable. Said after its waiters were
+        // called, so that a later waiter cannot overtake them.
+        let synced = round.sync || !shared.opts.sync;
+        if synced || had_waiters {
+            let mut st = shared.state.lock();
+            if synced {
+                shared.durable.fetch_max(round.ticket, Ordering::Release);
+            }
+            st.calling = false;
         }
         // After the waiters: off their latency. `started` is this round's
         // clock read, so this adds none.
@@ -413,6 +419,7 @@ fn next_round(shared: &Shared, dirty: bool, unrecorded: bool) -> Option<Round> {
         st.inflight = Some(chunks.clone());
     }
     let waiters = std::mem::take(&mut st.waiters);
+    st.calling = !waiters.is_empty();
     let ticket = st.next_ticket;
 
     // Reclaimable: the oldest sealed segments with nothing live. Every settle
@@ -688,12 +695,12 @@ fn requeue(
     for w in waiters {
         call_waiter(
             w,
-            Err(StoreError::io(
-                "log write",
-                std::io::Error::other(msg.clone()),
-            )),
+            Err(StoreError::Retryable(format!(
+                "log write ran out of space: {msg}"
+            ))),
         );
     }
+    shared.state.lock().calling = false;
     // Do not spin: the next round comes with new work or the idle timer.
     std::thread::sleep(IDLE_SYNC);
 }

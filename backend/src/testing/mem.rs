@@ -49,6 +49,10 @@ pub struct MemStore {
 
 struct Shared {
     state: Mutex<State>,
+    /// Held while waiters are called, so that one called at once never
+    /// overtakes one being called by another thread (reentrant: a waiter
+    /// may register another).
+    calls: parking_lot::ReentrantMutex<()>,
     next_id: AtomicU64,
     next_handle: AtomicU64,
     defer_reads: AtomicBool,
@@ -204,20 +208,16 @@ impl State {
         !self.journal.iter().any(|p| p.ticket == ticket)
     }
 
-    /// Takes the waiters whose tickets are durable now, in ticket order.
+    /// Takes the waiters that can be called now: the longest run, in
+    /// registration order, of waiters whose tickets are durable (a waiter
+    /// never overtakes an earlier one).
     fn completed(&mut self) -> Vec<Waiter> {
-        let mut done = Vec::new();
-        let mut left = Vec::new();
-        for (t, w) in std::mem::take(&mut self.waiting) {
-            if self.is_durable(t) {
-                done.push((t, w));
-            } else {
-                left.push((t, w));
-            }
-        }
-        self.waiting = left;
-        done.sort_by_key(|(t, _)| *t);
-        done.into_iter().map(|(_, w)| w).collect()
+        let n = self
+            .waiting
+            .iter()
+            .take_while(|(t, _)| self.is_durable(*t))
+            .count();
+        self.waiting.drain(..n).map(|(_, w)| w).collect()
     }
 
     /// Fails with `Fenced` when another handle than `handle` holds `p`.
@@ -472,6 +472,7 @@ impl MemStore {
         MemStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
+                calls: parking_lot::ReentrantMutex::new(()),
                 next_id: AtomicU64::new(next_id),
                 next_handle: AtomicU64::new(2),
                 defer_reads: AtomicBool::new(false),
@@ -508,6 +509,7 @@ impl MemStore {
     /// Makes everything appended so far durable and completes every
     /// waiter (successfully), in append order. The hold stays as it is.
     pub fn release(&self) {
+        let _calls = self.shared.calls.lock();
         let done = {
             let mut st = self.shared.state.lock();
             st.make_all_durable();
@@ -523,6 +525,7 @@ impl MemStore {
     /// every partition keeps a prefix). Completes the waiters of the
     /// tickets that are durable now.
     pub fn release_ticket(&self, ticket: Ticket) {
+        let _calls = self.shared.calls.lock();
         let done = {
             let mut st = self.shared.state.lock();
             if let Some(i) = st.journal.iter().position(|p| p.ticket == ticket.get()) {
@@ -782,8 +785,10 @@ impl Store for MemStore {
     }
 
     fn when_durable(&self, ticket: Ticket, waiter: Waiter) {
+        let _calls = self.shared.calls.lock();
         let mut st = self.shared.state.lock();
-        if ticket == Ticket::NONE || st.is_durable(ticket.get()) {
+        let durable = ticket == Ticket::NONE || st.is_durable(ticket.get());
+        if durable && st.waiting.is_empty() {
             drop(st);
             waiter(Ok(()));
             return;

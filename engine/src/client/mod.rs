@@ -39,12 +39,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_backend::{
-    Location, MessageAttrs, MessageData, MessageId, Op, Owner, PartitionId, Store, StoreError,
+    Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, ShareTag, Store, StoreError,
     Waiter,
 };
 
 mod definitions;
 mod deliver;
+mod durable;
 mod publish;
 mod settle;
 
@@ -225,7 +226,9 @@ pub struct Client {
     /// The principal's permissions in the tenant, with cached decisions.
     authz: Authz,
     /// The tenant, to the store's fairness.
-    owner: Owner,
+    share: ShareTag,
+    /// Tickets of this client's appends a durability barrier waits for.
+    unconfirmed: durable::Unconfirmed,
     /// The store said the tenant is over its share of the writer since
     /// [`Self::take_store_pressure`] was last asked.
     over_share: bool,
@@ -283,7 +286,8 @@ impl Client {
         Ok(Client {
             counted,
             authz,
-            owner: Owner(t.quota().tag()),
+            share: ShareTag(t.quota().tag()),
+            unconfirmed: Default::default(),
             over_share: false,
             store: engine.store().clone(),
             tenant: t,

@@ -206,9 +206,12 @@ impl Client {
             self.locs.clear();
             match self
                 .store
-                .append_for(self.owner, &self.settles, &mut self.locs, None)
+                .append_for(self.share, &self.settles, &mut self.locs)
             {
-                Ok(a) => self.over_share |= a.over_share,
+                Ok((ticket, a)) => {
+                    self.over_share |= a.over_share;
+                    self.unconfirmed.note_ops(&self.settles, ticket);
+                }
                 Err(e) => tracing::error!(error = %e, "store refused settles"),
             }
             self.settles.clear();
@@ -234,9 +237,13 @@ impl Client {
         self.over_share
     }
 
-    /// Calls `waiter` once everything appended so far is durable (a
-    /// publisher's confirmation).
-    pub fn durability_barrier(&self, waiter: Waiter) -> Result<(), StoreError> {
-        self.store.append(&[], &mut Vec::new(), Some(waiter))
+    /// Calls `waiter` once everything this client appended so far is
+    /// durable (a publisher's confirmation): the store's tickets of its
+    /// publishes, receipts and settles since its last barrier, and of the
+    /// originals of duplicates it published. Barriers complete in the order
+    /// they were asked for.
+    pub fn durability_barrier(&mut self, waiter: Waiter) -> Result<(), StoreError> {
+        self.unconfirmed.barrier(&*self.store, waiter);
+        Ok(())
     }
 }

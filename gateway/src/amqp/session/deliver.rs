@@ -197,7 +197,7 @@ impl Session {
                         since,
                     });
                 });
-                let barrier = match self.client.as_ref() {
+                let barrier = match self.client.as_mut() {
                     Some(client) => client.durability_barrier(waiter),
                     None => Err(weir_backend::StoreError::Closed),
                 };

@@ -737,8 +737,9 @@ impl Session {
         if std::mem::take(&mut self.batch_needs_barrier) {
             self.barriers_sent += 1;
             let n = self.barriers_sent;
-            let ok = self.client.as_ref().is_some_and(|c| {
-                let (durable, handle) = (self.durable.clone(), c.handle().clone());
+            let durable = self.durable.clone();
+            let ok = self.client.as_mut().is_some_and(|c| {
+                let handle = c.handle().clone();
                 let waiter: weir_backend::Waiter = Box::new(move |r| {
                     if r.is_ok() {
                         durable.fetch_max(n, Ordering::AcqRel);
