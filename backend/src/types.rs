@@ -362,7 +362,6 @@ pub struct StoreStats {
     pub reclaimed_segments: u64,
 }
 
-
 // ----- store contract v2: tickets, ownership, metadata versions, reads, errors -----
 
 /// A durability ticket: what [`crate::Store::append`] returns.

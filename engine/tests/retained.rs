@@ -177,7 +177,8 @@ fn the_message_count_is_bounded_per_tenant() {
                 key: &other,
                 value: b"{}",
             }],
-            &mut Vec::new())
+            &mut Vec::new(),
+        )
         .expect("append");
     let e = Engine::open(store).expect("engine");
     e.set_retained_limits(RetainedLimits {
@@ -216,7 +217,8 @@ fn the_bytes_are_bounded_over_every_tenant() {
                 key: &other,
                 value: b"{}",
             }],
-            &mut Vec::new())
+            &mut Vec::new(),
+        )
         .expect("append");
     let e = Engine::open(store).expect("engine");
     // Each message below: 1 topic byte + 1 header byte + body.
@@ -477,7 +479,8 @@ fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
                 key: &other,
                 value: b"{}",
             }],
-            &mut Vec::new())
+            &mut Vec::new(),
+        )
         .expect("append");
     (Engine::open(store.clone()).expect("engine"), store)
 }

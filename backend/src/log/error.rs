@@ -205,4 +205,3 @@ impl std::fmt::Display for LostRecord {
         }
     }
 }
-

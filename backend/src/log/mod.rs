@@ -541,7 +541,8 @@ impl LogStore {
     /// Reads and decodes the message record at `loc`.
     fn read_message(&self, loc: Location) -> Result<(Bytes, MessageIndex), StoreError> {
         let raw = Bytes::from(self.read_raw(loc)?);
-        let corrupt = |reason: String| error::corrupt(loc.segment(), u64::from(loc.offset()), reason);
+        let corrupt =
+            |reason: String| error::corrupt(loc.segment(), u64::from(loc.offset()), reason);
         let (payload, total) = record::split_frame(&raw).map_err(|e| match e {
             record::FrameError::Truncated => StoreError::NotFound(loc),
             record::FrameError::Corrupt(r) => corrupt(r),
@@ -1047,7 +1048,9 @@ impl LogStore {
                     st.meta_version = version;
                     for c in changes.iter() {
                         match c {
-                            MetaChange::Put { key, value } => st.apply_meta(version, key, Some(value)),
+                            MetaChange::Put { key, value } => {
+                                st.apply_meta(version, key, Some(value))
+                            }
                             MetaChange::Delete { key } => st.apply_meta(version, key, None),
                         }
                     }
@@ -1186,7 +1189,14 @@ impl LogStore {
         if found != expected {
             return Err(StoreError::Conflict { expected, found });
         }
-        let a = self.append_locked(&mut st, handle, ShareTag::BROKER, &ops, &mut Vec::new(), total)?;
+        let a = self.append_locked(
+            &mut st,
+            handle,
+            ShareTag::BROKER,
+            &ops,
+            &mut Vec::new(),
+            total,
+        )?;
         let version = st.meta_version;
         drop(st);
         let (ticket, _) = self.appended(a, total);
@@ -1257,7 +1267,6 @@ impl LogStore {
         }
     }
 }
-
 
 /// Calls `f` for every partition `op` names (its targets, and the source of
 /// a move), stopping at the first error.

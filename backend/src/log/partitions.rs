@@ -19,8 +19,8 @@
 use super::record::{self, MessageKind, Record};
 use super::{receipts, segment, LogStore, State};
 use crate::{
-    Epoch, MessageId, MessageRef, PartitionId, RangeMessage, Receipt, RecoveredMessage,
-    StoreError, StoredMessage,
+    Epoch, MessageId, MessageRef, PartitionId, RangeMessage, Receipt, RecoveredMessage, StoreError,
+    StoredMessage,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -286,7 +286,7 @@ impl LogStore {
     }
 
     /// Blocks until everything appended so far is durable.
-    fn flush(&self) -> Result<(), StoreError> {
+    pub(crate) fn flush(&self) -> Result<(), StoreError> {
         let ticket = crate::Ticket::new(self.shared.state.lock().next_ticket);
         if ticket.get() <= self.shared.durable.load(Ordering::Acquire) {
             return Ok(());

@@ -2,10 +2,10 @@
 //! retained segment in order.
 
 use super::checkpoint::{self, Checkpoint};
+use super::error::{LogError, SegmentId};
 use super::record::{self, MessageKind, Record};
 use super::scan;
 use super::segment::{self, SegmentInfo};
-use super::error::{LogError, SegmentId};
 use crate::{Location, MessageId, PartitionId, RecoveredMessage, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;

@@ -7,8 +7,8 @@
 
 use super::scan::{self, Item};
 use super::segment::{self, sync_dir};
-use crate::lock::DirLock;
 use super::Damage;
+use crate::lock::DirLock;
 use crate::StoreError;
 use std::io::Write;
 use std::path::{Path, PathBuf};

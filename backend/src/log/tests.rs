@@ -934,7 +934,8 @@ fn corruption_in_an_older_segment_is_an_error() {
     std::fs::write(&path, std::fs::read(&path).unwrap()).unwrap();
     std::fs::remove_file(segment::segment_path(&dir.path().join("log"), 2)).unwrap();
     assert!(matches!(
-        LogStore::open(dir.path(), small()).map_err(|e| LogError::of(&e).map(|l| matches!(l, LogError::Corrupt { .. }))),
+        LogStore::open(dir.path(), small())
+            .map_err(|e| LogError::of(&e).map(|l| matches!(l, LogError::Corrupt { .. }))),
         Err(Some(true))
     ));
 }
@@ -1177,12 +1178,14 @@ fn oversized_and_invalid_ops_are_rejected_whole() {
 fn log_store_passes_the_store_contract() {
     struct LogHarness {
         dirs: Vec<tempfile::TempDir>,
+        current: Option<Arc<LogStore>>,
     }
     impl crate::testing::contract::Harness for LogHarness {
         fn create(&mut self) -> Arc<dyn Store> {
             let dir = tempfile::tempdir().unwrap();
             let store = LogStore::open(dir.path(), contract_opts()).unwrap();
             self.dirs.push(dir);
+            self.current = Some(store.clone());
             store
         }
         fn persists(&self) -> bool {
@@ -1192,11 +1195,55 @@ fn log_store_passes_the_store_contract() {
             let _no_spawn = SPAWNING.lock();
             store.close().unwrap();
             drop(store);
+            self.current = None;
             let dir = self.dirs.last().expect("created first").path();
-            LogStore::open(dir, contract_opts()).unwrap()
+            let store = LogStore::open(dir, contract_opts()).unwrap();
+            self.current = Some(store.clone());
+            store
+        }
+        fn second_handle(&mut self, _store: &Arc<dyn Store>) -> Option<Arc<dyn Store>> {
+            Some(self.current.as_ref().expect("created first").handle())
+        }
+        /// A process crash: what the writer handed to the kernel survives
+        /// (everything appended so far, once flushed), copied as the files
+        /// are while the store is still open, then opened without a clean
+        /// close.
+        fn crash(&mut self, store: Arc<dyn Store>) -> Option<Arc<dyn Store>> {
+            let _no_spawn = SPAWNING.lock();
+            let current = self.current.take().expect("created first");
+            current.flush().unwrap();
+            let from = self
+                .dirs
+                .last()
+                .expect("created first")
+                .path()
+                .to_path_buf();
+            let to = tempfile::tempdir().unwrap();
+            copy_dir(&from, to.path());
+            store.close().unwrap();
+            drop((store, current));
+            let store = LogStore::open(to.path(), contract_opts()).unwrap();
+            self.dirs.push(to);
+            self.current = Some(store.clone());
+            Some(store)
         }
     }
-    let mut h = LogHarness { dirs: Vec::new() };
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &target);
+            } else if e.file_name() != crate::lock::LOCK_FILE {
+                std::fs::copy(e.path(), &target).unwrap();
+            }
+        }
+    }
+    let mut h = LogHarness {
+        dirs: Vec::new(),
+        current: None,
+    };
     crate::testing::contract::run_all(&mut h);
     // The randomized runs were long enough that reclamation took part.
     let reclaimed = h
@@ -1462,7 +1509,8 @@ fn second_open_of_a_directory_is_refused() {
         Ok(_) => panic!("expected the lock to be refused"),
     }
     assert!(matches!(
-        super::repair(dir.path()).map_err(|e| matches!(LogError::of(&e), Some(LogError::Locked { .. }))),
+        super::repair(dir.path())
+            .map_err(|e| matches!(LogError::of(&e), Some(LogError::Locked { .. }))),
         Err(true)
     ));
     store.close().unwrap();
@@ -1687,7 +1735,8 @@ fn directory_in_format_0_is_refused_untouched() {
         "refusal changed the log"
     );
     assert!(matches!(
-        super::repair(dir.path()).map_err(|e| matches!(LogError::of(&e), Some(LogError::UnsupportedFormat { .. }))),
+        super::repair(dir.path())
+            .map_err(|e| matches!(LogError::of(&e), Some(LogError::UnsupportedFormat { .. }))),
         Err(true)
     ));
 
@@ -1696,7 +1745,11 @@ fn directory_in_format_0_is_refused_untouched() {
     newer[8] = 9;
     std::fs::write(&path, &newer).unwrap();
     match LogStore::open(dir.path(), small()) {
-        Err(e) if matches!(LogError::of(&e), Some(LogError::UnsupportedFormat { found: 9, .. })) => {}
+        Err(e)
+            if matches!(
+                LogError::of(&e),
+                Some(LogError::UnsupportedFormat { found: 9, .. })
+            ) => {}
         other => panic!("expected a format refusal, got {other:?}"),
     }
 }
@@ -1815,10 +1868,7 @@ fn publish_for(store: &LogStore, owner: ShareTag, body: &[u8]) -> Admission {
         partitions: &[P1],
         data: data(body),
     }];
-    store
-        .append_for(owner, &ops, &mut Vec::new())
-        .unwrap()
-        .1
+    store.append_for(owner, &ops, &mut Vec::new()).unwrap().1
 }
 
 /// Bytes appended and not yet taken by the writer.

@@ -9,8 +9,8 @@
 
 use super::checkpoint;
 use super::segment::{segment_path, sync_dir, trash_path};
-use super::{pack_pos, Chunk, Shared};
 use super::SegmentId;
+use super::{pack_pos, Chunk, Shared};
 use crate::{StoreError, Waiter};
 use std::fs::{File, OpenOptions};
 use std::io::Write;

@@ -44,6 +44,20 @@ pub trait Harness {
         let _ = store;
         None
     }
+
+    /// From now on `store`'s appends are durable only when
+    /// [`Harness::release`] says so. `false` (the default) when the store
+    /// cannot hold durability back; the rules then wait instead.
+    fn hold(&mut self, store: &Arc<dyn Store>) -> bool {
+        let _ = store;
+        false
+    }
+
+    /// Under [`Harness::hold`]: makes `ticket` durable, with what it
+    /// covers.
+    fn release(&mut self, store: &Arc<dyn Store>, ticket: Ticket) {
+        let _ = (store, ticket);
+    }
 }
 
 /// Restarts `store` when the harness can; `Err` gives it back otherwise.
@@ -74,6 +88,7 @@ pub fn run_all(h: &mut dyn Harness) {
     for seed in 0..4 {
         randomized_against_a_model(h, seed);
     }
+    super::contract_v2::run_all(h);
 }
 
 const P1: PartitionId = PartitionId(1);
@@ -273,7 +288,8 @@ pub fn invalid_publish_is_rejected_whole(h: &mut dyn Harness) {
                 data: data(b"x"),
             },
         ],
-        &mut locs);
+        &mut locs,
+    );
     assert!(r.is_err());
     assert!(locs.is_empty());
     let meta = store.recovered_meta().expect("meta");
@@ -305,7 +321,8 @@ pub fn metadata_is_versioned_and_survives_restart(h: &mut dyn Harness) {
                 key: b"q3",
                 value: b"v3",
             }],
-            &mut Vec::new())
+            &mut Vec::new(),
+        )
         .expect("append");
     let want: BTreeMap<Vec<u8>, Vec<u8>> = [
         (b"q2".to_vec(), b"v2".to_vec()),
@@ -386,7 +403,8 @@ pub fn recovery_is_per_partition(h: &mut dyn Harness) {
                 partitions: &[P4],
                 data: data(b"paged"),
             }],
-            &mut Vec::new())
+            &mut Vec::new(),
+        )
         .expect("page");
     settle(&*store, P1, a.0, a.1);
     settle(&*store, P3, c.0, c.1);
@@ -681,7 +699,8 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
                             from_id,
                             from_location: kept.loc,
                         }],
-                        &mut locs)
+                        &mut locs,
+                    )
                     .expect("move");
                 assert_eq!(locs.len(), 1);
                 for q in ps {
@@ -704,7 +723,8 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
                             attempts: k.attempts,
                             deliver_at_ms: k.deliver_at,
                         }],
-                        &mut Vec::new())
+                        &mut Vec::new(),
+                    )
                     .expect("requeue");
             }
         } else if r < 72 && !model.live.borrow().is_empty() {
@@ -721,7 +741,8 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
                         id: k.1,
                         location: kept.loc,
                     }],
-                    &mut Vec::new())
+                    &mut Vec::new(),
+                )
                 .expect("settle");
         } else if r < 80 {
             let key = vec![rng.below(8) as u8];
@@ -734,7 +755,8 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
                             key: &key,
                             value: &value,
                         }],
-                        &mut Vec::new())
+                        &mut Vec::new(),
+                    )
                     .expect("put");
                 meta.insert(key, value);
             } else {
@@ -898,7 +920,8 @@ pub fn move_is_atomic_and_recovered_only_in_its_targets(h: &mut dyn Harness) {
                 from_location: old_loc,
             },
         ],
-        &mut Vec::new());
+        &mut Vec::new(),
+    );
     assert!(r.is_err());
     let locs = append_wait(
         &*store,
@@ -1304,7 +1327,11 @@ pub fn receipts_survive_restart_and_compaction_until_they_expire(h: &mut dyn Har
             nudge(&*store);
             nudge(&*store);
         }
-        assert_eq!(receipts_of(&*store, P2), want_p2, "after compaction {round}");
+        assert_eq!(
+            receipts_of(&*store, P2),
+            want_p2,
+            "after compaction {round}"
+        );
     }
     store.close().expect("close");
 }

@@ -181,9 +181,8 @@ impl State {
                 domains.extend(self.journal[i].domains.iter().copied());
             }
         }
-        let mut i = 0;
         let mut kept = Vec::with_capacity(self.journal.len());
-        for p in std::mem::take(&mut self.journal) {
+        for (i, p) in std::mem::take(&mut self.journal).into_iter().enumerate() {
             if take.get(i).copied().unwrap_or(false) {
                 for op in &p.ops {
                     self.durable.apply(op);
@@ -191,7 +190,6 @@ impl State {
             } else {
                 kept.push(p);
             }
-            i += 1;
         }
         self.journal = kept;
     }
@@ -538,6 +536,32 @@ impl MemStore {
         }
     }
 
+    /// Whether everything `ticket` covers is durable.
+    pub fn ticket_durable(&self, ticket: Ticket) -> bool {
+        ticket == Ticket::NONE || self.shared.state.lock().is_durable(ticket.get())
+    }
+
+    /// Breaks the contract on purpose, for the contract suite's own tests:
+    /// makes the append of `ticket` durable *without* the earlier appends
+    /// of its partitions.
+    #[doc(hidden)]
+    pub fn release_only(&self, ticket: Ticket) {
+        let _calls = self.shared.calls.lock();
+        let done = {
+            let mut st = self.shared.state.lock();
+            if let Some(i) = st.journal.iter().position(|p| p.ticket == ticket.get()) {
+                let p = st.journal.remove(i);
+                for op in &p.ops {
+                    st.durable.apply(op);
+                }
+            }
+            st.completed()
+        };
+        for w in done {
+            w(Ok(()));
+        }
+    }
+
     /// Waiters pending under the hold.
     pub fn held_waiters(&self) -> usize {
         self.shared.state.lock().waiting.len()
@@ -599,12 +623,7 @@ impl MemStore {
 
     /// Records `ops` (already validated) at the end of the journal, in
     /// `now`, and in `durable` unless held. Returns the ticket.
-    fn record(
-        &self,
-        st: &mut State,
-        ops: Vec<Owned>,
-        domains: Vec<Domain>,
-    ) -> (Ticket, Vec<Wake>) {
+    fn record(&self, st: &mut State, ops: Vec<Owned>, domains: Vec<Domain>) -> (Ticket, Vec<Wake>) {
         let meta_changed = ops.iter().any(|o| matches!(o, Owned::Meta(_)));
         let mut wakes = Vec::new();
         for op in &ops {
@@ -763,7 +782,9 @@ impl Store for MemStore {
                     key_hash,
                     expires_at_ms,
                 } => Owned::Receipt(*partition, *key_hash, *expires_at_ms),
-                Op::PutMeta { key, value } => Owned::Meta(vec![(key.to_vec(), Some(value.to_vec()))]),
+                Op::PutMeta { key, value } => {
+                    Owned::Meta(vec![(key.to_vec(), Some(value.to_vec()))])
+                }
                 Op::DeleteMeta { key } => Owned::Meta(vec![(key.to_vec(), None)]),
                 Op::MetaBatch { changes } => Owned::Meta(
                     changes
@@ -985,7 +1006,12 @@ impl Store for MemStore {
             for (partition, id, old) in todo {
                 // Only what is still live where the caller saw it: a settle
                 // since then wins.
-                let Some(slot) = st.now.live.get(&partition).and_then(|m| m.get(&id)).copied()
+                let Some(slot) = st
+                    .now
+                    .live
+                    .get(&partition)
+                    .and_then(|m| m.get(&id))
+                    .copied()
                 else {
                     continue;
                 };
@@ -1115,7 +1141,10 @@ mod tests {
         assert_eq!(p1.len(), 2, "P1's prefix up to the ticket survived");
         assert_eq!(p1[0].location, a);
         assert!(
-            crashed.recover_partition(PartitionId(2)).unwrap().is_empty(),
+            crashed
+                .recover_partition(PartitionId(2))
+                .unwrap()
+                .is_empty(),
             "P2 was never durable"
         );
         let _ = tb;
@@ -1162,6 +1191,19 @@ mod tests {
             let s = old.crash();
             self.current = Some(s.clone());
             Some(s)
+        }
+        fn hold(&mut self, _store: &Arc<dyn Store>) -> bool {
+            self.current
+                .as_ref()
+                .expect("created first")
+                .hold_durability(true);
+            true
+        }
+        fn release(&mut self, _store: &Arc<dyn Store>, ticket: Ticket) {
+            self.current
+                .as_ref()
+                .expect("created first")
+                .release_ticket(ticket);
         }
     }
 
