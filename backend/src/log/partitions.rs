@@ -30,14 +30,22 @@ use std::sync::atomic::Ordering;
 pub(crate) const FIRST_HANDLE: u64 = 1;
 
 /// Ownership of partitions, in the append state.
+///
+/// Epochs come from one counter, so each acquire of a partition gets a
+/// larger epoch than every earlier one. While a single handle exists
+/// nothing is recorded (no memory per partition, no check per append):
+/// there is nobody to fence. From the second handle on, each acquire
+/// records its holder; a partition without a record (acquired before,
+/// or never) is free to append to until someone acquires it.
 #[derive(Default)]
 pub(crate) struct Owners {
     /// Whether a second handle was ever made: until then nothing is checked.
     pub multi: bool,
-    /// Current holder (handle) and epoch of every acquired partition.
+    /// Current holder (handle) and epoch of every partition acquired since
+    /// the second handle was made.
     pub holders: HashMap<PartitionId, (u64, Epoch)>,
-    /// The last epoch given for each partition.
-    pub epochs: HashMap<PartitionId, u64>,
+    /// The last epoch given.
+    last_epoch: u64,
 }
 
 impl Owners {
@@ -53,10 +61,11 @@ impl Owners {
     }
 
     fn acquire(&mut self, handle: u64, p: PartitionId) -> Epoch {
-        let e = self.epochs.entry(p).or_default();
-        *e += 1;
-        let epoch = Epoch(*e);
-        self.holders.insert(p, (handle, epoch));
+        self.last_epoch += 1;
+        let epoch = Epoch(self.last_epoch);
+        if self.multi {
+            self.holders.insert(p, (handle, epoch));
+        }
         epoch
     }
 }

@@ -567,6 +567,17 @@ impl MemStore {
         self.shared.state.lock().waiting.len()
     }
 
+    /// The tickets of the appends not yet durable, in append order.
+    pub fn pending_tickets(&self) -> Vec<Ticket> {
+        self.shared
+            .state
+            .lock()
+            .journal
+            .iter()
+            .map(|p| Ticket::new(p.ticket))
+            .collect()
+    }
+
     /// Appends not yet durable (under the hold).
     pub fn pending_appends(&self) -> usize {
         self.shared.state.lock().journal.len()
