@@ -19,7 +19,7 @@
 //! (RabbitMQ's cycle rule), so automatic dead-lettering never loops.
 
 use crate::message::{now_ms, Entry, Message};
-use crate::properties::{HeaderFormat, LazyLookup, Table, Value};
+use crate::properties::{LazyLookup, Table, Value};
 use crate::queue::{Enqueued, Partition, Queue};
 use crate::tenant::RouteInput;
 use crate::Engine;
@@ -334,39 +334,7 @@ fn republish(
 
 /// Reads a message whose body is not in memory, following compaction.
 fn read_back(engine: &Engine, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
-    let mut loc = p.dead_location(e)?;
-    let mut read = engine.store().read(loc);
-    for _ in 0..3 {
-        if read.is_ok() {
-            break;
-        }
-        match p.dead_location(e) {
-            Some(now) if now != loc => {
-                loc = now;
-                read = engine.store().read(loc);
-            }
-            _ => break,
-        }
-    }
-    let m = match read {
-        Ok(m) => m,
-        Err(err) => {
-            tracing::error!(error = %err, id = e.id, "cannot read a dead-lettered message back");
-            return None;
-        }
-    };
-    let header_format = HeaderFormat::from_u8(m.header_format).ok()?;
-    Some(Arc::new(Message {
-        id: m.id,
-        exchange: Bytes::from(m.exchange.into_bytes()),
-        routing_key: Bytes::from(m.routing_key.into_bytes()),
-        properties: m.header,
-        body: m.body,
-        header_format,
-        persistent: true,
-        priority: m.attrs.priority,
-        ttl_ms: None,
-    }))
+    crate::readback::read_located(&**engine.store(), p.id, e.id, || p.dead_location(e))
 }
 
 /// Adds this death to `x-death` (RabbitMQ's format: newest first; a

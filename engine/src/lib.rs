@@ -39,6 +39,7 @@ pub mod permissions;
 pub mod policy;
 pub mod properties;
 pub mod queue;
+mod readback;
 pub mod reply_to;
 pub mod retained;
 pub mod session_state;

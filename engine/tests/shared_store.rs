@@ -430,3 +430,70 @@ fn a_barrier_waits_for_its_own_partitions_not_for_others() {
         .expect("b confirmed")
         .expect("durable");
 }
+
+#[test]
+fn cold_deliveries_are_read_ahead_without_blocking_the_session() {
+    // Messages recovered at startup are cold (bodies in the store). With a
+    // store whose reads answer later, drain starts their reads and the
+    // session is not handed a delivery before its message is there; the
+    // connection is woken and the next drain hands them all out, read.
+    let before = MemStore::new();
+    let e = Engine::open(before.clone()).expect("engine");
+    declare(&e, "q", json!({})).expect("declare");
+    let mut c = client(&e);
+    for body in [&b"one"[..], b"two", b"three"] {
+        publish(&mut c, "q", body);
+    }
+    drop(c);
+    drop(e);
+    let store = before.reopen();
+    store.defer_reads(true);
+    let e = Engine::open(store.clone()).expect("engine");
+    let mut c = client(&e);
+    c.subscribe(
+        "q",
+        weir_engine::client::SubscribeOptions {
+            scope: 1,
+            tag: Bytes::from_static(b"t"),
+            exclusive: false,
+            no_ack: true,
+            prefetch_count: 0,
+            prefetch_bytes: 0,
+            priority: 0,
+        },
+    )
+    .expect("subscribe");
+    c.commit();
+    c.drain(&mut Vec::new());
+    assert_eq!(
+        c.pending_deliveries(),
+        3,
+        "the queue handed out its messages"
+    );
+    assert!(
+        c.next_delivery().is_none(),
+        "a delivery was handed out before its read completed"
+    );
+    c.finish_deliveries();
+    // The read completed (the connection was woken): the next drain hands
+    // them out with their messages.
+    c.drain(&mut Vec::new());
+    let mut got = Vec::new();
+    let mut tag = 0;
+    while let Some(d) = c.next_delivery() {
+        let m = c.message_of(&d).expect("read ahead");
+        got.push(m.body.clone());
+        tag += 1;
+        c.lease(1, tag, d, std::time::Instant::now(), now_ms());
+    }
+    c.finish_deliveries();
+    c.commit();
+    assert_eq!(
+        got,
+        vec![
+            Bytes::from_static(b"one"),
+            Bytes::from_static(b"two"),
+            Bytes::from_static(b"three")
+        ]
+    );
+}

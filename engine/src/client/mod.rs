@@ -26,7 +26,7 @@ use crate::lease::{Lease, Leases, Settle};
 use crate::message::{now_ms, Entry, Message};
 use crate::meta::DestinationKind;
 use crate::permissions::{is_topic, Authz, Permission, Resource};
-use crate::properties::{HeaderFormat, Value};
+use crate::properties::Value;
 use crate::queue::{AttachError, Enqueued, Partition, Queue, Return, HOT_ENTRIES};
 use crate::reply_to::{Reply, ReplyBox, REPLY_TO, REPLY_TO_PREFIX};
 use crate::tenant::{QueueDeclare, QueueDeclared, RouteInput, Routed};
@@ -201,6 +201,12 @@ pub struct Client {
     scopes: ScopeMap<ScopeState>,
     /// Deliveries drained from the outbox and not yet handed out.
     pending: VecDeque<Delivery>,
+    /// Reads of cold deliveries in flight (`readback.rs`).
+    reads: Vec<crate::readback::Reads>,
+    /// Messages of cold deliveries read ahead, until handed out.
+    prefetched: HashMap<crate::readback::ReadKey, Arc<Message>>,
+    /// Wakes this connection's task when a read completes.
+    read_waker: std::task::Waker,
     /// Handed out by [`Self::next_delivery`] since the last
     /// [`Self::finish_deliveries`].
     taken: u32,
@@ -283,6 +289,9 @@ impl Client {
                 }
             }
         }
+        let handle = ConnHandle::new(engine.next_connection_id());
+        let read_waker =
+            std::task::Waker::from(Arc::new(crate::readback::WakeConn(handle.clone())));
         Ok(Client {
             counted,
             authz,
@@ -292,10 +301,13 @@ impl Client {
             store: engine.store().clone(),
             tenant: t,
             principal,
-            handle: ConnHandle::new(engine.next_connection_id()),
+            handle,
             codecs: engine.codecs(),
             scopes: ScopeMap::default(),
             pending: VecDeque::new(),
+            reads: Vec::new(),
+            prefetched: HashMap::new(),
+            read_waker,
             taken: 0,
             raw_notices: Vec::new(),
             unsend: Vec::new(),
@@ -414,6 +426,8 @@ impl Client {
         self.handle
             .drain_into(&mut self.pending, &mut self.raw_notices);
         self.raw_notices.clear();
+        self.reads.clear();
+        self.prefetched.clear();
         while let Some(d) = self.pending.pop_front() {
             self.handle.unsent_done(1);
             d.consumer.release(d.entry.size);
