@@ -15,6 +15,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 
+/// What routing sees of a message's headers: defined with the header model
+/// (`properties/lookup.rs`), re-exported here where routing asks it.
+pub use crate::properties::HeaderLookup;
+
 /// The routing algorithm of an exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -655,19 +659,6 @@ impl Trie {
                 f(n);
             }
         }
-    }
-}
-
-/// What a headers exchange needs to see of a message's headers.
-pub trait HeaderLookup {
-    /// The header `name` as a JSON value, if present.
-    fn header(&self, name: &str) -> Option<Value>;
-
-    /// Whether the headers may hold `name`: a cheap check before
-    /// [`Self::header`] parses anything, for headers looked up on every
-    /// publish (`CC`, `BCC`). False only when certainly absent.
-    fn may_have(&self, _name: &str) -> bool {
-        true
     }
 }
 

@@ -80,8 +80,8 @@ pub struct Engine {
     pub timers: Arc<timers::Timers>,
     /// Dead-lettering counters.
     pub dead_letters: deadletter::DeadLetterStats,
-    /// Header codecs of every protocol (dead-lettering rewrites headers in
-    /// the message's own format).
+    /// The header-codec registry (dead-lettering and delivery counts rewrite
+    /// headers in the message's own format, whatever protocol owns it).
     codecs: parking_lot::RwLock<Arc<properties::HeaderCodecs>>,
     /// Bounds of retained messages and the bytes they take.
     pub(crate) retained: retained::RetainedBudget,
@@ -341,8 +341,10 @@ impl Engine {
             .clone()
     }
 
-    /// Registers the header codecs of the protocols the gateway serves
-    /// (before it accepts connections).
+    /// Installs the header-codec registry the gateway's composition root
+    /// built (the engine's own format plus each protocol's, under its
+    /// number), before it accepts connections: clients opened earlier keep
+    /// the registry they started with.
     pub fn set_codecs(&self, codecs: Arc<properties::HeaderCodecs>) {
         *self.codecs.write() = codecs;
     }

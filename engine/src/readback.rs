@@ -23,9 +23,10 @@ use weir_backend::{
     Location, MessageId, MessageRef, PartitionId, ReadFuture, Store, StoreError, StoredMessage,
 };
 
-/// A message read back, as the engine holds messages. A header format this
-/// version does not know (a newer writer) is refused like an unreadable
-/// record, never guessed at.
+/// A message read back, as the engine holds messages. Header format 0 is
+/// no format (a damaged record): refused like an unreadable one. Any other
+/// number reads back, with or without a codec here: only a conversion
+/// needs one, and fails clearly.
 pub(crate) fn to_message(m: StoredMessage) -> Result<Arc<Message>, String> {
     let header_format = HeaderFormat::from_u8(m.header_format).map_err(|e| e.to_string())?;
     Ok(Arc::new(Message {

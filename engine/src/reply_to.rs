@@ -170,7 +170,7 @@ mod tests {
             routing_key: Bytes::new(),
             properties: Bytes::new(),
             body: Bytes::from_static(body.as_bytes()),
-            header_format: HeaderFormat::Amqp091,
+            header_format: HeaderFormat::new(1),
             persistent: false,
             priority: 0,
             ttl_ms: None,

@@ -840,7 +840,7 @@ mod tests {
     fn values_round_trip_and_garbage_is_refused() {
         let m = RetainedMessage {
             topic: "a/b\0c".into(),
-            header: MessageHeader::new(HeaderFormat::Mqtt, Bytes::from_static(&[1, 2])),
+            header: MessageHeader::new(HeaderFormat::new(3), Bytes::from_static(&[1, 2])),
             body: Bytes::from_static(b"body"),
             expires_at_ms: Some(77),
         };
@@ -865,7 +865,8 @@ mod tests {
             );
         }
         let mut bad = v.clone();
-        bad[1] = 99;
+        // 0 is no header format (any other number is one, with or without a codec).
+        bad[1] = 0;
         assert!(decode_entry(&k, &bad).unwrap().is_err());
         bad = v.clone();
         bad[2] = 2;

@@ -67,7 +67,7 @@ fn publish(c: &mut Client, queue: &str, body: &str, persistent: bool) -> Publish
         routing_key: Bytes::copy_from_slice(queue.as_bytes()),
         properties: Bytes::new(),
         body: Bytes::copy_from_slice(body.as_bytes()),
-        header_format: HeaderFormat::Amqp091,
+        header_format: HeaderFormat::new(1),
         persistent,
         priority: 0,
         ttl_ms: None,

@@ -44,7 +44,7 @@ fn publish(c: &mut Client, key: &str, body: &str) -> Published {
         routing_key: Bytes::copy_from_slice(key.as_bytes()),
         properties: Bytes::new(),
         body: Bytes::copy_from_slice(body.as_bytes()),
-        header_format: HeaderFormat::Amqp091,
+        header_format: HeaderFormat::new(1),
         persistent: true,
         priority: 0,
         ttl_ms: None,

@@ -66,7 +66,7 @@ fn publish_p(c: &mut Client, queue: &str, body: &str, priority: u8, persistent: 
             routing_key: Bytes::copy_from_slice(queue.as_bytes()),
             properties: Bytes::new(),
             body: Bytes::copy_from_slice(body.as_bytes()),
-            header_format: HeaderFormat::Amqp091,
+            header_format: HeaderFormat::new(1),
             persistent,
             priority,
             ttl_ms: None,

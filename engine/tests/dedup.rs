@@ -127,7 +127,7 @@ fn publish(c: &mut Client, p: Pub<'_>) -> Published {
             routing_key: Bytes::copy_from_slice(p.routing_key.as_bytes()),
             properties: props,
             body: Bytes::from_static(b"body"),
-            header_format: HeaderFormat::Weir,
+            header_format: HeaderFormat::WEIR,
             persistent: !p.transient,
             priority: 0,
             ttl_ms: None,

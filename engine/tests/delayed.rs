@@ -65,7 +65,7 @@ fn publish(c: &mut Client, exchange: &str, key: &str, body: &str, delay: Option<
         routing_key: Bytes::copy_from_slice(key.as_bytes()),
         properties: Properties::default().to_bytes().expect("encodable"),
         body: Bytes::copy_from_slice(body.as_bytes()),
-        header_format: HeaderFormat::Weir,
+        header_format: HeaderFormat::WEIR,
         persistent: true,
         priority: 0,
         ttl_ms: None,

@@ -75,7 +75,7 @@ fn publish(c: &mut Client, size: usize) -> bool {
         routing_key: Bytes::from_static(b"q"),
         properties: Bytes::new(),
         body: Bytes::from(vec![0u8; size]),
-        header_format: HeaderFormat::Amqp091,
+        header_format: HeaderFormat::new(1),
         persistent: true,
         priority: 0,
         ttl_ms: None,

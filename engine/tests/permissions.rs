@@ -111,7 +111,7 @@ fn publish(c: &mut Client, exchange: &str, key: &str) -> Result<Published, Engin
         routing_key: Bytes::copy_from_slice(key.as_bytes()),
         properties: Bytes::new(),
         body: Bytes::from_static(b"m"),
-        header_format: HeaderFormat::Amqp091,
+        header_format: HeaderFormat::new(1),
         persistent: false,
         priority: 0,
         ttl_ms: None,

@@ -76,7 +76,7 @@ fn publish(c: &mut Client, queue: &str, body: &[u8]) {
         routing_key: Bytes::copy_from_slice(queue.as_bytes()),
         properties: Bytes::new(),
         body: Bytes::copy_from_slice(body),
-        header_format: HeaderFormat::Amqp091,
+        header_format: HeaderFormat::new(1),
         persistent: false,
         priority: 0,
         ttl_ms: None,

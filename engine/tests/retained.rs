@@ -19,7 +19,7 @@ use weir_engine::{DurableWait, Engine, Tenant, DEFAULT_TENANT};
 const NOW: u64 = 1_000_000;
 
 fn header(tag: u8) -> MessageHeader {
-    MessageHeader::new(HeaderFormat::Mqtt, Bytes::from(vec![tag]))
+    MessageHeader::new(HeaderFormat::new(3), Bytes::from(vec![tag]))
 }
 
 fn tenant(e: &Engine) -> Arc<Tenant> {
@@ -424,7 +424,7 @@ fn retained_messages_survive_a_restart_of_the_log_store() {
         let w = t
             .retain(
                 "/odd//topic/",
-                MessageHeader::new(HeaderFormat::Amqp091, Bytes::from_static(&[0, 0])),
+                MessageHeader::new(HeaderFormat::new(1), Bytes::from_static(&[0, 0])),
                 Bytes::from_static(&[0, 255, 0, 7]),
                 None,
                 real_now,

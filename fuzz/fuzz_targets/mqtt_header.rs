@@ -1,4 +1,4 @@
-//! MQTT message headers as stored (`HeaderFormat::Mqtt`, the gateway's
+//! MQTT message headers as stored (format `MQTT`, the gateway's
 //! `MqttCodec`) and retained messages as stored in the metadata map.
 //! Invariants: no panic on any input; a compact header that decodes
 //! re-encodes to the same bytes; whatever the codec decodes survives its
@@ -7,8 +7,16 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weir_engine::properties::{HeaderCodec, HeaderFormat};
-use weir_gateway::mqtt::convert::{MqttCodec, MqttHeader};
+use std::sync::OnceLock;
+use weir_engine::properties::{HeaderCodec, HeaderCodecs};
+use weir_gateway::amqp::headers::AMQP_091;
+use weir_gateway::mqtt::message_format::{MqttCodec, MqttHeader, MQTT};
+
+/// The gateway's registry, built once.
+fn codecs() -> &'static HeaderCodecs {
+    static CODECS: OnceLock<HeaderCodecs> = OnceLock::new();
+    CODECS.get_or_init(weir_gateway::header_codecs::registry)
+}
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(Some(h)) = MqttHeader::decode(data) {
@@ -20,10 +28,9 @@ fuzz_target!(|data: &[u8]| {
             .encode(&p, &mut again)
             .expect("decoded properties encode");
         assert_eq!(MqttCodec.decode(&again).expect("our encoding decodes"), p);
-        let codecs = weir_gateway::amqp::convert::shared_codecs();
         let raw = bytes::Bytes::copy_from_slice(data);
-        codecs
-            .convert(HeaderFormat::Mqtt, &raw, HeaderFormat::Amqp091)
+        codecs()
+            .convert(MQTT, &raw, AMQP_091)
             .expect("a decodable MQTT header converts to AMQP");
     }
     // The same bytes as a stored retained message's value.

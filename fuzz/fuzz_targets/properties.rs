@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use weir_engine::properties::Properties;
-use weir_gateway::amqp::convert::{amqp_headers, amqp_to_properties, properties_to_amqp};
+use weir_gateway::amqp::headers::{amqp_headers, amqp_to_properties, properties_to_amqp};
 use weir_protocols::amqp::connection::parse_properties;
 
 fuzz_target!(|data: &[u8]| {

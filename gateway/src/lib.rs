@@ -3,6 +3,7 @@
 //!
 //! * [`config`]: settings from file, environment and flags.
 //! * [`engine`]: tenants, exchanges, queues, consumers, leases.
+//! * [`header_codecs`]: each protocol's header codec under its format number.
 //! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
 //! * [`mqtt`]: MQTT topic and message conversion.
 //! * [`http`]: the management API, `/metrics` and the dashboard.
@@ -15,6 +16,7 @@
 pub mod amqp;
 pub mod config;
 pub mod connections;
+pub mod header_codecs;
 pub mod http;
 pub mod metrics;
 pub mod mqtt;

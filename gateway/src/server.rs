@@ -321,7 +321,7 @@ impl Broker {
         // Before any session or the store records a figure.
         crate::metrics::install();
         let engine = Engine::open(store.clone())?;
-        engine.set_codecs(crate::amqp::convert::shared_codecs());
+        engine.set_codecs(Arc::new(crate::header_codecs::registry()));
         for t in &cfg.tenants {
             let (tenant, wait) = engine
                 .add_tenant(&t.name)

@@ -1458,7 +1458,7 @@ mod tests {
             routing_key: bytes::Bytes::new(),
             properties: bytes::Bytes::new(),
             body: bytes::Bytes::from_static(b"x"),
-            header_format: crate::properties::HeaderFormat::Amqp091,
+            header_format: crate::properties::HeaderFormat::new(1),
             persistent: durable,
             priority: 0,
             ttl_ms: None,

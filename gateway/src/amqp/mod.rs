@@ -4,7 +4,8 @@
 //!
 //! * [`session`]: the connection task (socket loop, method handlers by
 //!   class, delivery encoding, queued replies).
-//! * [`convert`]: field tables to engine arguments, lazy message headers.
+//! * [`headers`]: AMQP's basic property block ⇄ the engine's properties
+//!   (the AMQP header codec, number 1), field tables to engine arguments.
 
-pub mod convert;
+pub mod headers;
 pub mod session;

@@ -2,12 +2,12 @@
 //!
 //! * [`session`]: one connection's task (socket I/O around the sans-IO
 //!   adapter `weir_protocols::mqtt`, events onto an engine client).
-//! * [`convert`]: topics ⇄ routing keys, MQTT messages ⇄ the engine's
-//!   message properties.
+//! * [`message_format`]: topics ⇄ routing keys, MQTT publishes ⇄ the
+//!   engine's messages (the MQTT header codec, number 3).
 //! * [`registry`]: connected client ids (takeover) and delayed wills.
 //! * [`websocket`]: MQTT over WebSocket (`/mqtt`, subprotocol `mqtt`).
 
-pub mod convert;
+pub mod message_format;
 pub mod registry;
 pub mod session;
 pub mod websocket;

@@ -194,7 +194,7 @@ impl Session {
         }
         let frame_max = self.conn.frame_max();
         let m = &got.message;
-        let properties = crate::amqp::convert::amqp_properties(m);
+        let properties = crate::amqp::headers::amqp_properties(m, &self.engine.codecs());
         self.reply_frames(ch, |out| {
             codec::write_get_ok(
                 out,

@@ -50,6 +50,8 @@ impl Session {
             return;
         };
         let frame_max = self.conn.frame_max();
+        // Converts headers of other protocols' messages (AMQP ones pass through).
+        let codecs = self.engine.codecs();
         // One clock read per batch, not per delivery.
         let batch_time = Instant::now();
         let batch_ms = crate::engine::message::now_ms();
@@ -93,7 +95,7 @@ impl Session {
                 &message.exchange,
                 &message.routing_key,
             );
-            let properties = crate::amqp::convert::amqp_properties(&message);
+            let properties = crate::amqp::headers::amqp_properties(&message, &codecs);
             codec::write_content(out, ch, &properties, &message.body, frame_max);
             if let Some(m) = self.metrics.as_mut() {
                 m.delivered(d.entry.enqueued_ms, batch_ms);
@@ -140,7 +142,7 @@ impl Session {
                 b"",
                 &r.routing_key,
             );
-            let properties = crate::amqp::convert::amqp_properties(&r.message);
+            let properties = crate::amqp::headers::amqp_properties(&r.message, &codecs);
             codec::write_content(out, ch, &properties, &r.message.body, frame_max);
         }
         client.finish_deliveries();

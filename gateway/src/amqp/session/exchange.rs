@@ -2,7 +2,7 @@
 
 use super::failure::{hard, soft, Failure};
 use super::Session;
-use crate::amqp::convert::table_to_json;
+use crate::amqp::headers::table_to_json;
 use crate::engine::exchange::{ExchangeDef, ExchangeKind};
 use crate::engine::meta::DestinationKind;
 use weir_protocols::amqp::methods::{exchange, AMQPClass};

@@ -32,7 +32,7 @@ use self::channel::Channel;
 use self::deliver::StoreConfirm;
 use self::failure::{hard, Failure};
 use self::replies::Replies;
-use crate::amqp::convert::table_to_json;
+use crate::amqp::headers::table_to_json;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
 use crate::metrics::{ConnMetrics, Protocol};

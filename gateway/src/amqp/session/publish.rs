@@ -6,13 +6,12 @@
 use super::failure::{hard, soft, Failure};
 use super::scope;
 use super::Session;
-use crate::amqp::convert::{
-    amqp_expiration, amqp_reply_to, amqp_user_id, check_expiration, with_reply_to, LazyHeaders,
+use crate::amqp::headers::{
+    amqp_expiration, amqp_reply_to, amqp_user_id, check_expiration, lookup, with_reply_to, AMQP_091,
 };
 use crate::engine::client::Published;
 use crate::engine::exchange::HeaderLookup;
 use crate::engine::message::Message;
-use crate::engine::properties::HeaderFormat;
 use crate::engine::reply_to::REPLY_TO;
 use crate::engine::tenant::RouteInput;
 use weir_protocols::amqp::{codec, reply, Publish};
@@ -166,7 +165,7 @@ impl Session {
         exchange: &str,
         routing_key: &str,
     ) -> Result<(), Failure> {
-        let headers = LazyHeaders::new(&p.properties);
+        let headers = lookup(&p.properties);
         let route = RouteInput {
             exchange,
             routing_key,
@@ -186,7 +185,7 @@ impl Session {
         ttl_ms: Option<u64>,
     ) -> Result<Published, Failure> {
         let (exchange, routing_key) = names(p)?;
-        let headers = LazyHeaders::new(&p.properties);
+        let headers = lookup(&p.properties);
         let route = RouteInput {
             exchange,
             routing_key,
@@ -205,7 +204,7 @@ impl Session {
             routing_key: p.routing_key.clone(),
             properties,
             body: p.body.clone(),
-            header_format: HeaderFormat::Amqp091,
+            header_format: AMQP_091,
             persistent: p.persistent,
             priority: p.priority.unwrap_or(0),
             ttl_ms,
@@ -240,7 +239,7 @@ impl Session {
 /// cannot be re-encoded (then it is kept as it came).
 fn without_bcc(raw: &bytes::Bytes) -> Option<bytes::Bytes> {
     use crate::engine::properties::HeaderCodec;
-    let codec = crate::amqp::convert::AmqpCodec;
+    let codec = crate::amqp::headers::AmqpCodec;
     let mut props = codec.decode(raw).ok()?;
     if let Some(h) = props.headers.as_mut() {
         h.0.retain(|(k, _)| k != "BCC");

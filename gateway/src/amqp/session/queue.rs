@@ -2,7 +2,7 @@
 
 use super::failure::{hard, Failure};
 use super::Session;
-use crate::amqp::convert::table_to_json;
+use crate::amqp::headers::table_to_json;
 use crate::engine::meta::DestinationKind;
 use crate::engine::tenant::QueueDeclare;
 use weir_protocols::amqp::methods::{queue, AMQPClass};

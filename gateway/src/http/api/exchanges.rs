@@ -379,7 +379,7 @@ async fn publish(
             routing_key: bytes::Bytes::from(b.routing_key.clone().into_bytes()),
             properties: raw,
             body,
-            header_format: HeaderFormat::Weir,
+            header_format: HeaderFormat::WEIR,
             persistent,
             priority,
             ttl_ms,

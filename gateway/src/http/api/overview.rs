@@ -160,7 +160,7 @@ async fn aliveness(
         routing_key: bytes::Bytes::from_static(b"aliveness-test"),
         properties: raw,
         body: bytes::Bytes::from_static(b"test_message"),
-        header_format: HeaderFormat::Weir,
+        header_format: HeaderFormat::WEIR,
         persistent: false,
         priority: 0,
         ttl_ms: None,

@@ -676,7 +676,8 @@ async fn requeue_dead_letters(
             let route = weir_engine::tenant::RouteInput {
                 exchange: "",
                 routing_key: &source,
-                headers: &NoHeaders,
+                // Routing through the default exchange looks at no header.
+                headers: &weir_engine::properties::NoHeaders,
             };
             let r = c.publish(&route, |id| weir_engine::message::Message {
                 id,
@@ -738,18 +739,6 @@ async fn requeue_dead_letters(
     }
     c.commit();
     Ok(Json(json!({ "moved": moved, "kept": kept })))
-}
-
-/// No headers (routing through the default exchange looks at none).
-struct NoHeaders;
-
-impl weir_engine::exchange::HeaderLookup for NoHeaders {
-    fn header(&self, _name: &str) -> Option<Value> {
-        None
-    }
-    fn may_have(&self, _name: &str) -> bool {
-        false
-    }
 }
 
 /// The queue a dead letter came from: `x-first-death-queue`, else the

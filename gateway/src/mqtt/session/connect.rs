@@ -511,7 +511,7 @@ fn publish_will(
     }
     if w.retain && !matches!(routed, Err(EngineError::AccessRefused(_))) {
         let now = crate::engine::message::now_ms();
-        let i = crate::mqtt::convert::inbound(&p, None, now);
+        let i = crate::mqtt::message_format::inbound(&p, None, now);
         let _ = client
             .tenant()
             .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now);

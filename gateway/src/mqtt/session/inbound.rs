@@ -6,11 +6,12 @@
 use super::connect::TOPIC_EXCHANGE;
 use super::{state_key, AckKind, PendingAck, Session};
 use crate::engine::client::Published;
-use crate::engine::exchange::HeaderLookup;
 use crate::engine::message::{now_ms, Message};
+// MQTT messages route by topic only: no header is looked at.
+use crate::engine::properties::NoHeaders;
 use crate::engine::tenant::RouteInput;
 use crate::engine::{Client, EngineError};
-use crate::mqtt::convert;
+use crate::mqtt::message_format;
 use bytes::Bytes;
 use weir_protocols::mqtt::{Publish, QoS, Version};
 
@@ -20,18 +21,6 @@ const UNSPECIFIED_ERROR: u8 = 0x80;
 const QUOTA_EXCEEDED: u8 = 0x97;
 const NOT_AUTHORIZED: u8 = 0x87;
 
-/// MQTT messages route by topic only: no header is looked at.
-struct NoHeaders;
-
-impl HeaderLookup for NoHeaders {
-    fn header(&self, _: &str) -> Option<serde_json::Value> {
-        None
-    }
-    fn may_have(&self, _: &str) -> bool {
-        false
-    }
-}
-
 /// Routes and stores one MQTT publish through `client`. `publisher`: the
 /// client id recorded for no-local subscriptions.
 pub(super) fn route(
@@ -39,7 +28,7 @@ pub(super) fn route(
     p: &Publish,
     publisher: Option<&str>,
 ) -> Result<Published, EngineError> {
-    let i = convert::inbound(p, publisher, now_ms());
+    let i = message_format::inbound(p, publisher, now_ms());
     let route = RouteInput {
         exchange: TOPIC_EXCHANGE,
         routing_key: &i.routing_key,
@@ -199,7 +188,7 @@ impl Session {
             return true;
         };
         let now = now_ms();
-        let i = convert::inbound(p, None, now);
+        let i = message_format::inbound(p, None, now);
         match client
             .tenant()
             .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now)

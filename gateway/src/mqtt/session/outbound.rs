@@ -7,7 +7,7 @@
 use super::{state_key, InFlight, Session, DELIVERY_HIGH_WATER, SCOPE};
 use crate::engine::lease::Settle;
 use crate::engine::message::now_ms;
-use crate::mqtt::convert;
+use crate::mqtt::message_format;
 use std::time::Instant;
 use weir_protocols::mqtt::{self, OutgoingPublish, QoS, SendError};
 
@@ -40,7 +40,7 @@ impl Session {
                 client.discard(d);
                 continue;
             };
-            let out = match convert::outbound(&message, &d.entry, &codecs, now) {
+            let out = match message_format::outbound(&message, &d.entry, &codecs, now) {
                 Ok(o) => o,
                 Err(e) => {
                     // Published over AMQP with a key no MQTT topic has.
@@ -283,7 +283,7 @@ impl Session {
                 tenant.retained_next(&mut r.cursor, RETAINED_BATCH, now, &mut r.found);
                 continue;
             };
-            let out = match convert::outbound_retained(m, &codecs, now) {
+            let out = match message_format::outbound_retained(m, &codecs, now) {
                 Ok(o) if !o.expired => o,
                 _ => {
                     r.found.pop_front();

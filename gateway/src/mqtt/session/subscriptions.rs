@@ -9,7 +9,7 @@ use crate::engine::client::SubscribeOptions;
 use crate::engine::meta::DestinationKind;
 use crate::engine::retained::RetainedCursor;
 use crate::engine::tenant::QueueDeclare;
-use crate::mqtt::convert;
+use crate::mqtt::message_format;
 use serde_json::Value;
 use weir_protocols::mqtt::SubscribeFilter;
 
@@ -115,7 +115,7 @@ impl Session {
         if !self.queue_open {
             self.declare_session_queue()?;
         }
-        let key = convert::filter_to_binding_key(&sub.filter);
+        let key = message_format::filter_to_binding_key(&sub.filter);
         let existed = self
             .subscriptions
             .iter()
@@ -170,7 +170,7 @@ impl Session {
         let Some(client) = self.client.as_mut() else {
             return Ok(());
         };
-        let key = convert::filter_to_binding_key(&sub.filter);
+        let key = message_format::filter_to_binding_key(&sub.filter);
         // Checked before the group's queue is made for nothing.
         client.authorize_binding(TOPIC_EXCHANGE, DestinationKind::Queue, &queue, &key)?;
         client.declare_queue(QueueDeclare {
@@ -242,7 +242,7 @@ impl Session {
                 TOPIC_EXCHANGE,
                 DestinationKind::Queue,
                 &queue,
-                &convert::filter_to_binding_key(filter),
+                &message_format::filter_to_binding_key(filter),
                 binding_arguments(&old),
             );
         }

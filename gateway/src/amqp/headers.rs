@@ -1,7 +1,9 @@
-//! Conversions between AMQP 0-9-1 and the engine's values: field tables to
-//! the engine's JSON arguments, and AMQP's basic property block to and from
-//! the engine's protocol-neutral [`Properties`] ([`AmqpCodec`], the
-//! [`HeaderCodec`] of [`HeaderFormat::Amqp091`]).
+//! AMQP 0-9-1's message headers ⇄ the engine: the basic property block to
+//! and from the engine's protocol-neutral [`Properties`] ([`AmqpCodec`], the
+//! [`HeaderCodec`] of format [`AMQP_091`], registered by the gateway's
+//! composition root, `header_codecs.rs`), the headers routing sees of a
+//! publish ([`lookup`]), the block of a delivery ([`amqp_properties`]), and
+//! field tables to the engine's JSON arguments.
 //!
 //! The property block is read and written here by hand rather than through
 //! `amq-protocol`'s `AMQPProperties`: its `FieldTable` is a sorted map, so it
@@ -32,15 +34,17 @@
 //! than 255 bytes are dropped; `expires_at_ms` and `payload_utf8` have no
 //! AMQP property and are not carried (`expiration` is `ttl_ms`, as published).
 
-use crate::engine::exchange::HeaderLookup;
 use serde_json::{Map, Number, Value};
-use std::cell::OnceCell;
-use std::sync::{Arc, OnceLock};
 use weir_engine::properties::Reader as Cur;
 use weir_engine::properties::{
-    DeliveryMode, HeaderCodec, HeaderCodecs, HeaderFormat, Properties, PropertiesError, Table,
-    Value as PValue, MAX_DEPTH,
+    DeliveryMode, HeaderCodec, HeaderCodecs, HeaderFormat, LazyLookup, Properties, PropertiesError,
+    Table, Value as PValue, MAX_DEPTH,
 };
+
+/// The header format of AMQP 0-9-1 messages: the basic property block,
+/// flags then values, as published. Stored with every AMQP message; never
+/// another format's number.
+pub const AMQP_091: HeaderFormat = HeaderFormat::new(1);
 use weir_protocols::amqp::types::{AMQPValue, FieldTable};
 
 /// A field table as a JSON object (types collapse to JSON's).
@@ -85,60 +89,11 @@ fn value_to_json(v: &AMQPValue) -> Value {
     }
 }
 
-/// Message headers for headers exchanges, decoded from the raw header only
-/// if a headers binding asks (most routes never look), at most once.
-/// An undecodable header has no headers.
-pub struct LazyHeaders<'a> {
-    format: HeaderFormat,
-    raw: &'a [u8],
-    parsed: OnceCell<Option<Table>>,
-}
-
-impl<'a> LazyHeaders<'a> {
-    /// Headers of the AMQP property block `raw`.
-    pub fn new(raw: &'a [u8]) -> Self {
-        LazyHeaders::of(HeaderFormat::Amqp091, raw)
-    }
-
-    /// Headers of a raw header in `format`.
-    pub fn of(format: HeaderFormat, raw: &'a [u8]) -> Self {
-        LazyHeaders {
-            format,
-            raw,
-            parsed: OnceCell::new(),
-        }
-    }
-}
-
-impl HeaderLookup for LazyHeaders<'_> {
-    fn header(&self, name: &str) -> Option<Value> {
-        self.parsed
-            .get_or_init(|| match self.format {
-                HeaderFormat::Amqp091 => amqp_headers(self.raw).ok().flatten(),
-                HeaderFormat::Weir => Properties::decode(self.raw).ok()?.headers,
-                HeaderFormat::Mqtt => crate::mqtt::convert::MqttCodec.headers(self.raw).ok()?,
-            })
-            .as_ref()?
-            .get(name)
-            .map(PValue::to_json)
-    }
-
-    fn may_have(&self, name: &str) -> bool {
-        if self.format != HeaderFormat::Amqp091 || name.is_empty() || name.len() > 255 {
-            return true;
-        }
-        // No headers table at all (the flag), or no table key spelled
-        // `name` (a short string: length byte, then the bytes).
-        if let [a, b, ..] = self.raw {
-            if u16::from_be_bytes([*a, *b]) & P_HEADERS == 0 {
-                return false;
-            }
-        }
-        let n = name.len();
-        self.raw
-            .windows(n + 1)
-            .any(|w| usize::from(w[0]) == n && &w[1..] == name.as_bytes())
-    }
+/// The headers of a property block being published, as routing sees them
+/// (headers exchanges, `CC`/`BCC`, deduplication, delays): the engine's one
+/// lookup over this codec, decoding the headers table only if asked.
+pub fn lookup(raw: &[u8]) -> LazyLookup<'_> {
+    LazyLookup::with_codec(Some(&AmqpCodec), raw)
 }
 
 /// The [`HeaderCodec`] of AMQP 0-9-1 property blocks.
@@ -147,7 +102,7 @@ pub struct AmqpCodec;
 
 impl HeaderCodec for AmqpCodec {
     fn format(&self) -> HeaderFormat {
-        HeaderFormat::Amqp091
+        AMQP_091
     }
     fn decode(&self, raw: &[u8]) -> Result<Properties, PropertiesError> {
         amqp_to_properties(raw)
@@ -155,34 +110,25 @@ impl HeaderCodec for AmqpCodec {
     fn headers(&self, raw: &[u8]) -> Result<Option<Table>, PropertiesError> {
         amqp_headers(raw)
     }
+    /// `CC` and `BCC` are looked up on every publish: ruled out without
+    /// parsing when the block has no headers table, or no table key spelled
+    /// `name` anywhere (a short string: length byte, then the bytes).
+    fn may_have(&self, raw: &[u8], name: &str) -> bool {
+        if name.is_empty() || name.len() > 255 {
+            return true;
+        }
+        if let [a, b, ..] = raw {
+            if u16::from_be_bytes([*a, *b]) & P_HEADERS == 0 {
+                return false;
+            }
+        }
+        let n = name.len();
+        raw.windows(n + 1)
+            .any(|w| usize::from(w[0]) == n && &w[1..] == name.as_bytes())
+    }
     fn encode(&self, properties: &Properties, out: &mut Vec<u8>) -> Result<(), PropertiesError> {
         properties_to_amqp(properties, out)
     }
-}
-
-/// The engine's codecs with AMQP's and MQTT's registered (built once).
-pub fn codecs() -> &'static HeaderCodecs {
-    shared_codecs_ref()
-}
-
-/// The same codecs, shared with the engine (which rewrites headers when it
-/// dead-letters).
-pub fn shared_codecs() -> Arc<HeaderCodecs> {
-    static CODECS: OnceLock<Arc<HeaderCodecs>> = OnceLock::new();
-    CODECS
-        .get_or_init(|| {
-            Arc::new(
-                HeaderCodecs::new()
-                    .with(Arc::new(AmqpCodec))
-                    .with(Arc::new(crate::mqtt::convert::MqttCodec)),
-            )
-        })
-        .clone()
-}
-
-fn shared_codecs_ref() -> &'static HeaderCodecs {
-    static CODECS: OnceLock<Arc<HeaderCodecs>> = OnceLock::new();
-    CODECS.get_or_init(shared_codecs)
 }
 
 /// A relative TTL in ms from a stored AMQP `expiration`: an optional sign
@@ -791,25 +737,21 @@ fn write_value(out: &mut Vec<u8>, v: &PValue, depth: usize) -> Result<(), Proper
 }
 
 /// The AMQP property block of a message to deliver: its own when it was
-/// published over AMQP, else its properties converted once (per message
-/// and format, in a small shared cache) into an AMQP block; a header that
-/// cannot be converted becomes an empty block.
-pub fn amqp_properties(m: &crate::engine::message::Message) -> bytes::Bytes {
-    use crate::engine::properties::ConversionCache;
-    if m.header_format == HeaderFormat::Amqp091 {
+/// published over AMQP (the bytes as published, no copy), else its header
+/// converted through the registry `codecs` from whatever format it has
+/// (once per message, in the registry's cache). A header that cannot be
+/// converted (undecodable, or a format without a codec here) becomes an
+/// empty block: the message is delivered without its properties.
+pub fn amqp_properties(m: &crate::engine::message::Message, codecs: &HeaderCodecs) -> bytes::Bytes {
+    if m.header_format == AMQP_091 {
         return m.properties.clone();
     }
-    static CACHE: OnceLock<ConversionCache> = OnceLock::new();
-    CACHE
-        .get_or_init(|| ConversionCache::new(1024))
-        .convert(
-            m.id,
-            m.header_format,
-            &m.properties,
-            HeaderFormat::Amqp091,
-            shared_codecs_ref(),
-        )
-        .unwrap_or_else(|_| bytes::Bytes::from_static(&[0, 0]))
+    codecs
+        .convert_cached(m.id, m.header_format, &m.properties, AMQP_091)
+        .unwrap_or_else(|e| {
+            tracing::debug!(error = %e, id = m.id, "delivering to AMQP a message whose header cannot be converted: no properties");
+            bytes::Bytes::from_static(&[0, 0])
+        })
 }
 
 #[cfg(test)]
@@ -822,8 +764,14 @@ mod tests {
     };
     use bytes::Bytes;
     use weir_engine::exchange::headers_match;
+    use weir_engine::properties::HeaderLookup;
     use weir_engine::properties::MessageHeader;
     use weir_protocols::amqp::connection::parse_properties;
+
+    /// The gateway's registry, as the composition root builds it.
+    fn codecs() -> HeaderCodecs {
+        crate::header_codecs::registry()
+    }
 
     /// Builds raw blocks by hand, so tests control order, repeats and letters.
     #[derive(Default)]
@@ -980,7 +928,7 @@ mod tests {
 
         // And through the store's encoding as well: AMQP → stored → AMQP.
         let stored = MessageHeader::from_properties(&p).unwrap();
-        let back = stored.encode_as(HeaderFormat::Amqp091, codecs()).unwrap();
+        let back = stored.encode_as(AMQP_091, &codecs()).unwrap();
         assert_eq!(&back[..], &raw[..]);
     }
 
@@ -1187,7 +1135,7 @@ mod tests {
         ] {
             let old = parse_properties(&raw).unwrap();
             let old = table_to_json(old.headers().as_ref().unwrap());
-            let new = LazyHeaders::new(&raw);
+            let new = lookup(&raw);
             for (k, v) in old.as_object().unwrap() {
                 assert_eq!(new.header(k).as_ref(), Some(v), "header {k}");
             }
@@ -1195,7 +1143,8 @@ mod tests {
             // The same headers stored in Weir's format look the same.
             let p = amqp_to_properties(&raw).unwrap();
             let weir = p.to_bytes().unwrap();
-            let stored = LazyHeaders::of(HeaderFormat::Weir, &weir);
+            let registry = codecs();
+            let stored = LazyLookup::new(HeaderFormat::WEIR, &weir, &registry);
             for (k, v) in old.as_object().unwrap() {
                 assert_eq!(stored.header(k).as_ref(), Some(v), "stored header {k}");
             }
@@ -1204,22 +1153,19 @@ mod tests {
         let raw = every_property_block();
         let weir = amqp_to_properties(&raw).unwrap().to_bytes().unwrap();
         let binding = serde_json::json!({"x-match": "all", "u8": 255, "str": "héllo"});
-        assert!(headers_match(&binding, &LazyHeaders::new(&raw)));
+        assert!(headers_match(&binding, &lookup(&raw)));
         assert!(headers_match(
             &binding,
-            &LazyHeaders::of(HeaderFormat::Weir, &weir)
+            &LazyLookup::new(HeaderFormat::WEIR, &weir, &codecs())
         ));
         let miss = serde_json::json!({"x-match": "all", "u8": 254});
-        assert!(!headers_match(&miss, &LazyHeaders::new(&raw)));
+        assert!(!headers_match(&miss, &lookup(&raw)));
         // Headers lookups do not care about a bad expiration (as before).
         let odd = Block::default()
             .table(&every_type_table())
             .short(P_EXPIRATION, b"soon")
             .bytes();
-        assert_eq!(
-            LazyHeaders::new(&odd).header("u8"),
-            Some(serde_json::json!(255))
-        );
+        assert_eq!(lookup(&odd).header("u8"), Some(serde_json::json!(255)));
     }
 
     #[test]
@@ -1348,42 +1294,42 @@ mod tests {
 
     #[test]
     fn codec_is_registered_and_passes_amqp_through() {
+        assert_eq!(codecs().get(AMQP_091).map(|c| c.format()), Ok(AMQP_091));
         let raw = Bytes::from(every_property_block());
-        let h = MessageHeader::new(HeaderFormat::Amqp091, raw.clone());
-        let same = h.encode_as(HeaderFormat::Amqp091, codecs()).unwrap();
+        let h = MessageHeader::new(AMQP_091, raw.clone());
+        let same = h.encode_as(AMQP_091, &codecs()).unwrap();
         assert_eq!(same.as_ptr(), raw.as_ptr(), "AMQP → AMQP: no copy");
-        let weir = h.encode_as(HeaderFormat::Weir, codecs()).unwrap();
+        let weir = h.encode_as(HeaderFormat::WEIR, &codecs()).unwrap();
         assert_eq!(
             Properties::decode(&weir).unwrap(),
-            h.properties(codecs()).unwrap()
+            h.properties(&codecs()).unwrap()
         );
     }
 
     #[test]
     fn may_have_rules_out_headers_cheaply_and_never_misses_one() {
-        use weir_engine::exchange::HeaderLookup;
         let mut t = Vec::new();
         entry(&mut t, "CC", b'S', &long(b"k"));
         let with_cc = Block::default()
             .short(P_CONTENT_TYPE, b"text/plain")
             .table(&t)
             .bytes();
-        let h = LazyHeaders::new(&with_cc);
+        let h = lookup(&with_cc);
         assert!(h.may_have("CC"));
         assert!(h.header("CC").is_some());
         // BCC's bytes contain "CC" but not its length-prefixed key.
         assert!(!h.may_have("BCC"));
         // No headers flag: nothing to find, whatever the other fields say.
         let no_table = Block::default().short(P_CONTENT_TYPE, b"\x02CC").bytes();
-        assert!(!LazyHeaders::new(&no_table).may_have("CC"));
+        assert!(!lookup(&no_table).may_have("CC"));
         // Hostile blocks (truncated, empty, absurd names) never panic and
         // err on the side of parsing.
         for raw in [&[][..], &[0x20][..], &with_cc[..with_cc.len() / 2]] {
-            let h = LazyHeaders::new(raw);
+            let h = lookup(raw);
             let _ = h.may_have("CC");
             assert!(h.header("CC").is_none() || raw.len() > 2);
         }
-        assert!(LazyHeaders::new(&with_cc).may_have(""));
-        assert!(LazyHeaders::new(&with_cc).may_have(&"x".repeat(300)));
+        assert!(lookup(&with_cc).may_have(""));
+        assert!(lookup(&with_cc).may_have(&"x".repeat(300)));
     }
 }

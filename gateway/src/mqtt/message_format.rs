@@ -27,7 +27,12 @@
 //! that is no valid MQTT topic name (empty, or containing `+`, `#` or NUL)
 //! cannot be delivered to MQTT ([`ConvertError::InvalidTopic`]).
 //!
-//! # The MQTT header format ([`HeaderFormat::Mqtt`], [`MqttCodec`])
+//! # The MQTT header format ([`MQTT`], [`MqttCodec`])
+//!
+//! Registered by the gateway's composition root (`header_codecs.rs`) under
+//! number 3; messages of other formats reach MQTT subscribers through the
+//! registry (their codec decodes them to [`Properties`]), never through a
+//! match on their format here.
 //!
 //! An MQTT publish is stored with its QoS, retain and DUP flags and its MQTT 5
 //! properties in a compact encoding ([`MqttHeader`]): one flag byte, then
@@ -100,6 +105,10 @@ use crate::engine::properties::{
 use crate::engine::retained::RetainedMessage;
 use bytes::Bytes;
 use weir_protocols::mqtt::{MessageProperties, Publish, QoS};
+
+/// The header format of MQTT publishes ([`MqttHeader`]'s compact encoding).
+/// Stored with every MQTT message; never another format's number.
+pub const MQTT: HeaderFormat = HeaderFormat::new(3);
 
 /// The header showing an MQTT message's QoS to other protocols.
 pub const QOS_HEADER: &str = "x-mqtt-publish-qos";
@@ -193,7 +202,7 @@ fn qos_of(bits: u8) -> Result<QoS, PropertiesError> {
     }
 }
 
-/// An MQTT publish as stored ([`HeaderFormat::Mqtt`]'s compact form).
+/// An MQTT publish as stored ([`MQTT`]'s compact form).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MqttHeader {
     /// The QoS it was published with.
@@ -213,7 +222,7 @@ pub struct MqttHeader {
     pub properties: MessageProperties,
 }
 
-/// A header of [`HeaderFormat::Mqtt`], parsed.
+/// A header of [`MQTT`], parsed.
 enum Parsed {
     /// A publish as the session stored it.
     Compact(MqttHeader),
@@ -349,9 +358,9 @@ impl MqttHeader {
         Bytes::from(out)
     }
 
-    /// As a [`MessageHeader`] of [`HeaderFormat::Mqtt`].
+    /// As a [`MessageHeader`] of [`MQTT`].
     pub fn to_header(&self) -> MessageHeader {
-        MessageHeader::new(HeaderFormat::Mqtt, self.to_bytes())
+        MessageHeader::new(MQTT, self.to_bytes())
     }
 
     /// Decodes [`MqttHeader::encode`]'s output; None for a header the
@@ -517,13 +526,13 @@ fn qos_of_properties(p: &Properties) -> QoS {
         })
 }
 
-/// The [`HeaderCodec`] of [`HeaderFormat::Mqtt`].
+/// The [`HeaderCodec`] of [`MQTT`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MqttCodec;
 
 impl HeaderCodec for MqttCodec {
     fn format(&self) -> HeaderFormat {
-        HeaderFormat::Mqtt
+        MQTT
     }
 
     fn decode(&self, raw: &[u8]) -> Result<Properties, PropertiesError> {
@@ -548,7 +557,7 @@ impl HeaderCodec for MqttCodec {
 pub struct Inbound {
     /// The routing key on `amq.topic` ([`topic_to_routing_key`]).
     pub routing_key: String,
-    /// The header to store ([`HeaderFormat::Mqtt`]).
+    /// The header to store ([`MQTT`]).
     pub header: MessageHeader,
     /// Persistent (QoS ≥ 1): `Message::persistent`.
     pub persistent: bool,
@@ -668,7 +677,7 @@ fn convert(
     codecs: &HeaderCodecs,
     now_ms: u64,
 ) -> Outbound {
-    let parsed = if format == HeaderFormat::Mqtt {
+    let parsed = if format == MQTT {
         parse(raw)
     } else {
         codecs
@@ -838,15 +847,13 @@ fn to_mqtt_properties(p: Properties) -> MessageProperties {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::amqp::convert::{amqp_to_properties, properties_to_amqp, AmqpCodec};
+    use crate::amqp::headers::{amqp_to_properties, properties_to_amqp, AMQP_091};
     use crate::engine::exchange::topic_matches as amqp_matches;
     use crate::engine::retained::topic_matches as mqtt_matches;
-    use std::sync::Arc;
 
+    /// The gateway's registry, as the composition root builds it.
     fn codecs() -> HeaderCodecs {
-        HeaderCodecs::new()
-            .with(Arc::new(AmqpCodec))
-            .with(Arc::new(MqttCodec))
+        crate::header_codecs::registry()
     }
 
     /// xorshift64*: deterministic, seedable, no dependency.
@@ -1081,10 +1088,7 @@ mod tests {
         assert_eq!(props.expires_at_ms, Some(T0 + 60_000));
         assert_eq!(props.payload_utf8, Some(true));
         assert_eq!(props.correlation_id, Some(vec![0xff, 0, 1, 2]));
-        let amqp = inb
-            .header
-            .encode_as(HeaderFormat::Amqp091, &codecs())
-            .unwrap();
+        let amqp = inb.header.encode_as(AMQP_091, &codecs()).unwrap();
         let a = amqp_to_properties(&amqp).unwrap();
         assert_eq!(a.delivery_mode, Some(DeliveryMode::Persistent));
         assert_eq!(a.ttl_ms, Some(60_000), "expiration 60000");
@@ -1135,12 +1139,7 @@ mod tests {
     fn mqtt_to_mqtt_keeps_everything() {
         let p = full_publish();
         let inb = inbound(&p, Some("client-1"), T0);
-        let m = message(
-            HeaderFormat::Mqtt,
-            inb.header.raw.clone(),
-            &inb.routing_key,
-            true,
-        );
+        let m = message(MQTT, inb.header.raw.clone(), &inb.routing_key, true);
         let out = outbound(&m, &entry(T0, T0 + 60_000), &codecs(), T0).unwrap();
         assert_eq!(
             out,
@@ -1173,7 +1172,7 @@ mod tests {
             ..full_publish()
         };
         let inb = inbound(&plain, None, T0);
-        let m = message(HeaderFormat::Mqtt, inb.header.raw, &inb.routing_key, true);
+        let m = message(MQTT, inb.header.raw, &inb.routing_key, true);
         let out = outbound(&m, &entry(T0, T0 + 5_000), &codecs(), T0).unwrap();
         assert_eq!(out.properties, MessageProperties::default());
         assert_eq!(out.publisher, None);
@@ -1183,13 +1182,10 @@ mod tests {
     fn mqtt_to_amqp_to_mqtt_round_trips_every_property() {
         let p = full_publish();
         let inb = inbound(&p, Some("client-1"), T0);
-        let amqp = inb
-            .header
-            .encode_as(HeaderFormat::Amqp091, &codecs())
-            .unwrap();
+        let amqp = inb.header.encode_as(AMQP_091, &codecs()).unwrap();
         // An AMQP message with those properties (say, republished by an
         // AMQP client), enqueued at publish.
-        let m = message(HeaderFormat::Amqp091, amqp, &inb.routing_key, true);
+        let m = message(AMQP_091, amqp, &inb.routing_key, true);
         for now in [T0, T0 + 1, T0 + 30_000, T0 + 59_999] {
             let out = outbound(&m, &entry(T0, 0), &codecs(), now).unwrap();
             assert_eq!(out.topic, p.topic);
@@ -1198,8 +1194,8 @@ mod tests {
             assert!(!out.retain && out.publisher.is_none());
         }
         // Through the engine's own format too (and the rewritten form).
-        let weir = inb.header.encode_as(HeaderFormat::Weir, &codecs()).unwrap();
-        let m = message(HeaderFormat::Weir, weir, &inb.routing_key, true);
+        let weir = inb.header.encode_as(HeaderFormat::WEIR, &codecs()).unwrap();
+        let m = message(HeaderFormat::WEIR, weir, &inb.routing_key, true);
         let out = outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap();
         assert_eq!((out.qos, out.properties), (QoS::ExactlyOnce, expected(T0)));
         let props = inb.header.properties(&codecs()).unwrap();
@@ -1207,12 +1203,7 @@ mod tests {
         MqttCodec.encode(&props, &mut neutral).unwrap();
         assert_eq!(MqttCodec.decode(&neutral).unwrap(), props, "lossless");
         assert_eq!(MqttHeader::decode(&neutral).unwrap(), None);
-        let m = message(
-            HeaderFormat::Mqtt,
-            Bytes::from(neutral),
-            &inb.routing_key,
-            true,
-        );
+        let m = message(MQTT, Bytes::from(neutral), &inb.routing_key, true);
         let out = outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap();
         assert_eq!((out.qos, out.properties), (QoS::ExactlyOnce, expected(T0)));
         // Random MQTT properties survive MQTT → AMQP → MQTT.
@@ -1244,16 +1235,8 @@ mod tests {
                 ..full_publish()
             };
             let inb = inbound(&p, None, T0);
-            let amqp = inb
-                .header
-                .encode_as(HeaderFormat::Amqp091, &codecs())
-                .unwrap();
-            let m = message(
-                HeaderFormat::Amqp091,
-                amqp,
-                &inb.routing_key,
-                qos != QoS::AtMostOnce,
-            );
+            let amqp = inb.header.encode_as(AMQP_091, &codecs()).unwrap();
+            let m = message(AMQP_091, amqp, &inb.routing_key, qos != QoS::AtMostOnce);
             let out = outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap();
             assert_eq!(out.qos, qos);
             assert_eq!(out.properties, mp);
@@ -1303,12 +1286,7 @@ mod tests {
             app_id: Some("app".into()),
             ..Properties::default()
         };
-        let m = message(
-            HeaderFormat::Amqp091,
-            amqp_block(&p),
-            "sensors.7.temp",
-            true,
-        );
+        let m = message(AMQP_091, amqp_block(&p), "sensors.7.temp", true);
         let out = outbound(&m, &entry(T0, T0 + 5_000), &codecs(), T0 + 2_000).unwrap();
         assert_eq!(out.topic, "sensors/7/temp");
         assert_eq!(out.qos, QoS::AtLeastOnce, "persistent");
@@ -1339,7 +1317,7 @@ mod tests {
             delivery_mode: Some(DeliveryMode::Transient),
             ..Properties::default()
         };
-        let m = message(HeaderFormat::Amqp091, amqp_block(&t), "a", false);
+        let m = message(AMQP_091, amqp_block(&t), "a", false);
         assert_eq!(
             outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap().qos,
             QoS::AtMostOnce
@@ -1347,7 +1325,7 @@ mod tests {
         let mut h = Table::new();
         h.push(QOS_HEADER, Value::I32(1));
         t.headers = Some(h);
-        let m = message(HeaderFormat::Amqp091, amqp_block(&t), "a", false);
+        let m = message(AMQP_091, amqp_block(&t), "a", false);
         let out = outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap();
         assert_eq!(out.qos, QoS::AtLeastOnce);
         assert!(out.properties.user_properties.is_empty());
@@ -1360,7 +1338,7 @@ mod tests {
             headers: Some(h),
             ..Properties::default()
         };
-        let m = message(HeaderFormat::Amqp091, amqp_block(&t), "a", false);
+        let m = message(AMQP_091, amqp_block(&t), "a", false);
         let out = outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap();
         assert_eq!(
             out.properties.response_topic.as_deref(),
@@ -1373,7 +1351,7 @@ mod tests {
             reply_to: Some("a.#".into()),
             ..Properties::default()
         };
-        let m = message(HeaderFormat::Amqp091, amqp_block(&t), "a", false);
+        let m = message(AMQP_091, amqp_block(&t), "a", false);
         let out = outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap();
         assert_eq!(out.properties.response_topic, None);
     }
@@ -1381,24 +1359,14 @@ mod tests {
     #[test]
     fn routing_keys_that_are_no_topic_names_are_refused() {
         for key in ["", "a.#", "a.+", "a\0b"] {
-            let m = message(
-                HeaderFormat::Amqp091,
-                amqp_block(&Properties::default()),
-                key,
-                true,
-            );
+            let m = message(AMQP_091, amqp_block(&Properties::default()), key, true);
             assert_eq!(
                 outbound(&m, &entry(T0, 0), &codecs(), T0),
                 Err(ConvertError::InvalidTopic(key.into()))
             );
         }
         // An undecodable header is delivered without properties.
-        let m = message(
-            HeaderFormat::Amqp091,
-            Bytes::from_static(&[0xff]),
-            "a",
-            true,
-        );
+        let m = message(AMQP_091, Bytes::from_static(&[0xff]), "a", true);
         let out = outbound(&m, &entry(T0, 0), &codecs(), T0).unwrap();
         assert_eq!(out.qos, QoS::AtLeastOnce);
         assert_eq!(out.properties, MessageProperties::default());
