@@ -110,7 +110,7 @@ fn publish(c: &mut Client, queue: &str, body: &'static [u8]) -> Published {
             routing_key: Bytes::copy_from_slice(queue.as_bytes()),
             properties: props,
             body: Bytes::from_static(body),
-            header_format: HeaderFormat::Weir,
+            header_format: HeaderFormat::WEIR,
             persistent: true,
             priority: 0,
             ttl_ms: None,
@@ -292,7 +292,7 @@ fn raw_publish(store: &dyn Store, p: PartitionId) -> Result<(), StoreError> {
                 data: MessageData {
                     exchange: "",
                     routing_key: "x",
-                    header_format: HeaderFormat::Weir.to_u8(),
+                    header_format: HeaderFormat::WEIR.to_u8(),
                     header: b"",
                     body: b"raw",
                     attrs: MessageAttrs::default(),

@@ -225,9 +225,10 @@ pub(crate) struct State {
     shares: fair::Shares,
     /// Which handle holds which partition (`partitions.rs`).
     owners: partitions::Owners,
-    /// During the startup window: every partition appended for since open
-    /// (`partitions.rs`). `None` once the first compaction ended it.
-    touched: Option<HashSet<PartitionId>>,
+    /// What open found that is still exact: the partitions whose live
+    /// messages (receipts) open listed, not handed out and not appended to
+    /// since (`partitions.rs`).
+    fresh: partitions::Fresh,
     /// The writer thread is gone: no ticket becomes durable any more.
     writer_done: bool,
     /// The writer took waiters and has not finished calling them: a new
@@ -442,7 +443,10 @@ impl LogStore {
                 compacting: None,
                 shares: fair::Shares::default(),
                 owners: partitions::Owners::default(),
-                touched: Some(HashSet::new()),
+                fresh: partitions::Fresh::new(
+                    rec.partitions.keys().copied(),
+                    recovered_receipts.keys().copied(),
+                ),
                 writer_done: false,
                 calling: false,
             }),
@@ -917,19 +921,19 @@ impl LogStore {
         {
             return Err(StoreError::NoSpace);
         }
-        // Ownership and the startup window: both skipped on the hot path
-        // (one handle, recovery done).
-        if st.owners.multi || st.touched.is_some() {
+        // Ownership, and what open found: both skipped on the hot path
+        // (one handle; recovery done).
+        if st.owners.multi {
             for op in ops {
                 for_each_partition(op, |p| st.owners.check(handle, p))?;
             }
-            if let Some(touched) = st.touched.as_mut() {
-                for op in ops {
-                    let _ = for_each_partition(op, |p| {
-                        touched.insert(p);
-                        Ok(())
-                    });
-                }
+        }
+        if st.fresh.watching() {
+            for op in ops {
+                let _ = for_each_partition(op, |p| {
+                    st.fresh.appended(p);
+                    Ok(())
+                });
             }
         }
         let segment_size = self.shared.opts.segment_size;

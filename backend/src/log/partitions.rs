@@ -9,12 +9,15 @@
 //! (one flag), so the single-gateway hot path pays nothing for it.
 //!
 //! Recovery: open scans the whole log and keeps each partition's live
-//! messages and receipts until they are asked for. Until the first
-//! compaction ends this startup window, appends note the partitions they
-//! touch: a partition not touched since open is answered from what open
-//! found (the usual startup), any other, and every recovery after the
-//! window, by scanning the retained segments for its records (a takeover
-//! between handles, rare and allowed to be slow).
+//! messages and receipts until they are asked for ([`Fresh`]). A partition
+//! open listed, not yet handed out and not appended to since, is answered
+//! from that list (the usual startup); one open did not list is empty as
+//! long as no partition was appended to at all. Anything else (a takeover
+//! between handles, a second recovery) scans the retained segments for the
+//! partition's records: rare, allowed to be slow, and no index per message
+//! in memory. Appends note the partitions they touch only while open's
+//! lists are not all handed out (the engine takes them all at startup), so
+//! the hot path pays nothing once recovery is done.
 
 use super::record::{self, MessageKind, Record};
 use super::{receipts, segment, LogStore, State};
@@ -70,7 +73,57 @@ impl Owners {
     }
 }
 
-/// What open found, handed out per partition during the startup window.
+/// Which of open's answers are still exact.
+#[derive(Default)]
+pub(crate) struct Fresh {
+    /// Partitions whose listed messages are exact and not handed out.
+    messages: HashSet<PartitionId>,
+    /// Partitions whose listed receipts are exact and not handed out.
+    receipts: HashSet<PartitionId>,
+    /// No append named any partition since open.
+    untouched: bool,
+}
+
+impl Fresh {
+    pub(crate) fn new(
+        messages: impl Iterator<Item = PartitionId>,
+        receipts: impl Iterator<Item = PartitionId>,
+    ) -> Fresh {
+        Fresh {
+            messages: messages.collect(),
+            receipts: receipts.collect(),
+            untouched: true,
+        }
+    }
+
+    /// Whether appends must note their partitions.
+    pub(crate) fn watching(&self) -> bool {
+        self.untouched || !self.messages.is_empty() || !self.receipts.is_empty()
+    }
+
+    /// An append named `p`: open's answers for it are stale.
+    pub(crate) fn appended(&mut self, p: PartitionId) {
+        self.untouched = false;
+        if !self.messages.is_empty() {
+            self.messages.remove(&p);
+        }
+        if !self.receipts.is_empty() {
+            self.receipts.remove(&p);
+        }
+    }
+}
+
+/// How a recovery is answered.
+enum Answer<T> {
+    /// From what open found.
+    Open(T),
+    /// Nothing: open found nothing and nothing was appended since.
+    Nothing,
+    /// By a scan.
+    Scan,
+}
+
+/// What open found, handed out per partition (see [`Fresh`]).
 #[derive(Default)]
 pub(crate) struct OpenLists {
     pub messages: HashMap<PartitionId, Vec<RecoveredMessage>>,
@@ -112,10 +165,36 @@ impl LogStore {
         Ok(Some(st.owners.acquire(handle, p)))
     }
 
-    /// Whether `p` can still be answered from what open found: the startup
-    /// window is open and nothing was appended for it since.
-    fn untouched(st: &State, p: PartitionId) -> bool {
-        st.touched.as_ref().is_some_and(|t| !t.contains(&p))
+    /// How to answer the recovery of `p`'s messages (`receipts`: of its
+    /// receipts), handing out open's list when it is still exact.
+    fn answer<T>(
+        &self,
+        st: &mut State,
+        p: PartitionId,
+        receipts: bool,
+        take: impl FnOnce(&mut OpenLists) -> Option<T>,
+    ) -> Answer<T> {
+        let mut open = self.open_lists.lock();
+        let (fresh, taken) = if receipts {
+            (st.fresh.receipts.remove(&p), &mut open.receipts_taken)
+        } else {
+            (st.fresh.messages.remove(&p), &mut open.messages_taken)
+        };
+        let first = taken.insert(p);
+        if fresh {
+            if let Some(list) = take(&mut open) {
+                return Answer::Open(list);
+            }
+        }
+        let listed = if receipts {
+            open.receipts.remove(&p).is_some()
+        } else {
+            open.messages.remove(&p).is_some()
+        };
+        if first && !listed && st.fresh.untouched {
+            return Answer::Nothing;
+        }
+        Answer::Scan
     }
 
     pub(crate) fn recover_partition_as(
@@ -123,18 +202,16 @@ impl LogStore {
         handle: u64,
         p: PartitionId,
     ) -> Result<Vec<RecoveredMessage>, StoreError> {
-        {
-            let st = self.shared.state.lock();
+        let answer = {
+            let mut st = self.shared.state.lock();
             st.owners.check(handle, p)?;
-            if Self::untouched(&st, p) {
-                let mut open = self.open_lists.lock();
-                if open.messages_taken.insert(p) {
-                    return Ok(open.messages.remove(&p).unwrap_or_default());
-                }
-            }
+            self.answer(&mut st, p, false, |open| open.messages.remove(&p))
+        };
+        match answer {
+            Answer::Open(list) => Ok(list),
+            Answer::Nothing => Ok(Vec::new()),
+            Answer::Scan => Ok(self.scan_partition(p)?.live.into_values().collect()),
         }
-        let scanned = self.scan_partition(p)?;
-        Ok(scanned.live.into_values().collect())
     }
 
     pub(crate) fn recover_receipts_as(
@@ -142,15 +219,15 @@ impl LogStore {
         handle: u64,
         p: PartitionId,
     ) -> Result<Vec<Receipt>, StoreError> {
-        {
-            let st = self.shared.state.lock();
+        let answer = {
+            let mut st = self.shared.state.lock();
             st.owners.check(handle, p)?;
-            if Self::untouched(&st, p) {
-                let mut open = self.open_lists.lock();
-                if open.receipts_taken.insert(p) {
-                    return Ok(open.receipts.remove(&p).unwrap_or_default());
-                }
-            }
+            self.answer(&mut st, p, true, |open| open.receipts.remove(&p))
+        };
+        match answer {
+            Answer::Open(list) => return Ok(list),
+            Answer::Nothing => return Ok(Vec::new()),
+            Answer::Scan => {}
         }
         let now = super::now_ms();
         let mut found = self.scan_partition(p)?.receipts;
@@ -181,11 +258,13 @@ impl LogStore {
             .collect())
     }
 
-    /// Ends the startup window (the first compaction): what open found and
-    /// nobody asked for is dropped, recoveries scan from now on.
+    /// Startup is over (the first compaction): what open found and nobody
+    /// asked for (partitions of deleted queues) is dropped, and appends stop
+    /// noting their partitions; recoveries scan from now on.
     pub(crate) fn end_startup_window(&self) {
         let mut st = self.shared.state.lock();
-        if st.touched.take().is_some() {
+        if st.fresh.watching() {
+            st.fresh = Fresh::default();
             drop(st);
             *self.open_lists.lock() = OpenLists::default();
         }
