@@ -50,7 +50,17 @@ impl Unconfirmed {
 
     /// `ticket` covers the append of `ops`.
     pub(crate) fn note_ops(&mut self, ops: &[Op<'_>], ticket: Ticket) {
+        // A batch of acks usually names one partition over and over: one
+        // map update for the run, not one per settle.
+        let mut last = None;
         for op in ops {
+            if let Op::Settle { partition, .. } = op {
+                if last != Some(*partition) {
+                    self.note(*partition, ticket);
+                    last = Some(*partition);
+                }
+                continue;
+            }
             match op {
                 Op::Publish { partitions, .. } | Op::Page { partitions, .. } => {
                     partitions.iter().for_each(|p| self.note(*p, ticket))
