@@ -335,8 +335,8 @@ impl Engine {
         }
     }
 
-    /// The ticket a redeclare waits for.
-    #[allow(dead_code)]
+    /// The latest ticket of a metadata change made here (it covers every
+    /// earlier one): what a redeclare and a client's barrier wait for.
     pub(crate) fn meta_ticket(&self) -> Ticket {
         Ticket::new(self.last_meta_ticket.load(Ordering::Acquire))
     }

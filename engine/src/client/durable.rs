@@ -36,6 +36,11 @@ impl Hasher for PartitionHasher {
 #[derive(Default)]
 pub(crate) struct Unconfirmed {
     latest: HashMap<PartitionId, Ticket, BuildHasherDefault<PartitionHasher>>,
+    /// The latest metadata ticket a barrier must cover (metadata changes
+    /// made for the client outside it, such as MQTT session state).
+    meta: Ticket,
+    /// The metadata ticket an earlier barrier covered already.
+    meta_covered: Ticket,
 }
 
 impl Unconfirmed {
@@ -46,6 +51,13 @@ impl Unconfirmed {
         }
         let e = self.latest.entry(partition).or_default();
         *e = (*e).max(ticket);
+    }
+
+    /// The next barrier also covers metadata up to `ticket`.
+    pub(crate) fn note_meta(&mut self, ticket: Ticket) {
+        if ticket > self.meta_covered {
+            self.meta = self.meta.max(ticket);
+        }
     }
 
     /// `ticket` covers the append of `ops`.
@@ -85,16 +97,22 @@ impl Unconfirmed {
     /// waiters in the order they were registered, so barriers complete in
     /// the order they were asked for, even one with nothing to wait for.
     pub(crate) fn barrier(&mut self, store: &dyn Store, waiter: Waiter) {
-        if self.latest.len() <= 1 {
+        let meta = std::mem::take(&mut self.meta);
+        self.meta_covered = self.meta_covered.max(meta);
+        if self.latest.len() <= 1 && meta == Ticket::NONE {
             // The usual case, without allocating.
             let t = self.latest.drain().next().map_or(Ticket::NONE, |(_, t)| t);
             store.when_durable(t, waiter);
             return;
         }
         let mut tickets: Vec<Ticket> = self.latest.drain().map(|(_, t)| t).collect();
+        if meta != Ticket::NONE {
+            tickets.push(meta);
+        }
         tickets.sort_unstable();
         tickets.dedup();
         match tickets.len() {
+            0 => store.when_durable(Ticket::NONE, waiter),
             1 => store.when_durable(tickets[0], waiter),
             n => {
                 let all = Arc::new(Countdown {

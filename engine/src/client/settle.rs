@@ -239,10 +239,14 @@ impl Client {
 
     /// Calls `waiter` once everything this client appended so far is
     /// durable (a publisher's confirmation): the store's tickets of its
-    /// publishes, receipts and settles since its last barrier, and of the
-    /// originals of duplicates it published. Barriers complete in the order
-    /// they were asked for.
+    /// publishes, receipts and settles since its last barrier, of the
+    /// originals of duplicates it published, and of the metadata changed
+    /// so far (MQTT session state is written through the tenant). Barriers
+    /// complete in the order they were asked for.
     pub fn durability_barrier(&mut self, waiter: Waiter) -> Result<(), StoreError> {
+        if let Ok(engine) = self.tenant.engine() {
+            self.unconfirmed.note_meta(engine.meta_ticket());
+        }
         self.unconfirmed.barrier(&*self.store, waiter);
         Ok(())
     }
