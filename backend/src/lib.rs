@@ -4,7 +4,11 @@
 //! The store never sees a wire protocol. A message is opaque bytes (`header`,
 //! `body`) plus the few attributes the engine needs without reading the body
 //! back (size, priority, expiry). Metadata (exchanges, queues, bindings) is an
-//! opaque, versioned key/value map that the engine encodes.
+//! opaque, versioned key/value map that the engine encodes; small values that
+//! belong to no queue (session state, retained messages) are keys of the
+//! state store, each versioned on its own ([`Op::PutState`],
+//! [`Store::scan_state`]). Transient messages paged out of memory go to a
+//! local [`Spill`], outside the durable contract.
 //!
 //! * [`log`]: the embedded, segmented, group-committed log store (default).
 //! * `testing` (cargo feature `testing`): an in-memory store for in-process
@@ -53,12 +57,13 @@ pub trait Store: Send + Sync + 'static {
 
     // ----- appends and durability -----
 
-    /// Appends `ops` in order. For every [`Op::Publish`], [`Op::Page`] and
-    /// [`Op::Move`] one [`Location`] (of the new record) is pushed onto
-    /// `locations`, in order. Returns the batch's [`Ticket`]: it covers
+    /// Appends `ops` in order. For every [`Op::Publish`] and [`Op::Move`]
+    /// one [`Location`] (of the new record) is pushed onto `locations`, in
+    /// order. Returns the batch's [`Ticket`]: it covers
     /// this batch and every earlier append of this handle that touched one
     /// of its partitions (metadata changes are one more partition of their
-    /// own). An empty batch returns [`Ticket::NONE`].
+    /// own, state-store changes another). An empty batch returns
+    /// [`Ticket::NONE`].
     ///
     /// Within a partition, records keep append order, and a crash keeps a
     /// prefix of them: a settle is never durable before its publish.
@@ -70,7 +75,7 @@ pub trait Store: Send + Sync + 'static {
     /// after this one (or that another handle holds while this one never
     /// acquired it) fails whole with [`StoreError::Fenced`].
     ///
-    /// While the disk is full, batches holding a publish, page or move fail
+    /// While the disk is full, batches holding a publish or move fail
     /// with [`StoreError::NoSpace`] (nothing of them is appended); settles,
     /// requeues, receipts and metadata are still accepted.
     fn append(&self, ops: &[Op<'_>], locations: &mut Vec<Location>) -> Result<Ticket, StoreError>;
@@ -114,15 +119,15 @@ pub trait Store: Send + Sync + 'static {
 
     // ----- reads -----
 
-    /// Reads back published (or paged) messages, one result per reference,
+    /// Reads back published messages (not a [`Spill`]'s copies), one result per reference,
     /// in order. The future may be ready at once (the embedded log reads
     /// from its page cache while building it) or complete later (a network
     /// store); either way the caller awaits it without blocking a thread.
     fn read_many(&self, refs: &[MessageRef]) -> ReadFuture<Vec<Result<StoredMessage, StoreError>>>;
 
     /// Up to `max` live stored messages of `partition` with ids from
-    /// `from` on, in id order, with their positions (paged messages are not
-    /// included). For consumers that read a partition as a sequence.
+    /// `from` on, in id order, with their positions. For consumers that
+    /// read a partition as a sequence.
     fn read_range(
         &self,
         partition: PartitionId,
@@ -177,8 +182,8 @@ pub trait Store: Send + Sync + 'static {
     fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError>;
 
     /// The live stored messages of `partition`, in id order, without their
-    /// bodies, as of the call: what every handle appended for it. Paged
-    /// messages are never recovered. Call it after [`Store::acquire`], at
+    /// bodies, as of the call: what every handle appended for it. [`Spill`]
+    /// copies are never recovered. Call it after [`Store::acquire`], at
     /// any time (at startup, or when taking a partition over from another
     /// handle); it fails with [`StoreError::Fenced`] while another handle
     /// holds the partition.
@@ -215,6 +220,68 @@ pub trait Store: Send + Sync + 'static {
     /// Makes everything appended so far durable and stops background work.
     /// Further appends fail with [`StoreError::Closed`].
     fn close(&self) -> Result<(), StoreError>;
+
+    // ----- the state store (contract v2) -----
+
+    /// Every key of the state store ([`Op::PutState`]) starting with
+    /// `prefix`, in key order, each with its value and its own version: what
+    /// the appends so far left (at open, what the last run left). A caller
+    /// recovers its keys by scanning its prefix once at startup; each
+    /// prefix is independent of the others and of the metadata map.
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError>;
+
+    // ----- paging (contract v2): local, outside the durable contract -----
+
+    /// The store's [`Spill`], if it has one: where the engine pages
+    /// transient messages out of memory. None: nothing is paged (deep
+    /// transient messages stay in memory).
+    fn spill(&self) -> Option<&dyn Spill> {
+        None
+    }
+}
+
+/// Local storage for transient messages paged out of memory: a transient
+/// message, or one in a non-durable queue, that sits too deep in its queue
+/// to stay in RAM. Not part of the durable contract: never made durable on
+/// purpose, never replicated, never recovered (a restart drops every copy,
+/// as it must), and no record of a release is written.
+///
+/// Its positions are [`Location`]s that [`Spill::holds`] tells apart from
+/// the store's: a caller reads and releases them here, never through
+/// [`Store::read`] or an [`Op::Settle`] (a store ignores a spill position
+/// named as an [`Op::Move`]'s source: the caller releases it here too). A
+/// store that provides its own spill may relocate spilled copies during
+/// [`Store::compact`] (they are among the positions a [`LiveSet`] shows);
+/// a relocated copy stays spilled.
+pub trait Spill: Send + Sync {
+    /// Writes a copy of message `id`, queued in `partitions` (at least
+    /// one), on behalf of `tag` (fairness as for [`Store::append_for`]),
+    /// and returns its position. Fails with [`StoreError::NoSpace`] while
+    /// the disk is full: the caller keeps the message in memory.
+    fn spill(
+        &self,
+        tag: ShareTag,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: MessageData<'_>,
+    ) -> Result<(Location, Admission), StoreError>;
+
+    /// Reads a spilled copy back.
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError>;
+
+    /// Whether `location` is a position of this spill (not the store's).
+    fn holds(&self, location: Location) -> bool;
+
+    /// The copy of `id` is no longer needed in `partition` (settled,
+    /// purged, expired, moved): once released in every partition it was
+    /// spilled for, its space can be reused. Releasing twice is harmless.
+    fn release(&self, partition: PartitionId, id: MessageId, location: Location);
+
+    /// Every copy spilled for `partition` is released (its queue was
+    /// deleted). Call it only once the partition holds no stored message
+    /// any more (non-durable, or dropped by [`Op::DropPartition`]): a store
+    /// whose spill shares its accounting may release those too.
+    fn release_partition(&self, partition: PartitionId);
 }
 
 /// Runs `f` to completion on the calling thread, parking it while the

@@ -158,19 +158,6 @@ pub enum Op<'a> {
         /// The message.
         data: MessageData<'a>,
     },
-    /// A message paged out of memory: a transient message, or one in a
-    /// non-durable queue, that sits too deep in its queue to stay in RAM.
-    /// Produces a [`Location`] like [`Op::Publish`] and counts as live (for
-    /// reclamation) until settled, but is never worth an fsync and is
-    /// ignored by recovery: a restart drops it, as it must.
-    Page {
-        /// The message id.
-        id: MessageId,
-        /// The partitions it is queued in (at least one).
-        partitions: &'a [PartitionId],
-        /// The message.
-        data: MessageData<'a>,
-    },
     /// The message `id` is settled (acked, purged, dropped) in `partition`.
     /// `location` is where the engine last saw it, so the store can account for
     /// the space it frees.
@@ -265,6 +252,64 @@ pub enum Op<'a> {
         /// The changes, in order.
         changes: &'a [MetaChange<'a>],
     },
+
+    // ----- partition lifecycle and the state store (contract v2) -----
+    /// Every message live in `partition` when this op is appended leaves it,
+    /// as if each were settled there, in one small record whatever their
+    /// number (a queue delete). Recovery reports none of them, and the
+    /// store reclaims their space (the log store once compaction and
+    /// reclamation reach their segments). A message also live in other
+    /// partitions stays live there; messages appended to `partition` after
+    /// this op are not affected. A settle, requeue or move of a dropped
+    /// message appended later (an ack racing the delete) is a no-op.
+    /// Accepted while the disk is full, like a settle.
+    DropPartition {
+        /// The partition emptied.
+        partition: PartitionId,
+    },
+    /// Retention: every message live in `partition` with an id below
+    /// `before`, when this op is appended, leaves it, as by
+    /// [`Op::DropPartition`] (one record; recovery honours it; space is
+    /// reclaimed). Messages of `partition` with an id at or above `before`
+    /// stay. The caller holds none of the truncated messages any more: a
+    /// later settle, requeue or move of one is a no-op. Accepted while the
+    /// disk is full.
+    Truncate {
+        /// The partition cut.
+        partition: PartitionId,
+        /// The first id kept.
+        before: MessageId,
+    },
+    /// Sets `key` in the state store ([`crate::Store::scan_state`]): small
+    /// durable values that belong to no queue (protocol session state,
+    /// retained messages, stream cursors). Each key has its own version,
+    /// 1 at its first put and one more at each put after that (a delete
+    /// forgets it): there is no version shared by every key, so writes to
+    /// different keys never conflict. Durable like every op (the batch's
+    /// waiter); accepted while the disk is full, like metadata.
+    PutState {
+        /// The key (caller-encoded; a caller groups keys under prefixes).
+        key: &'a [u8],
+        /// The value.
+        value: &'a [u8],
+    },
+    /// Removes `key` from the state store (a no-op if it is absent).
+    DeleteState {
+        /// The key.
+        key: &'a [u8],
+    },
+}
+
+/// One key of the state store, as [`crate::Store::scan_state`] returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateEntry {
+    /// The key.
+    pub key: Vec<u8>,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// Its own version: puts of this key since it was last absent (1 after
+    /// the first). Unrelated to other keys' versions.
+    pub version: u64,
 }
 
 /// One change of an [`Op::MetaBatch`].
@@ -368,7 +413,7 @@ pub struct StoreStats {
 ///
 /// A ticket covers its own append and every earlier append of the same
 /// handle that touched one of the same partitions (metadata changes count
-/// as one more partition of their own): once
+/// as one more partition of their own, and so do state-store changes): once
 /// [`crate::Store::when_durable`] reports it, all of those survive a crash.
 /// It says nothing about appends to other partitions: a store may make
 /// partitions durable independently. Tickets of one handle increase in

@@ -169,6 +169,10 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
         stored_at.push(at);
     }
     let mut locations = Vec::with_capacity(n_located);
+    // A paged source is released through the spill (a move from it becomes
+    // a publish, so the ops that get a location keep their order and
+    // `stored_at` still holds).
+    crate::spill::release_spilled(&**engine.store(), &mut ops);
     if !ops.is_empty() {
         if let Err(e) = engine.store().append(&ops, &mut locations) {
             // Nothing of the batch was applied: the messages stay where they
@@ -222,6 +226,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
             }
         }
     }
+    crate::spill::release_spilled(&**engine.store(), &mut refused);
     if !refused.is_empty() {
         let mut sink = Vec::new();
         if let Err(e) = engine.store().append(&refused, &mut sink) {

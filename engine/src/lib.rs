@@ -43,6 +43,7 @@ mod readback;
 pub mod reply_to;
 pub mod retained;
 pub mod session_state;
+mod spill;
 pub mod stats;
 pub mod tenant;
 pub mod timers;
@@ -99,6 +100,9 @@ pub struct Engine {
     /// The store's latest ticket of a metadata change made here: a
     /// redeclare waits for it (it covers every earlier one).
     last_meta_ticket: AtomicU64,
+    /// The store's latest ticket of a state-store change made here (MQTT
+    /// session state, retained messages): a client's barrier covers it.
+    last_state_ticket: AtomicU64,
     /// Definitions made through other handles of the store (`feed.rs`).
     feed: feed::Feed,
     /// Itself, for work that starts from `&self` and creates tenants (the
@@ -132,6 +136,7 @@ impl Engine {
             user_quotas: Default::default(),
             connection_quotas: Default::default(),
             last_meta_ticket: AtomicU64::new(0),
+            last_state_ticket: AtomicU64::new(0),
             feed: feed::Feed::new(recovered.version),
             me: std::sync::OnceLock::new(),
         });
@@ -141,23 +146,26 @@ impl Engine {
 
         let mut bindings = Vec::new();
         let mut queues = Vec::new();
-        for (k, v) in &recovered.meta {
-            if let Some((t, key)) = session_state::decode_key(k) {
+        // Protocol session state and retained messages live in the store's
+        // state store, each under its own key prefix (no global version).
+        for e in store.scan_state(session_state::KEY_PREFIX)? {
+            if let Some((t, key)) = session_state::decode_key(&e.key) {
                 engine
                     .tenant_or_create(&t)
                     .session_state
-                    .restore(key, v.clone());
-                continue;
+                    .restore(key, e.value);
             }
-            if let Some(r) = retained::decode_entry(k, v) {
-                match r {
-                    Ok((t, m)) => engine.tenant_or_create(&t).retained.restore(&engine, m),
-                    Err(e) => {
-                        tracing::warn!(key = %String::from_utf8_lossy(k), error = %e, "ignoring an unreadable retained message")
-                    }
+        }
+        for e in store.scan_state(retained::KEY_PREFIX)? {
+            match retained::decode_entry(&e.key, &e.value) {
+                Some(Ok((t, m))) => engine.tenant_or_create(&t).retained.restore(&engine, m),
+                Some(Err(err)) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(&e.key), error = %err, "ignoring an unreadable retained message")
                 }
-                continue;
+                None => {}
             }
+        }
+        for (k, v) in &recovered.meta {
             match meta::decode(k, v) {
                 Some(meta::MetaEntry::Tenant(t)) => {
                     engine.tenant_or_create(&t);
@@ -252,26 +260,24 @@ impl Engine {
             }
         }
         // Messages of partitions that no queue owns (deleted before the
-        // crash, settle records lost): settle them so their space is freed.
-        // Only those nobody holds: in a shared store another handle's new
-        // queue may not be in our definitions yet, and is not ours to empty.
+        // crash, the drop record lost): drop them so their space is freed,
+        // one record per partition. Only those nobody holds: in a shared
+        // store another handle's new queue may not be in our definitions
+        // yet, and is not ours to empty.
         let mut orphans = Vec::new();
+        let mut orphaned = 0;
         for pid in store.recovered_partitions()? {
             if owned.contains(&pid) || store.try_acquire(pid)?.is_none() {
                 continue;
             }
-            for m in store.recover_partition(pid)? {
-                orphans.push(Op::Settle {
-                    partition: pid,
-                    id: m.id,
-                    location: m.location,
-                });
-            }
+            orphaned += store.recover_partition(pid)?.len();
+            orphans.push(Op::DropPartition { partition: pid });
         }
         if !orphans.is_empty() {
             tracing::info!(
-                messages = orphans.len(),
-                "settling messages of deleted queues"
+                partitions = orphans.len(),
+                messages = orphaned,
+                "dropping messages of deleted queues"
             );
             store.append(&orphans, &mut Vec::new())?;
         }
@@ -425,6 +431,12 @@ impl Engine {
         self.next_partition.load(Ordering::Relaxed)
     }
 
+    /// The latest ticket of a state-store change made here (it covers every
+    /// earlier one: the state store is one ordering domain).
+    pub(crate) fn state_ticket(&self) -> Ticket {
+        Ticket::new(self.last_state_ticket.load(Ordering::Acquire))
+    }
+
     /// Appends metadata ops; the receiver resolves once they are durable.
     /// No ops: once every metadata change made here so far is durable (a
     /// redeclare answers when the original is on disk).
@@ -444,6 +456,13 @@ impl Engine {
             };
             if ops.iter().any(feed::is_meta) {
                 self.last_meta_ticket
+                    .fetch_max(ticket.get(), Ordering::AcqRel);
+            }
+            if ops
+                .iter()
+                .any(|op| matches!(op, Op::PutState { .. } | Op::DeleteState { .. }))
+            {
+                self.last_state_ticket
                     .fetch_max(ticket.get(), Ordering::AcqRel);
             }
             ticket

@@ -5,7 +5,8 @@
 //! and every message recovered at startup, are read back from the store
 //! when delivered. Deliveries read in batches, asynchronously
 //! ([`Reads`]): [`crate::Client::drain`] starts the reads of the cold
-//! deliveries it takes and polls them with a waker that wakes the
+//! deliveries it takes (spilled copies of transient messages are read from
+//! the store's local spill at once) and polls them with a waker that wakes the
 //! connection's task, so a session never waits on the store on a runtime
 //! worker (a store that answers at once, such as the embedded log, has the
 //! messages by the time `drain` returns). What was not read that way (a
@@ -44,15 +45,37 @@ pub(crate) fn to_message(m: StoredMessage) -> Result<Arc<Message>, String> {
     }))
 }
 
+/// Reads one message: a spilled copy from the store's local spill, else
+/// from the store.
 fn read_one(
     store: &dyn Store,
     p: PartitionId,
     id: MessageId,
     at: Location,
 ) -> Result<StoredMessage, StoreError> {
+    if let Some(spill) = store.spill().filter(|s| s.holds(at)) {
+        return spill.read(at);
+    }
     weir_backend::block_on(store.read_many(&[MessageRef::new(p, id, at)]))
         .pop()
         .unwrap_or(Err(StoreError::NotFound(at)))
+}
+
+/// Reads a spilled copy at once (the spill is local: no round trip to
+/// overlap), or `None` when `at` is not the spill's.
+pub(crate) fn read_spilled(store: &dyn Store, at: Location) -> Option<Arc<Message>> {
+    let spill = store.spill().filter(|s| s.holds(at))?;
+    match spill
+        .read(at)
+        .map_err(|e| e.to_string())
+        .and_then(to_message)
+    {
+        Ok(m) => Some(m),
+        Err(err) => {
+            tracing::debug!(error = %err, "spilled read-back failed; reading it again when delivered");
+            None
+        }
+    }
 }
 
 /// Reads the message of leased entry `e` of `p`, on this thread (see

@@ -3,14 +3,16 @@
 //!
 //! * **Set** by a retained publish ([`Tenant::retain`]), **replaced** by the
 //!   next one to the same topic, **cleared** by one with an empty payload.
-//! * **Durable**: each one is an entry of the store's metadata map (key
-//!   `r \0 tenant \0 topic`, value [`encode_value`]), appended before the
-//!   change is visible and recovered by [`crate::Engine::open`]. The caller
-//!   gets the store's [`DurableWait`], so an MQTT session acknowledges a
-//!   retained QoS 1/2 publish only once the retained copy is durable too.
-//!   The store keeps its metadata map in memory and checkpoints it whole,
-//!   so a retained body costs its size twice in memory (here and in the
-//!   store's map) and is rewritten with every checkpoint: hence the bounds.
+//! * **Durable**: each one is a key of the store's state store (key
+//!   `r \0 tenant \0 topic`, value [`encode_value`]), versioned on its own
+//!   (no version shared with the metadata map or other topics), appended
+//!   before the change is visible and recovered by [`crate::Engine::open`]
+//!   from a scan of [`KEY_PREFIX`]. The caller gets the store's
+//!   [`DurableWait`], so an MQTT session acknowledges a retained QoS 1/2
+//!   publish only once the retained copy is durable too. The embedded log
+//!   keeps its state store in memory and checkpoints it whole, so a
+//!   retained body costs its size twice in memory (here and in the store)
+//!   and is rewritten with every checkpoint: hence the bounds.
 //! * **Bounded** ([`RetainedLimits`]): retained messages and bytes (topic +
 //!   header + body) per tenant, and bytes over every tenant as a ceiling, so
 //!   one tenant filling its budget leaves the others theirs. A retained
@@ -48,8 +50,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use weir_backend::Op;
 
-/// Kind byte of a retained message's metadata key.
+/// Kind byte of a retained message's state-store key.
 const KEY_KIND: &[u8] = b"r";
+
+/// The state-store prefix of every retained message's key.
+pub(crate) const KEY_PREFIX: &[u8] = b"r\0";
 
 /// Version byte leading [`encode_value`]'s output.
 const VALUE_VERSION: u8 = 1;
@@ -443,7 +448,7 @@ impl RetainedCursor {
     }
 }
 
-/// The metadata key of `topic`'s retained message in `tenant`.
+/// The state-store key of `topic`'s retained message in `tenant`.
 pub fn key(tenant: &str, topic: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(KEY_KIND.len() + tenant.len() + topic.len() + 2);
     k.extend_from_slice(KEY_KIND);
@@ -454,7 +459,7 @@ pub fn key(tenant: &str, topic: &str) -> Vec<u8> {
     k
 }
 
-/// A retained message as a metadata value: version, header format, a flag
+/// A retained message as a state-store value: version, header format, a flag
 /// byte (bit 0: an expiry follows), the expiry (u64 LE, ms since the epoch),
 /// the header's length (u32 LE), the header, then the body.
 pub fn encode_value(m: &RetainedMessage) -> Vec<u8> {
@@ -488,7 +493,7 @@ pub enum DecodeError {
     Value(&'static str),
 }
 
-/// A retained message from its metadata entry: None if `key` is not a
+/// A retained message from its state-store entry: None if `key` is not a
 /// retained message's; else the tenant and the message, or why it is
 /// unreadable.
 pub fn decode_entry(
@@ -638,9 +643,9 @@ impl Retained {
         }
         budget.apply(added, freed, limits.max_total_bytes)?;
         let put = new.as_ref().map(|m| (key(tenant, topic), encode_value(m)));
-        let mut ops: Vec<Op<'_>> = keys.iter().map(|k| Op::DeleteMeta { key: k }).collect();
+        let mut ops: Vec<Op<'_>> = keys.iter().map(|k| Op::DeleteState { key: k }).collect();
         if let Some((k, v)) = &put {
-            ops.push(Op::PutMeta { key: k, value: v });
+            ops.push(Op::PutState { key: k, value: v });
         }
         let wait = match engine.persist(&ops) {
             Ok(w) => w,
@@ -684,7 +689,7 @@ impl Retained {
             return 0;
         }
         let keys: Vec<Vec<u8>> = expired.iter().map(|t| key(tenant, t)).collect();
-        let ops: Vec<Op<'_>> = keys.iter().map(|k| Op::DeleteMeta { key: k }).collect();
+        let ops: Vec<Op<'_>> = keys.iter().map(|k| Op::DeleteState { key: k }).collect();
         if let Err(e) = engine.persist(&ops) {
             tracing::warn!(tenant, error = %e, "removing expired retained messages failed");
             return 0;

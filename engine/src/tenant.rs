@@ -777,7 +777,11 @@ impl Tenant {
         self.remove_queue(&q)
     }
 
-    /// Removes a queue: unbinds it, cancels its consumers, settles its messages.
+    /// Removes a queue: unbinds it, cancels its consumers, drops its
+    /// messages. Each durable partition that held stored messages is
+    /// emptied in the store by one [`Op::DropPartition`], whatever its
+    /// depth, and its paged copies are released from the spill at once; a
+    /// lease still out on it settles into nothing.
     fn remove_queue(&self, q: &Arc<Queue>) -> Result<(u64, Option<DurableWait>)> {
         let engine = self.engine()?;
         {
@@ -803,7 +807,7 @@ impl Tenant {
             self.maybe_auto_delete_exchange(&x);
         }
         let mut count = 0u64;
-        let mut settled = Vec::new();
+        let mut dropped = Vec::new();
         for p in &q.partitions {
             let (consumers, entries) = p.delete();
             for c in consumers {
@@ -813,30 +817,34 @@ impl Tenant {
                 });
             }
             count += entries.len() as u64;
-            settled.extend(
-                entries
-                    .into_iter()
-                    .filter_map(|e| e.location.map(|l| (p.id, e.id, l))),
-            );
+            // Leased entries are not among `entries`: their records go too.
+            if p.has_leases() || entries.iter().any(|e| e.location.is_some()) {
+                dropped.push(p);
+            }
         }
         engine.retire(&q.partitions);
-        let mut ops: Vec<Op> = settled
+        let mut ops: Vec<Op> = dropped
             .iter()
-            .map(|(p, id, l)| Op::Settle {
-                partition: *p,
-                id: *id,
-                location: *l,
-            })
+            .filter(|p| p.durable)
+            .map(|p| Op::DropPartition { partition: p.id })
             .collect();
         let qkey = meta::queue_key(&self.name, q.name());
         if q.def.durable && q.exclusive_owner().is_none() {
             ops.push(Op::DeleteMeta { key: &qkey });
             ops.extend(keys.iter().map(|k| Op::DeleteMeta { key: k }));
         }
-        if ops.is_empty() {
-            return Ok((count, None));
+        let wait = if ops.is_empty() {
+            None
+        } else {
+            Some(engine.persist(&ops)?)
+        };
+        // After the drops: the spill may share the store's accounting.
+        if let Some(spill) = engine.store().spill() {
+            for p in &dropped {
+                spill.release_partition(p.id);
+            }
         }
-        Ok((count, Some(engine.persist(&ops)?)))
+        Ok((count, wait))
     }
 
     /// queue.purge; returns the number of messages removed.
@@ -856,8 +864,10 @@ impl Tenant {
                 }
             }
         }
+        let engine = self.engine()?;
+        crate::spill::release_spilled(&**engine.store(), &mut ops);
         if !ops.is_empty() {
-            self.engine()?.store().append(&ops, &mut Vec::new())?;
+            engine.store().append(&ops, &mut Vec::new())?;
         }
         Ok(count)
     }

@@ -4,11 +4,14 @@
 //! * [`config`]: settings from file, environment and flags.
 //! * [`engine`]: tenants, exchanges, queues, consumers, leases.
 //! * [`header_codecs`]: each protocol's header codec under its format number.
-//! * [`amqp`]: one task per AMQP connection, driving the sans-IO adapter.
-//! * [`mqtt`]: MQTT topic and message conversion.
+//! * [`session`]: the session driver: one socket loop for every protocol,
+//!   its adapter trait, flow control and answers that wait for the store.
+//! * [`amqp`]: the AMQP 0-9-1 session (an adapter of the driver).
+//! * [`mqtt`]: the MQTT 3.1.1/5 session, over TCP and WebSocket.
 //! * [`http`]: the management API, `/metrics` and the dashboard.
 //! * [`metrics`]: the Prometheus recorder, metric names, scrape-time figures.
-//! * [`server`]: listeners, store opening, graceful shutdown.
+//! * [`server`]: the broker's services, listeners, resource monitors,
+//!   store opening, graceful shutdown.
 //! * [`tenant_gate`]: a session's view of its tenant's block and publish rate.
 //! * `otel` (cargo feature `otel`): OpenTelemetry export of the spans.
 //! * [`tls`]: TLS for the AMQPS and MQTTS listeners, certificate reload.
@@ -23,6 +26,7 @@ pub mod mqtt;
 #[cfg(feature = "otel")]
 pub mod otel;
 pub mod server;
+pub mod session;
 pub mod tenant_gate;
 pub mod tls;
 

@@ -11,7 +11,9 @@
 //! * **Rate**: the session adds what it published in a batch to its
 //!   [`Debt`]; after the batch it asks the tenant's limiter, and over the
 //!   rate it stops reading for the time the limiter names (TCP pushes back
-//!   on the producer). No error, nothing allocated per message.
+//!   on the producer): the pause's end is a deadline of the session
+//!   driver's one timer ([`TenantGate::pause_deadline`]). No error, nothing
+//!   allocated per message.
 //! * **Store share**: when the store says the tenant is over its share of
 //!   the log writer (several tenants write and this one's backlog would
 //!   delay the others' confirms, see `Store::append_for`), the session stops
@@ -26,9 +28,8 @@
 //! stop reading. Every door that publishes goes through one of the two.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
-use tokio::time::Instant;
 use weir_quota::{Debt, Rate, TenantQuota};
 
 /// One connection's view of its tenant's block and rate.
@@ -172,16 +173,28 @@ impl TenantGate {
     pub fn paused(&self) -> bool {
         self.pause_until.is_some() || self.store_wait.is_some()
     }
+
+    /// When the rate's pause ends, if reads are paused by it.
+    pub fn pause_deadline(&self) -> Option<Instant> {
+        self.pause_until
+    }
+
+    /// Ends the rate's pause if it is over at `now`.
+    pub fn end_pause_if_due(&mut self, now: Instant) {
+        if self.pause_until.is_some_and(|at| at <= now) {
+            self.pause_until = None;
+        }
+    }
 }
 
 /// Resolves when `gate`'s block changes (only if `watch_block`) or its
-/// rate or store-share pause is over; never without a gate or any. The caller then
-/// refreshes its alarm state.
+/// store-share pause is over; never without a gate or either. The caller
+/// then refreshes its alarm state. (The rate's pause ends by the session's
+/// timer: [`TenantGate::pause_deadline`].)
 pub async fn wake(gate: Option<&mut TenantGate>, watch_block: bool) {
     let Some(g) = gate else {
         return std::future::pending().await;
     };
-    let pause = g.pause_until;
     tokio::select! {
         r = g.block.changed(), if watch_block => {
             if r.is_err() {
@@ -190,9 +203,6 @@ pub async fn wake(gate: Option<&mut TenantGate>, watch_block: bool) {
             }
             // `changed` marked the value seen: take it here.
             g.blocked = *g.block.borrow_and_update();
-        }
-        () = tokio::time::sleep_until(pause.unwrap_or_else(Instant::now)), if pause.is_some() => {
-            g.pause_until = None;
         }
         // Sent, or dropped with a closing store: nothing left to wait for.
         _ = async { g.store_wait.as_mut().expect("guarded").await }, if g.store_wait.is_some() => {

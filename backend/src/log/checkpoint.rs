@@ -1,15 +1,22 @@
 //! The metadata checkpoint: `<dir>/meta.checkpoint`.
 //!
-//! Holds the whole metadata map, its version and the next message id, so that
-//! segments holding old metadata records (and the highest ids) can be deleted
-//! and restart does not need the full history.
+//! Holds the whole metadata map, its version and the next message id, and the
+//! whole state store with its sequence number, so that segments holding old
+//! metadata or state records (and the highest ids) can be deleted and
+//! restart does not need the full history.
 //!
 //! Format (little-endian):
 //!
 //! ```text
-//! "WEIRCKP1" | version u64 | next_id u64 | count u64 |
-//! count × ([u32 klen][key][u32 vlen][value]) | crc32c u32 over everything before
+//! "WEIRCKP2" | version u64 | next_id u64 | count u64 |
+//! count × ([u32 klen][key][u32 vlen][value]) |
+//! state_seq u64 | state_count u64 |
+//! state_count × ([u32 klen][key][version u64][u32 vlen][value]) |
+//! crc32c u32 over everything before
 //! ```
+//!
+//! A `WEIRCKP1` file (before the state store) is the same without the state
+//! part, and is still read.
 //!
 //! Written atomically: tmp file, fsync, rename, fsync directory.
 
@@ -18,7 +25,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-const MAGIC: &[u8; 8] = b"WEIRCKP1";
+const MAGIC: &[u8; 8] = b"WEIRCKP2";
+/// The format before the state store: no state part.
+const MAGIC_V1: &[u8; 8] = b"WEIRCKP1";
 const FILE: &str = "meta.checkpoint";
 const TMP: &str = "meta.checkpoint.tmp";
 
@@ -32,6 +41,10 @@ pub(crate) struct Checkpoint {
     pub next_id: u64,
     /// The metadata map.
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// State sequence covered: state records at or below it are in `state`.
+    pub state_seq: u64,
+    /// The state store: per key, its version and value.
+    pub state: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
 }
 
 fn corrupt(reason: impl Into<String>) -> StoreError {
@@ -40,9 +53,22 @@ fn corrupt(reason: impl Into<String>) -> StoreError {
 }
 
 /// Encodes a checkpoint.
-pub(crate) fn encode(version: u64, next_id: u64, meta: &BTreeMap<Vec<u8>, Vec<u8>>) -> Vec<u8> {
-    let size: usize = meta.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
-    let mut buf = Vec::with_capacity(8 + 24 + size + 4);
+pub(crate) fn encode(
+    version: u64,
+    next_id: u64,
+    meta: &BTreeMap<Vec<u8>, Vec<u8>>,
+    state_seq: u64,
+    state: &BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
+) -> Vec<u8> {
+    let size: usize = meta
+        .iter()
+        .map(|(k, v)| 8 + k.len() + v.len())
+        .sum::<usize>()
+        + state
+            .iter()
+            .map(|(k, (_, v))| 16 + k.len() + v.len())
+            .sum::<usize>();
+    let mut buf = Vec::with_capacity(8 + 40 + size + 4);
     buf.extend_from_slice(MAGIC);
     buf.extend_from_slice(&version.to_le_bytes());
     buf.extend_from_slice(&next_id.to_le_bytes());
@@ -53,6 +79,15 @@ pub(crate) fn encode(version: u64, next_id: u64, meta: &BTreeMap<Vec<u8>, Vec<u8
         buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
         buf.extend_from_slice(v);
     }
+    buf.extend_from_slice(&state_seq.to_le_bytes());
+    buf.extend_from_slice(&(state.len() as u64).to_le_bytes());
+    for (k, (version, v)) in state {
+        buf.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        buf.extend_from_slice(k);
+        buf.extend_from_slice(&version.to_le_bytes());
+        buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        buf.extend_from_slice(v);
+    }
     let crc = crc32c::crc32c(&buf);
     buf.extend_from_slice(&crc.to_le_bytes());
     buf
@@ -60,9 +95,10 @@ pub(crate) fn encode(version: u64, next_id: u64, meta: &BTreeMap<Vec<u8>, Vec<u8
 
 /// Decodes a checkpoint, verifying magic and checksum.
 pub(crate) fn decode(buf: &[u8]) -> Result<Checkpoint, StoreError> {
-    if buf.len() < MAGIC.len() + 24 + 4 || &buf[..8] != MAGIC {
+    if buf.len() < MAGIC.len() + 24 + 4 || (&buf[..8] != MAGIC && &buf[..8] != MAGIC_V1) {
         return Err(corrupt("bad magic or too short"));
     }
+    let with_state = &buf[..8] == MAGIC;
     let (body, crc) = buf.split_at(buf.len() - 4);
     let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
     if crc32c::crc32c(body) != stored {
@@ -93,6 +129,19 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Checkpoint, StoreError> {
         let v = take(vl)?.to_vec();
         meta.insert(k, v);
     }
+    let (mut state_seq, mut state) = (0, BTreeMap::new());
+    if with_state {
+        state_seq = u64_of(take(8)?);
+        let count = u64_of(take(8)?);
+        for _ in 0..count {
+            let kl = u32_of(take(4)?);
+            let k = take(kl)?.to_vec();
+            let version = u64_of(take(8)?);
+            let vl = u32_of(take(4)?);
+            let v = take(vl)?.to_vec();
+            state.insert(k, (version, v));
+        }
+    }
     if pos != body.len() {
         return Err(corrupt("trailing bytes"));
     }
@@ -100,6 +149,8 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Checkpoint, StoreError> {
         version,
         next_id,
         meta,
+        state_seq,
+        state,
     })
 }
 
@@ -146,7 +197,10 @@ mod tests {
         let mut meta = BTreeMap::new();
         meta.insert(b"a".to_vec(), b"1".to_vec());
         meta.insert(b"bb".to_vec(), Vec::new());
-        let enc = encode(9, 1234, &meta);
+        let mut state = BTreeMap::new();
+        state.insert(b"s1".to_vec(), (3, b"x".to_vec()));
+        state.insert(b"s2".to_vec(), (1, Vec::new()));
+        let enc = encode(9, 1234, &meta, 17, &state);
         store(dir.path(), &enc, true).unwrap();
         let c = load(dir.path()).unwrap();
         assert_eq!(
@@ -154,7 +208,32 @@ mod tests {
             Checkpoint {
                 version: 9,
                 next_id: 1234,
-                meta
+                meta: meta.clone(),
+                state_seq: 17,
+                state,
+            }
+        );
+        // A checkpoint from before the state store still reads.
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(MAGIC_V1);
+        v1.extend_from_slice(&9u64.to_le_bytes());
+        v1.extend_from_slice(&1234u64.to_le_bytes());
+        v1.extend_from_slice(&2u64.to_le_bytes());
+        for (k, v) in &meta {
+            v1.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            v1.extend_from_slice(k);
+            v1.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            v1.extend_from_slice(v);
+        }
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode(&v1).unwrap(),
+            Checkpoint {
+                version: 9,
+                next_id: 1234,
+                meta,
+                ..Checkpoint::default()
             }
         );
         for i in 0..enc.len() {

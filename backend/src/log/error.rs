@@ -160,6 +160,21 @@ pub enum LostRecord {
         /// Its version.
         version: u64,
     },
+    /// A partition drop or truncation ([`crate::Op::DropPartition`],
+    /// [`crate::Op::Truncate`]): its messages may come back after repair.
+    Cut {
+        /// The partition.
+        partition: PartitionId,
+        /// The first id kept (`u64::MAX` for a drop).
+        before: MessageId,
+    },
+    /// A state-store change ([`crate::Op::PutState`],
+    /// [`crate::Op::DeleteState`]): the key may show an older value after
+    /// repair.
+    State {
+        /// The key.
+        key: Vec<u8>,
+    },
     /// Bytes with no readable record header.
     Unreadable {
         /// Offset in the segment.
@@ -199,6 +214,21 @@ impl std::fmt::Display for LostRecord {
                 partition.0
             ),
             LostRecord::Meta { version } => write!(f, "metadata change version {version}"),
+            LostRecord::Cut { partition, before } if *before == MessageId::MAX => write!(
+                f,
+                "drop of partition {} (its messages may come back)",
+                partition.0
+            ),
+            LostRecord::Cut { partition, before } => write!(
+                f,
+                "truncation of partition {} before message {before} (those messages may come back)",
+                partition.0
+            ),
+            LostRecord::State { key } => write!(
+                f,
+                "state change of key {:?} (an older value may come back)",
+                String::from_utf8_lossy(key)
+            ),
             LostRecord::Unreadable { offset, len } => {
                 write!(f, "{len} unreadable bytes at offset {offset}")
             }

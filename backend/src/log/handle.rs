@@ -7,8 +7,8 @@ use super::partitions::FIRST_HANDLE;
 use super::LogStore;
 use crate::{
     Admission, Epoch, LiveSet, Location, MessageId, MessageRef, MetaFeed, Op, PartitionId,
-    RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta, ShareTag, Store,
-    StoreError, StoreStats, StoredMessage, Ticket, Waiter, Wake,
+    RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta, ShareTag, StateEntry,
+    Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter, Wake,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,7 +82,7 @@ impl Store for LogHandle {
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        self.store.read_stored(location)
+        self.store.read_now(location)
     }
 
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
@@ -135,5 +135,13 @@ impl Store for LogHandle {
 
     fn close(&self) -> Result<(), StoreError> {
         self.store.close_now()
+    }
+
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
+        Ok(self.store.scan_state_now(prefix))
+    }
+
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(&*self.store)
     }
 }

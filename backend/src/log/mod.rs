@@ -92,7 +92,8 @@ mod tests;
 use crate::{
     Admission, Epoch, LiveSet, Location, MessageData, MessageId, MessageRef, MetaChange, MetaFeed,
     Op, PartitionId, RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta,
-    Relocation, ShareTag, Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter, Wake,
+    Relocation, ShareTag, StateEntry, Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter,
+    Wake,
 };
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
@@ -216,11 +217,23 @@ pub(crate) struct State {
     /// a relocated copy must carry, since requeue records are not kept
     /// alive. Only requeued messages have an entry.
     requeued: HashMap<(PartitionId, MessageId), (u32, u64)>,
-    /// While a compaction runs: every (partition, id) settled or moved away
-    /// since it started collecting. Its copy of such a message is not
-    /// written: a copy after the settle would bring the message back at
-    /// recovery.
-    compacting: Option<HashSet<(PartitionId, MessageId)>>,
+    /// While a compaction runs: what left its partitions since it started
+    /// collecting. Its copy of such a message is not written: a copy after
+    /// the settle would bring the message back at recovery.
+    compacting: Option<Compacting>,
+    /// Per truncated partition, the highest `before` of its truncations
+    /// since open: a settle naming a message below it is a no-op (the
+    /// truncation settled it; counting it again could free another
+    /// message's segment). Dropped with the partition.
+    truncated: HashMap<PartitionId, MessageId>,
+    /// The state store as of the last append: per key, its version and
+    /// value. Kept whole in memory and written into every checkpoint, like
+    /// the metadata map.
+    state_map: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
+    /// The store's own count of state changes (not shown to callers): the
+    /// checkpoint covers the records up to `ckpt_state_seq`.
+    state_seq: u64,
+    ckpt_state_seq: u64,
     /// Bytes each share tag has waiting for the writer (`fair.rs`).
     shares: fair::Shares,
     /// Which handle holds which partition (`partitions.rs`).
@@ -234,6 +247,26 @@ pub(crate) struct State {
     /// The writer took waiters and has not finished calling them: a new
     /// waiter must not overtake them.
     calling: bool,
+}
+
+/// What left its partitions while a compaction runs (see `State::compacting`).
+#[derive(Default)]
+pub(crate) struct Compacting {
+    /// Settled or moved away.
+    settled: HashSet<(PartitionId, MessageId)>,
+    /// Dropped (`MessageId::MAX`) or truncated partitions: every id below
+    /// the second field left.
+    cuts: Vec<(PartitionId, MessageId)>,
+}
+
+impl Compacting {
+    fn contains(&self, partition: PartitionId, id: MessageId) -> bool {
+        self.settled.contains(&(partition, id))
+            || self
+                .cuts
+                .iter()
+                .any(|&(p, before)| p == partition && id < before)
+    }
 }
 
 #[derive(Default)]
@@ -290,7 +323,29 @@ impl Location {
     pub(crate) const fn len(self) -> u32 {
         self.words()[2]
     }
+
+    /// Whether this is a [`Spill`] position: a page record, named with the
+    /// segment word's top bit set so that it is never mistaken for a
+    /// stored message (segment ids stay below it).
+    pub(crate) const fn is_spilled(self) -> bool {
+        self.words()[0] & SPILL_TAG != 0
+    }
+
+    /// The [`Spill`] position of the page record at `self`.
+    pub(crate) const fn spilled(self) -> Location {
+        let [s, o, l] = self.words();
+        Location::from_words([s | SPILL_TAG, o, l])
+    }
+
+    /// Where the record is in the log, spilled or not.
+    pub(crate) const fn in_log(self) -> Location {
+        let [s, o, l] = self.words();
+        Location::from_words([s & !SPILL_TAG, o, l])
+    }
 }
+
+/// Marks [`Spill`] positions (see [`Location::is_spilled`]).
+const SPILL_TAG: u32 = 1 << 31;
 
 pub(crate) fn pack_pos(segment: SegmentId, end: u64) -> u64 {
     debug_assert!(end <= u64::from(u32::MAX));
@@ -434,6 +489,10 @@ impl LogStore {
                 meta_version: rec.meta_version,
                 ckpt_version: rec.checkpoint.version,
                 ckpt_next_id: rec.checkpoint.next_id,
+                truncated: HashMap::new(),
+                state_map: rec.state,
+                state_seq: rec.state_seq,
+                ckpt_state_seq: rec.checkpoint.state_seq,
                 reclaim_hint,
                 closing: false,
                 failed: false,
@@ -631,9 +690,6 @@ fn encoded_len(op: &Op<'_>) -> usize {
             Op::Publish {
                 partitions, data, ..
             } => record::message_payload_len(MessageKind::Publish, partitions.len(), data, 0),
-            Op::Page {
-                partitions, data, ..
-            } => record::message_payload_len(MessageKind::Page, partitions.len(), data, 0),
             Op::Move {
                 partitions, data, ..
             } => record::message_payload_len(MessageKind::Move, partitions.len(), data, 0),
@@ -643,6 +699,10 @@ fn encoded_len(op: &Op<'_>) -> usize {
             Op::PutMeta { key, value } => record::put_meta_payload_len(key, value),
             Op::DeleteMeta { key } => record::del_meta_payload_len(key),
             Op::MetaBatch { changes } => record::meta_batch_payload_len(changes),
+            Op::DropPartition { .. } => record::cut_payload_len(MessageId::MAX),
+            Op::Truncate { before, .. } => record::cut_payload_len(*before),
+            Op::PutState { key, value } => record::put_state_payload_len(key, value),
+            Op::DeleteState { key } => record::del_state_payload_len(key),
         }
 }
 
@@ -655,6 +715,7 @@ impl State {
         let header = segment::HEADER_LEN as u64;
         if self.head_size > header && self.head_size + len64 > segment_size {
             self.head += 1;
+            assert!(self.head < SPILL_TAG, "segment ids exhausted");
             self.head_size = 0;
             let prev = self.segments.insert(self.head, SegmentInfo::default());
             assert!(prev.is_none(), "segment {} assigned twice", self.head);
@@ -704,15 +765,14 @@ impl State {
             .expect("the head segment is always tracked")
     }
 
-    /// Accounts that one (partition, id) pair no longer lives at `loc`.
-    fn unlive(&mut self, loc: Location) {
+    /// Accounts that the pair (`partition`, `id`) no longer lives at `loc`.
+    /// A pair a drop or truncation settled already is not counted again.
+    fn unlive(&mut self, partition: PartitionId, id: MessageId, loc: Location) {
+        if !self.truncated.is_empty() && self.truncated.get(&partition).is_some_and(|&b| id < b) {
+            return;
+        }
         if let Some(info) = self.segments.get_mut(&loc.segment()) {
-            debug_assert!(
-                info.live > 0,
-                "live count underflow in segment {}",
-                loc.segment()
-            );
-            info.live = info.live.saturating_sub(1);
+            info.remove_live(partition);
         }
     }
 
@@ -723,7 +783,35 @@ impl State {
             self.requeued.remove(&(partition, id));
         }
         if let Some(c) = self.compacting.as_mut() {
-            c.insert((partition, id));
+            c.settled.insert((partition, id));
+        }
+    }
+
+    /// Every message of `partition` below `before` leaves it (a drop when
+    /// `before` is `MessageId::MAX`): the segments holding only such
+    /// messages of it are freed of them, their delivery state is dropped,
+    /// and a running compaction must not copy them.
+    fn cut(&mut self, partition: PartitionId, before: MessageId) {
+        let mut freed = 0;
+        for info in self.segments.values_mut() {
+            freed += info.cut(partition, before);
+        }
+        if freed > 0 {
+            // Emptied segments may be reclaimable without any other append.
+            self.reclaim_hint = true;
+        }
+        if !self.requeued.is_empty() {
+            self.requeued
+                .retain(|&(p, id), _| p != partition || id >= before);
+        }
+        if before == MessageId::MAX {
+            self.truncated.remove(&partition);
+        } else {
+            let b = self.truncated.entry(partition).or_default();
+            *b = (*b).max(before);
+        }
+        if let Some(c) = self.compacting.as_mut() {
+            c.cuts.push((partition, before));
         }
     }
 
@@ -775,8 +863,11 @@ impl LogStore {
         let gone = |st: &State| {
             st.compacting
                 .as_ref()
-                .is_some_and(|c| c.contains(&(partition, id)))
+                .is_some_and(|c| c.contains(partition, id))
         };
+        // A spilled copy is relocated as one and keeps its spill position.
+        let spilled = from.is_spilled();
+        let from = from.in_log();
         // Read the source with no lock held: that may mean disk I/O.
         let (raw, idx) = match self.read_message(from) {
             Ok(found) => found,
@@ -820,7 +911,7 @@ impl LogStore {
         let n = record::encode_message(buf, kind, id, &[partition], &data, attempts);
         debug_assert_eq!(n, len);
         let info = st.head_info();
-        info.live += 1;
+        info.add_live(partition, id);
         info.placed += 1;
         info.max_id = info.max_id.max(id);
         let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
@@ -832,7 +923,7 @@ impl LogStore {
         if pending_bytes >= WAKE_PENDING_BYTES {
             self.shared.wake.notify_one();
         }
-        Ok(Some(loc))
+        Ok(Some(if spilled { loc.spilled() } else { loc }))
     }
 
     /// Copies one partition's message and frees the source at once, as if
@@ -847,7 +938,10 @@ impl LogStore {
         let loc = self
             .copy_for_compaction(partition, id, from)?
             .expect("no compaction is running");
-        self.shared.state.lock().unlive(from);
+        self.shared
+            .state
+            .lock()
+            .unlive(partition, id, from.in_log());
         Ok(loc)
     }
 }
@@ -875,10 +969,7 @@ impl LogStore {
     fn validate(&self, ops: &[Op<'_>]) -> Result<usize, StoreError> {
         let mut total = 0usize;
         for op in ops {
-            if let Op::Publish { partitions, .. }
-            | Op::Page { partitions, .. }
-            | Op::Move { partitions, .. } = op
-            {
+            if let Op::Publish { partitions, .. } | Op::Move { partitions, .. } = op {
                 if partitions.is_empty() || partitions.len() > u32::MAX as usize {
                     return Err(StoreError::Invalid(
                         "a publish needs 1..=u32::MAX partitions".into(),
@@ -917,7 +1008,7 @@ impl LogStore {
         if st.no_space
             && ops
                 .iter()
-                .any(|op| matches!(op, Op::Publish { .. } | Op::Page { .. } | Op::Move { .. }))
+                .any(|op| matches!(op, Op::Publish { .. } | Op::Move { .. }))
         {
             return Err(StoreError::NoSpace);
         }
@@ -944,23 +1035,16 @@ impl LogStore {
                     id,
                     partitions,
                     data,
-                }
-                | Op::Page {
-                    id,
-                    partitions,
-                    data,
                 } => {
-                    let kind = if matches!(op, Op::Page { .. }) {
-                        MessageKind::Page
-                    } else {
-                        MessageKind::Publish
-                    };
                     let len = encoded_len(op);
                     let (loc, buf) = st.place(len, segment_size);
-                    let n = record::encode_message(buf, kind, *id, partitions, data, 0);
+                    let n =
+                        record::encode_message(buf, MessageKind::Publish, *id, partitions, data, 0);
                     debug_assert_eq!(n, len);
                     let info = st.head_info();
-                    info.live += partitions.len() as u64;
+                    for p in partitions.iter() {
+                        info.add_live(*p, *id);
+                    }
                     info.placed += partitions.len() as u64;
                     info.max_id = info.max_id.max(*id);
                     // Ids the engine did not get from us must still never be
@@ -981,12 +1065,14 @@ impl LogStore {
                     let n = record::encode_move(buf, *from, *from_id, *id, partitions, data);
                     debug_assert_eq!(n, len);
                     let info = st.head_info();
-                    info.live += partitions.len() as u64;
+                    for p in partitions.iter() {
+                        info.add_live(*p, *id);
+                    }
                     info.placed += partitions.len() as u64;
                     info.max_id = info.max_id.max(*id);
                     self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     // The source is settled by the same record.
-                    st.unlive(*from_location);
+                    st.unlive(*from, *from_id, *from_location);
                     st.forget(*from, *from_id);
                     locations.push(loc);
                 }
@@ -997,7 +1083,7 @@ impl LogStore {
                 } => {
                     let (_, buf) = st.place(encoded_len(op), segment_size);
                     record::encode_settle(buf, *partition, *id);
-                    st.unlive(*location);
+                    st.unlive(*partition, *id, *location);
                     st.forget(*partition, *id);
                 }
                 Op::Requeue {
@@ -1060,6 +1146,33 @@ impl LogStore {
                     }
                     st.head_info().max_meta_version = version;
                     meta_changed = true;
+                }
+                Op::DropPartition { partition } => {
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
+                    record::encode_cut(buf, *partition, MessageId::MAX);
+                    st.cut(*partition, MessageId::MAX);
+                }
+                Op::Truncate { partition, before } => {
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
+                    record::encode_cut(buf, *partition, *before);
+                    st.cut(*partition, *before);
+                }
+                Op::PutState { key, value } => {
+                    st.state_seq += 1;
+                    let seq = st.state_seq;
+                    let version = st.state_map.get(*key).map_or(1, |(v, _)| v + 1);
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
+                    record::encode_state(buf, seq, version, key, Some(value));
+                    st.state_map.insert(key.to_vec(), (version, value.to_vec()));
+                    st.head_info().max_state_seq = seq;
+                }
+                Op::DeleteState { key } => {
+                    st.state_seq += 1;
+                    let seq = st.state_seq;
+                    let (_, buf) = st.place(encoded_len(op), segment_size);
+                    record::encode_state(buf, seq, 0, key, None);
+                    st.state_map.remove(*key);
+                    st.head_info().max_state_seq = seq;
                 }
             }
         }
@@ -1148,21 +1261,6 @@ impl LogStore {
         if first {
             self.shared.wake.notify_one();
         }
-    }
-
-    /// Reads one message record back.
-    pub(crate) fn read_stored(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        let (raw, idx) = self.read_message(location)?;
-        let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&raw[r]).into_owned();
-        Ok(StoredMessage {
-            id: idx.id,
-            exchange: text(idx.exchange.clone()),
-            routing_key: text(idx.routing_key.clone()),
-            header_format: idx.header_format,
-            header: raw.slice(idx.header.clone()),
-            body: raw.slice(idx.body.clone()),
-            attrs: idx.attrs,
-        })
     }
 
     pub(crate) fn meta_now(&self) -> RecoveredMeta {
@@ -1279,9 +1377,7 @@ fn for_each_partition(
     mut f: impl FnMut(PartitionId) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
     match op {
-        Op::Publish { partitions, .. } | Op::Page { partitions, .. } => {
-            partitions.iter().try_for_each(|p| f(*p))
-        }
+        Op::Publish { partitions, .. } => partitions.iter().try_for_each(|p| f(*p)),
         Op::Move {
             partitions, from, ..
         } => {
@@ -1290,8 +1386,14 @@ fn for_each_partition(
         }
         Op::Settle { partition, .. }
         | Op::Requeue { partition, .. }
-        | Op::Receipt { partition, .. } => f(*partition),
-        Op::PutMeta { .. } | Op::DeleteMeta { .. } | Op::MetaBatch { .. } => Ok(()),
+        | Op::Receipt { partition, .. }
+        | Op::DropPartition { partition }
+        | Op::Truncate { partition, .. } => f(*partition),
+        Op::PutMeta { .. }
+        | Op::DeleteMeta { .. }
+        | Op::MetaBatch { .. }
+        | Op::PutState { .. }
+        | Op::DeleteState { .. } => Ok(()),
     }
 }
 
@@ -1322,7 +1424,7 @@ impl Store for LogStore {
     fn read_many(&self, refs: &[MessageRef]) -> ReadFuture<Vec<Result<StoredMessage, StoreError>>> {
         // From the page cache or disk while building: the log has no
         // network round trip to overlap.
-        crate::ready(refs.iter().map(|r| self.read_stored(r.location)).collect())
+        crate::ready(refs.iter().map(|r| self.read_now(r.location)).collect())
     }
 
     fn read_range(
@@ -1335,7 +1437,7 @@ impl Store for LogStore {
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        self.read_stored(location)
+        self.read_now(location)
     }
 
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
@@ -1389,6 +1491,14 @@ impl Store for LogStore {
     fn close(&self) -> Result<(), StoreError> {
         self.close_now()
     }
+
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
+        Ok(self.scan_state_now(prefix))
+    }
+
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(self)
+    }
 }
 
 impl LogStore {
@@ -1404,7 +1514,7 @@ impl LogStore {
             // From now on settles are noted, before anything is collected:
             // a settle appended after the engine showed us the message must
             // stop its copy.
-            st.compacting = Some(HashSet::new());
+            st.compacting = Some(Compacting::default());
             c
         };
         let _done = CompactionDone(&self.shared);
@@ -1412,7 +1522,7 @@ impl LogStore {
         let started = std::time::Instant::now();
         let mut todo = Vec::new();
         live.for_each_live(&mut |partition, id, location| {
-            if todo.len() < MAX_RELOCATIONS && candidates.contains(&location.segment()) {
+            if todo.len() < MAX_RELOCATIONS && candidates.contains(&location.in_log().segment()) {
                 todo.push((partition, id, location));
             }
         });
@@ -1456,12 +1566,12 @@ impl LogStore {
         for (i, c) in copies.iter().enumerate() {
             if swapped.get(i).copied().unwrap_or(false) {
                 // The engine names the copy from now on.
-                st.unlive(c.old);
+                st.unlive(c.partition, c.id, c.old.in_log());
                 moved += 1;
             } else {
                 // Settled or moved meanwhile: the settle (naming `old`)
                 // frees the source, and the copy is garbage.
-                st.unlive(c.new);
+                st.unlive(c.partition, c.id, c.new.in_log());
             }
         }
         drop(st);
@@ -1575,6 +1685,126 @@ impl LogStore {
             }
         }
         Ok(done.len())
+    }
+}
+
+impl LogStore {
+    /// [`Store::read`]: a stored message (a spilled copy is the spill's).
+    pub(crate) fn read_now(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        if location.is_spilled() {
+            return Err(StoreError::NotFound(location));
+        }
+        self.read_stored(location)
+    }
+
+    /// The state store's keys under `prefix`.
+    pub(crate) fn scan_state_now(&self, prefix: &[u8]) -> Vec<StateEntry> {
+        let st = self.shared.state.lock();
+        st.state_map
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (version, value))| StateEntry {
+                key: k.clone(),
+                value: value.clone(),
+                version: *version,
+            })
+            .collect()
+    }
+
+    /// Reads the message record at `location` (a spilled one at its log
+    /// position) and copies out its fields.
+    pub(crate) fn read_stored(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        let (raw, idx) = self.read_message(location)?;
+        let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&raw[r]).into_owned();
+        Ok(StoredMessage {
+            id: idx.id,
+            exchange: text(idx.exchange.clone()),
+            routing_key: text(idx.routing_key.clone()),
+            header_format: idx.header_format,
+            header: raw.slice(idx.header.clone()),
+            body: raw.slice(idx.body.clone()),
+            attrs: idx.attrs,
+        })
+    }
+}
+
+/// The log's spill: page records in the same segments as everything else
+/// (record types 6 and 9), accounted like messages, never fsynced for
+/// their own sake and skipped by recovery. A release writes nothing: the
+/// page is simply no longer counted, and its segment is reclaimed with the
+/// rest once nothing in it is live.
+impl crate::Spill for LogStore {
+    fn spill(
+        &self,
+        tag: ShareTag,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: MessageData<'_>,
+    ) -> Result<(Location, Admission), StoreError> {
+        if partitions.is_empty() || partitions.len() > u32::MAX as usize {
+            return Err(StoreError::Invalid(
+                "a spilled message needs 1..=u32::MAX partitions".into(),
+            ));
+        }
+        let len = FRAME_HEADER
+            + record::message_payload_len(MessageKind::Page, partitions.len(), &data, 0);
+        if len + record::EXT_LEN > self.max_record() {
+            return Err(StoreError::TooLarge(len));
+        }
+        let mut st = self.shared.state.lock();
+        if st.closing || st.failed {
+            return Err(StoreError::Closed);
+        }
+        if st.no_space {
+            return Err(StoreError::NoSpace);
+        }
+        let (loc, buf) = st.place(len, self.shared.opts.segment_size);
+        let n = record::encode_message(buf, MessageKind::Page, id, partitions, &data, 0);
+        debug_assert_eq!(n, len);
+        let info = st.head_info();
+        for p in partitions {
+            info.add_live(*p, id);
+        }
+        info.placed += partitions.len() as u64;
+        info.max_id = info.max_id.max(id);
+        // Its id must never be handed out again, even across a restart.
+        self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
+        let admission = st.shares.appended(tag, len as u64);
+        let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
+        drop(st);
+        self.shared
+            .stats
+            .appended_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        // Never waited on: only a backlog wakes the writer.
+        if pending_bytes >= WAKE_PENDING_BYTES {
+            self.shared.wake.notify_one();
+        }
+        Ok((loc.spilled(), admission))
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        if !location.is_spilled() {
+            return Err(StoreError::NotFound(location));
+        }
+        self.read_stored(location.in_log())
+    }
+
+    fn holds(&self, location: Location) -> bool {
+        location.is_spilled()
+    }
+
+    fn release(&self, partition: PartitionId, id: MessageId, location: Location) {
+        if !location.is_spilled() {
+            return;
+        }
+        let mut st = self.shared.state.lock();
+        st.unlive(partition, id, location.in_log());
+        st.forget(partition, id);
+    }
+
+    fn release_partition(&self, partition: PartitionId) {
+        self.shared.state.lock().cut(partition, MessageId::MAX);
     }
 }
 

@@ -357,6 +357,12 @@ impl LogStore {
                             m.attrs.deliver_at_ms = deliver_at_ms;
                         }
                     }
+                    Record::Cut { partition, before } if partition == p => {
+                        // A drop or truncation: what came before it, below
+                        // `before`, leaves; later records stand.
+                        let kept = out.live.split_off(&before);
+                        out.live = kept;
+                    }
                     Record::Receipt {
                         partition,
                         key_hash,

@@ -24,6 +24,10 @@
 //! | 11 requeue | partition u64, id u64, attempts u32, deliver_at_ms u64 |
 //! | 12 receipt | partition u64, key_hash u64, expires_at_ms u64 |
 //! | 13 meta-batch | version u64, n u32, n × (present u8, key, value if present = 1) |
+//! | 14 drop    | partition u64 |
+//! | 15 truncate | partition u64, before u64 |
+//! | 16 put-state | seq u64, version u64, key, value |
+//! | 17 del-state | seq u64, key |
 //!
 //! `header_format` tags the encoding of `header` (opaque to the store, defined
 //! by the engine). This is log format 1 (see `segment.rs` for the segment
@@ -57,6 +61,14 @@
 //!
 //! * A *meta-batch* is several metadata changes under one version and one
 //!   checksum: recovery applies all of them, or (torn) none.
+//! * A *drop* settles every message live in its partition at that point of
+//!   the log; a *truncate* those with an id below `before`. Neither is ever
+//!   live: each is only read by recovery, and is reclaimed after the
+//!   segments holding the messages it settled (deletion is a prefix).
+//! * *put-state* and *del-state* change one key of the state store. `seq`
+//!   is the store's own sequence of state changes, only used to tell which
+//!   records a checkpoint already covers (like a metadata version);
+//!   `version` is the key's own version, returned to callers.
 //!
 //! Decoding is bounds-checked everywhere and never panics on bad input: a
 //! torn or corrupt record must be reported, not crash recovery.
@@ -79,6 +91,10 @@ const T_MOVE: u8 = 10;
 const T_REQUEUE: u8 = 11;
 const T_RECEIPT: u8 = 12;
 const T_META_BATCH: u8 = 13;
+const T_DROP: u8 = 14;
+const T_TRUNCATE: u8 = 15;
+const T_PUT_STATE: u8 = 16;
+const T_DEL_STATE: u8 = 17;
 
 /// Whether a message record is the original publish or a relocated copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +140,18 @@ pub(crate) enum Record<'a> {
     MetaBatch {
         version: u64,
         changes: Vec<(&'a [u8], Option<&'a [u8]>)>,
+    },
+    /// A drop (`before` = `MessageId::MAX`) or truncate of a partition.
+    Cut {
+        partition: PartitionId,
+        before: MessageId,
+    },
+    /// A state-store change (`value` None: the key is removed).
+    State {
+        seq: u64,
+        version: u64,
+        key: &'a [u8],
+        value: Option<&'a [u8]>,
     },
 }
 
@@ -226,6 +254,25 @@ pub(crate) const REQUEUE_PAYLOAD_LEN: usize = 1 + 8 + 8 + 4 + 8;
 
 /// Payload length of a receipt record.
 pub(crate) const RECEIPT_PAYLOAD_LEN: usize = 1 + 8 + 8 + 8;
+
+/// Payload length of a drop (`before` = `MessageId::MAX`) or truncate record.
+pub(crate) fn cut_payload_len(before: MessageId) -> usize {
+    if before == MessageId::MAX {
+        1 + 8
+    } else {
+        1 + 8 + 8
+    }
+}
+
+/// Payload length of a put-state record.
+pub(crate) fn put_state_payload_len(key: &[u8], value: &[u8]) -> usize {
+    1 + 8 + 8 + var_len(key) + var_len(value)
+}
+
+/// Payload length of a del-state record.
+pub(crate) fn del_state_payload_len(key: &[u8]) -> usize {
+    1 + 8 + var_len(key)
+}
 
 /// Payload length of a put-meta record.
 pub(crate) fn put_meta_payload_len(key: &[u8], value: &[u8]) -> usize {
@@ -397,6 +444,49 @@ pub(crate) fn encode_receipt(
         buf.extend_from_slice(&partition.0.to_le_bytes());
         buf.extend_from_slice(&key_hash.to_le_bytes());
         buf.extend_from_slice(&expires_at_ms.to_le_bytes());
+    })
+}
+
+/// Appends a framed drop (`before` = `MessageId::MAX`) or truncate record.
+pub(crate) fn encode_cut(buf: &mut Vec<u8>, partition: PartitionId, before: MessageId) -> usize {
+    framed(buf, cut_payload_len(before), |buf| {
+        if before == MessageId::MAX {
+            buf.push(T_DROP);
+            buf.extend_from_slice(&partition.0.to_le_bytes());
+        } else {
+            buf.push(T_TRUNCATE);
+            buf.extend_from_slice(&partition.0.to_le_bytes());
+            buf.extend_from_slice(&before.to_le_bytes());
+        }
+    })
+}
+
+/// Appends a framed put-state (`value` Some) or del-state record.
+pub(crate) fn encode_state(
+    buf: &mut Vec<u8>,
+    seq: u64,
+    version: u64,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> usize {
+    let len = match value {
+        Some(v) => put_state_payload_len(key, v),
+        None => del_state_payload_len(key),
+    };
+    framed(buf, len, |buf| {
+        buf.push(if value.is_some() {
+            T_PUT_STATE
+        } else {
+            T_DEL_STATE
+        });
+        buf.extend_from_slice(&seq.to_le_bytes());
+        if let Some(v) = value {
+            buf.extend_from_slice(&version.to_le_bytes());
+            put_var(buf, key);
+            put_var(buf, v);
+        } else {
+            put_var(buf, key);
+        }
     })
 }
 
@@ -633,6 +723,26 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Result<Record<'_>, String> {
             partition: PartitionId(r.u64()?),
             key_hash: r.u64()?,
             expires_at_ms: r.u64()?,
+        },
+        T_DROP => Record::Cut {
+            partition: PartitionId(r.u64()?),
+            before: MessageId::MAX,
+        },
+        T_TRUNCATE => Record::Cut {
+            partition: PartitionId(r.u64()?),
+            before: r.u64()?,
+        },
+        T_PUT_STATE => Record::State {
+            seq: r.u64()?,
+            version: r.u64()?,
+            key: r.var()?,
+            value: Some(r.var()?),
+        },
+        T_DEL_STATE => Record::State {
+            seq: r.u64()?,
+            version: 0,
+            key: r.var()?,
+            value: None,
         },
         other => return Err(format!("unknown record type {other}")),
     };
@@ -896,6 +1006,59 @@ mod tests {
     }
 
     #[test]
+    fn lifecycle_and_state_records_roundtrip() {
+        let mut buf = Vec::new();
+        let lens = [
+            encode_cut(&mut buf, PartitionId(7), MessageId::MAX),
+            encode_cut(&mut buf, PartitionId(8), 1234),
+            encode_state(&mut buf, 5, 3, b"s\0t\0k", Some(b"value")),
+            encode_state(&mut buf, 6, 0, b"s\0t\0k", None),
+        ];
+        assert_eq!(lens[0], FRAME_HEADER + cut_payload_len(MessageId::MAX));
+        assert_eq!(lens[1], FRAME_HEADER + cut_payload_len(1234));
+        let mut off = 0;
+        let mut recs = Vec::new();
+        for len in lens {
+            let (p, n) = split_frame(&buf[off..]).unwrap();
+            assert_eq!(n, len);
+            recs.push(decode_payload(p).unwrap());
+            off += n;
+        }
+        assert!(matches!(
+            recs[0],
+            Record::Cut {
+                partition: PartitionId(7),
+                before: MessageId::MAX
+            }
+        ));
+        assert!(matches!(
+            recs[1],
+            Record::Cut {
+                partition: PartitionId(8),
+                before: 1234
+            }
+        ));
+        assert!(matches!(
+            recs[2],
+            Record::State {
+                seq: 5,
+                version: 3,
+                key: b"s\0t\0k",
+                value: Some(b"value")
+            }
+        ));
+        assert!(matches!(
+            recs[3],
+            Record::State {
+                seq: 6,
+                key: b"s\0t\0k",
+                value: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn truncated_and_corrupt_frames_are_reported() {
         let mut buf = Vec::new();
         encode_message(
@@ -931,7 +1094,7 @@ mod tests {
             let n = rng.gen_range(0..64);
             let mut b: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
             if !b.is_empty() {
-                b[0] = rng.gen_range(0..14);
+                b[0] = rng.gen_range(0..18);
             }
             let _ = decode_payload(&b);
             let _ = split_frame(&b);

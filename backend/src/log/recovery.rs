@@ -113,6 +113,10 @@ pub(crate) struct RecoveryOutput {
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The version of `meta`.
     pub meta_version: u64,
+    /// The state store: per key, its version and value.
+    pub state: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
+    /// The highest state sequence number seen (checkpoint or records).
+    pub state_seq: u64,
     /// Accounting of every retained segment, all sealed.
     pub segments: BTreeMap<SegmentId, SegmentInfo>,
     /// The next id to allocate.
@@ -149,6 +153,8 @@ pub(crate) fn recover(
 
     let mut meta = std::mem::take(&mut ckpt.meta);
     let mut meta_version = ckpt.version;
+    let mut state = std::mem::take(&mut ckpt.state);
+    let mut state_seq = ckpt.state_seq;
     let mut max_id: Option<MessageId> = None;
     let mut live: HashMap<PartitionId, BTreeMap<MessageId, Live>> = HashMap::new();
     let mut receipts: HashMap<(PartitionId, u64), u64> = HashMap::new();
@@ -299,6 +305,31 @@ pub(crate) fn recover(
                         meta_version = meta_version.max(version);
                     }
                 }
+                Record::Cut { partition, before } => {
+                    // Everything of the partition recorded before it, below
+                    // `before`; later records of the partition stand.
+                    if before == MessageId::MAX {
+                        live.remove(&partition);
+                    } else if let Some(map) = live.get_mut(&partition) {
+                        let kept = map.split_off(&before);
+                        *map = kept;
+                    }
+                }
+                Record::State {
+                    seq,
+                    version,
+                    key,
+                    value,
+                } => {
+                    info.max_state_seq = info.max_state_seq.max(seq);
+                    if seq > ckpt.state_seq {
+                        match value {
+                            Some(v) => state.insert(key.to_vec(), (version, v.to_vec())),
+                            None => state.remove(key),
+                        };
+                        state_seq = state_seq.max(seq);
+                    }
+                }
                 Record::MetaBatch { version, changes } => {
                     info.max_meta_version = info.max_meta_version.max(version);
                     if version > ckpt.version {
@@ -395,7 +426,7 @@ pub(crate) fn recover(
         }
         for l in map.values() {
             if let Some(info) = segments.get_mut(&l.rm.location.segment()) {
-                info.live += 1;
+                info.add_live(p, l.rm.id);
             }
             if l.requeued || l.rm.attempts != 0 {
                 requeued.insert((p, l.rm.id), (l.rm.attempts, l.rm.attrs.deliver_at_ms));
@@ -406,6 +437,7 @@ pub(crate) fn recover(
 
     let next_id = ckpt.next_id.max(max_id.map_or(0, |m| m + 1)).max(1);
     ckpt.meta = BTreeMap::new();
+    ckpt.state = BTreeMap::new();
     Ok(RecoveryOutput {
         partitions,
         requeued,
@@ -413,6 +445,8 @@ pub(crate) fn recover(
         truncated_bytes,
         meta,
         meta_version,
+        state,
+        state_seq,
         segments,
         next_id,
         checkpoint: ckpt,

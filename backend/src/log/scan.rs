@@ -122,6 +122,10 @@ pub(crate) fn describe(range: &[u8], base_offset: u64) -> Vec<LostRecord> {
                     | Record::MetaBatch { version, .. } => {
                         vec![LostRecord::Meta { version }]
                     }
+                    Record::Cut { partition, before } => {
+                        vec![LostRecord::Cut { partition, before }]
+                    }
+                    Record::State { key, .. } => vec![LostRecord::State { key: key.to_vec() }],
                 };
                 Some((lost, total))
             });

@@ -21,7 +21,7 @@
 //! offset 0. Recovery refuses segments in any format but [`FORMAT_VERSION`].
 
 use super::SegmentId;
-use crate::{Location, StoreError};
+use crate::{Location, MessageId, PartitionId, StoreError};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -220,8 +220,41 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
         .map_err(|e| StoreError::io(format!("fsync directory {}", dir.display()), e))
 }
 
+/// Live pairs of one partition in one segment ([`SegmentInfo::parts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PartLive {
+    /// (partition, id) pairs of the partition whose current location is here.
+    pub live: u64,
+    /// The highest id ever counted here for the partition since the entry
+    /// was made: every live pair's id is at most this.
+    pub max_id: MessageId,
+}
+
+/// A hasher for the integer keys of the accounting maps (partition ids): a
+/// multiply-rotate mix, much cheaper per settle than SipHash, and these
+/// keys are not chosen by clients.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Live pairs per partition of one segment.
+pub(crate) type PartMap = HashMap<PartitionId, PartLive, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// Space accounting for one segment.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct SegmentInfo {
     /// Bytes assigned to the segment (written or pending).
     pub size: u64,
@@ -238,9 +271,60 @@ pub(crate) struct SegmentInfo {
     /// recorded in the segment and not yet copied to a receipts file
     /// (0 = none): the segment is not reclaimed before then.
     pub receipts_until: u64,
+    /// Highest state-store sequence number recorded in the segment (0 =
+    /// none): like `max_meta_version`, a checkpoint must cover it before
+    /// the segment is deleted.
+    pub max_state_seq: u64,
+    /// `live` by partition, so that a partition drop or truncation (one
+    /// record, no location per message) frees exactly what it settles.
+    /// Partitions with nothing live here have no entry.
+    pub parts: PartMap,
 }
 
 impl SegmentInfo {
+    /// The message `id` of `partition` now lives here.
+    pub fn add_live(&mut self, partition: PartitionId, id: MessageId) {
+        self.live += 1;
+        let p = self.parts.entry(partition).or_default();
+        p.live += 1;
+        p.max_id = p.max_id.max(id);
+    }
+
+    /// One message of `partition` no longer lives here. Nothing is counted
+    /// (false) when none of the partition is: its messages here were
+    /// dropped already (a settle racing a queue delete must not take the
+    /// count of another partition's message).
+    pub fn remove_live(&mut self, partition: PartitionId) -> bool {
+        let Some(p) = self.parts.get_mut(&partition) else {
+            return false;
+        };
+        debug_assert!(p.live > 0 && self.live > 0);
+        p.live = p.live.saturating_sub(1);
+        self.live = self.live.saturating_sub(1);
+        if p.live == 0 {
+            self.parts.remove(&partition);
+        }
+        true
+    }
+
+    /// Settles the messages of `partition` with an id below `before` that
+    /// live here, when that is all of them (`before` = `MessageId::MAX`:
+    /// a drop); returns how many. When some of them have higher ids, which
+    /// ones are below is not known here, so none is freed: the segment
+    /// then waits for a later truncation past them, or for a restart
+    /// (recovery counts exactly).
+    pub fn cut(&mut self, partition: PartitionId, before: MessageId) -> u64 {
+        match self.parts.get(&partition) {
+            Some(p) if before == MessageId::MAX || p.max_id < before => {
+                let n = p.live;
+                self.parts.remove(&partition);
+                self.live = self.live.saturating_sub(n);
+                n
+            }
+            _ => 0,
+        }
+    }
+
     /// Live fraction by (partition, id) pairs; 1.0 for a segment that never
     /// held a message.
     pub fn live_fraction(&self) -> f64 {

@@ -1519,42 +1519,34 @@ fn second_open_of_a_directory_is_refused() {
 
 #[test]
 fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
+    use crate::Spill;
     let dir = tempfile::tempdir().unwrap();
     let (paged, kept);
     {
         let store = LogStore::open(dir.path(), small()).unwrap();
         let id = store.allocate_ids(1);
-        let mut locs = Vec::new();
-        store
-            .append_cb(
-                &[Op::Page {
-                    id,
-                    partitions: &[P2],
-                    data: data(b"transient"),
-                }],
-                &mut locs,
-                None,
-            )
-            .unwrap();
-        paged = (id, locs[0]);
-        assert_eq!(&store.read(paged.1).unwrap().body[..], b"transient");
+        let (loc, _) =
+            Spill::spill(&*store, ShareTag::BROKER, id, &[P2], data(b"transient")).unwrap();
+        paged = (id, loc);
+        assert!(Spill::holds(&*store, loc));
+        assert_eq!(
+            &Spill::read(&*store, paged.1).unwrap().body[..],
+            b"transient"
+        );
+        assert!(
+            Store::read(&*store, paged.1).is_err(),
+            "a spilled copy is not the store's"
+        );
         kept = publish(&store, &[P1], b"durable");
+        assert!(!Spill::holds(&*store, kept.1));
         // Compaction of a paged record keeps it paged.
         let moved = store.relocate(P2, id, paged.1).unwrap();
-        assert_eq!(&store.read(moved).unwrap().body[..], b"transient");
+        assert!(Spill::holds(&*store, moved));
+        assert_eq!(&Spill::read(&*store, moved).unwrap().body[..], b"transient");
         let id2 = store.allocate_ids(1);
-        store
-            .append_cb(
-                &[Op::Page {
-                    id: id2,
-                    partitions: &[P3],
-                    data: data(b"settled"),
-                }],
-                &mut locs,
-                None,
-            )
-            .unwrap();
-        settle(&store, P3, id2, locs[1]);
+        let (loc2, _) =
+            Spill::spill(&*store, ShareTag::BROKER, id2, &[P3], data(b"settled")).unwrap();
+        Spill::release(&*store, P3, id2, loc2);
         store.close().unwrap();
     }
     let store = LogStore::open(dir.path(), small()).unwrap();

@@ -82,10 +82,10 @@ const IDLE_SYNC: std::time::Duration = std::time::Duration::from_millis(100);
 /// Segments to delete after this round's data is durable.
 struct Reclaim {
     segments: Vec<SegmentId>,
-    /// An encoded checkpoint (with its version and next id) to make durable
-    /// first, when the segments hold metadata or ids the current checkpoint
-    /// does not cover.
-    checkpoint: Option<(u64, u64, Vec<u8>)>,
+    /// An encoded checkpoint (with its version, next id and state sequence)
+    /// to make durable first, when the segments hold metadata, state or ids
+    /// the current checkpoint does not cover.
+    checkpoint: Option<(u64, u64, u64, Vec<u8>)>,
 }
 
 /// Runs the writer until the store closes or a write fails.
@@ -436,6 +436,7 @@ fn next_round(shared: &Shared, dirty: bool, unrecorded: bool) -> Option<Round> {
             break;
         }
         need_checkpoint |= info.max_meta_version > st.ckpt_version
+            || info.max_state_seq > st.ckpt_state_seq
             || (info.max_id != 0 && info.max_id >= st.ckpt_next_id);
         segments.push(id);
     }
@@ -445,7 +446,14 @@ fn next_round(shared: &Shared, dirty: bool, unrecorded: bool) -> Option<Round> {
             (
                 st.meta_version,
                 next_id,
-                checkpoint::encode(st.meta_version, next_id, &st.meta),
+                st.state_seq,
+                checkpoint::encode(
+                    st.meta_version,
+                    next_id,
+                    &st.meta,
+                    st.state_seq,
+                    &st.state_map,
+                ),
             )
         });
         Reclaim {
@@ -731,7 +739,7 @@ fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
 }
 
 fn reclaim(shared: &Shared, r: Reclaim) {
-    if let Some((version, next_id, encoded)) = r.checkpoint {
+    if let Some((version, next_id, state_seq, encoded)) = r.checkpoint {
         let mut stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
         let full = stored
             .as_ref()
@@ -751,6 +759,7 @@ fn reclaim(shared: &Shared, r: Reclaim) {
         }
         let mut st = shared.state.lock();
         st.ckpt_version = version;
+        st.ckpt_state_seq = state_seq;
         st.ckpt_next_id = next_id;
     }
     let mut removed = Vec::new();

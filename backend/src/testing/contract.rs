@@ -88,6 +88,7 @@ pub fn run_all(h: &mut dyn Harness) {
     for seed in 0..4 {
         randomized_against_a_model(h, seed);
     }
+    super::contract_lifecycle::run_all(h);
     super::contract_v2::run_all(h);
 }
 
@@ -120,7 +121,7 @@ fn append_wait(store: &dyn Store, ops: &[Op<'_>]) -> Vec<Location> {
 }
 
 /// Waits until `ticket` is durable; its waiter is called exactly once.
-fn wait_durable(store: &dyn Store, ticket: Ticket) {
+pub(crate) fn wait_durable(store: &dyn Store, ticket: Ticket) {
     let (tx, rx) = mpsc::channel();
     store.when_durable(
         ticket,
@@ -143,7 +144,7 @@ const SCRATCH: PartitionId = PartitionId(1 << 40);
 /// Gives a store's background work rounds to run in (a log's writer
 /// reclaims after a round): a message published and settled in a
 /// partition of its own, each waited for.
-fn nudge(store: &dyn Store) {
+pub(crate) fn nudge(store: &dyn Store) {
     let id = store.allocate_ids(1);
     let locs = append_wait(
         store,
@@ -188,10 +189,31 @@ fn settle(store: &dyn Store, partition: PartitionId, id: MessageId, location: Lo
     );
 }
 
+/// Pages `data` for `id` into the store's spill; None if it has none.
+fn spill(
+    store: &dyn Store,
+    id: MessageId,
+    partitions: &[PartitionId],
+    data: MessageData<'_>,
+) -> Option<Location> {
+    let s = store.spill()?;
+    let (loc, _) = s
+        .spill(crate::ShareTag::BROKER, id, partitions, data)
+        .expect("spill");
+    assert!(s.holds(loc), "a spill holds its own positions");
+    Some(loc)
+}
+
+/// Reads `loc` from the store, or from its spill if it is the spill's.
+fn read_any(store: &dyn Store, loc: Location) -> Result<crate::StoredMessage, StoreError> {
+    match store.spill() {
+        Some(s) if s.holds(loc) => s.read(loc),
+        _ => store.read(loc),
+    }
+}
+
 fn check_read(store: &dyn Store, loc: Location, id: MessageId, body: &[u8]) {
-    let m = store
-        .read(loc)
-        .unwrap_or_else(|e| panic!("read {loc:?}: {e}"));
+    let m = read_any(store, loc).unwrap_or_else(|e| panic!("read {loc:?}: {e}"));
     assert_eq!((m.id, &m.body[..]), (id, body), "read {loc:?}");
 }
 
@@ -218,12 +240,12 @@ pub fn ids_are_unique_and_increasing(h: &mut dyn Harness) {
     }
 }
 
-/// Every field comes back as appended; one location per publish and page,
-/// none for other ops, in order.
+/// Every field comes back as appended; one location per publish, none for
+/// other ops, in order; a spilled copy reads back from the spill.
 pub fn append_read_roundtrip(h: &mut dyn Harness) {
     let store = h.create();
     let id = store.allocate_ids(2);
-    let locs = append_wait(
+    let mut locs = append_wait(
         &*store,
         &[
             Op::PutMeta {
@@ -235,18 +257,27 @@ pub fn append_read_roundtrip(h: &mut dyn Harness) {
                 partitions: &[P1, P2],
                 data: data(b"first"),
             },
-            Op::Page {
-                id: id + 1,
-                partitions: &[P3],
-                data: MessageData {
-                    header_format: 1,
-                    ..data(b"paged")
-                },
-            },
         ],
     );
-    assert_eq!(locs.len(), 2);
+    assert_eq!(locs.len(), 1);
+    let Some(paged) = spill(
+        &*store,
+        id + 1,
+        &[P3],
+        MessageData {
+            header_format: 1,
+            ..data(b"paged")
+        },
+    ) else {
+        store.close().expect("close");
+        return;
+    };
+    locs.push(paged);
     assert_ne!(locs[0], locs[1]);
+    assert!(
+        store.spill().is_some_and(|s| !s.holds(locs[0])),
+        "a stored message's position is not the spill's"
+    );
     let m = store.read(locs[0]).expect("read");
     assert_eq!(m.id, id);
     assert_eq!((m.exchange.as_str(), m.routing_key.as_str()), ("ex", "rk"));
@@ -260,7 +291,7 @@ pub fn append_read_roundtrip(h: &mut dyn Harness) {
             deliver_at_ms: 0,
         }
     );
-    let p = store.read(locs[1]).expect("read paged");
+    let p = read_any(&*store, locs[1]).expect("read paged");
     assert_eq!(
         (p.id, p.header_format, &p.body[..]),
         (id + 1, 1, &b"paged"[..])
@@ -396,16 +427,7 @@ pub fn recovery_is_per_partition(h: &mut dyn Harness) {
     let b = publish(&*store, &[P1], b"bb");
     let c = publish(&*store, &[P2, P3], b"ccc");
     let d = store.allocate_ids(1);
-    store
-        .append(
-            &[Op::Page {
-                id: d,
-                partitions: &[P4],
-                data: data(b"paged"),
-            }],
-            &mut Vec::new(),
-        )
-        .expect("page");
+    spill(&*store, d, &[P4], data(b"paged"));
     settle(&*store, P1, a.0, a.1);
     settle(&*store, P3, c.0, c.1);
     let store = match restart(h, store) {
@@ -645,22 +667,28 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
                 "seed {seed} step {step}: id {id} after {last_id}"
             );
             last_id = id;
-            let paged = r < 5;
-            let op = if paged {
-                Op::Page {
-                    id,
-                    partitions: &ps,
-                    data: data(&body),
-                }
+            let paged_loc = if r < 5 {
+                spill(&*store, id, &ps, data(&body))
             } else {
-                Op::Publish {
-                    id,
-                    partitions: &ps,
-                    data: data(&body),
-                }
+                None
             };
+            let paged = paged_loc.is_some();
             let mut locs = Vec::new();
-            store.append(&[op], &mut locs).expect("append");
+            match paged_loc {
+                Some(loc) => locs.push(loc),
+                None => {
+                    store
+                        .append(
+                            &[Op::Publish {
+                                id,
+                                partitions: &ps,
+                                data: data(&body),
+                            }],
+                            &mut locs,
+                        )
+                        .expect("append");
+                }
+            }
             assert_eq!(locs.len(), 1);
             for p in ps {
                 model
@@ -734,16 +762,23 @@ pub fn randomized_against_a_model(h: &mut dyn Harness, seed: u64) {
                 .nth(rng.below(live.len() as u64) as usize)
                 .expect("non-empty");
             let kept = live.remove(&k).expect("present");
-            store
-                .append(
-                    &[Op::Settle {
-                        partition: k.0,
-                        id: k.1,
-                        location: kept.loc,
-                    }],
-                    &mut Vec::new(),
-                )
-                .expect("settle");
+            if kept.paged {
+                store
+                    .spill()
+                    .expect("paged through it")
+                    .release(k.0, k.1, kept.loc);
+            } else {
+                store
+                    .append(
+                        &[Op::Settle {
+                            partition: k.0,
+                            id: k.1,
+                            location: kept.loc,
+                        }],
+                        &mut Vec::new(),
+                    )
+                    .expect("settle");
+            }
         } else if r < 80 {
             let key = vec![rng.below(8) as u8];
             meta_version += 1;

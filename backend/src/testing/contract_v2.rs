@@ -755,6 +755,9 @@ mod tests {
         fn close(&self) -> Result<(), StoreError> {
             self.inner.close()
         }
+        fn scan_state(&self, prefix: &[u8]) -> Result<Vec<crate::StateEntry>, StoreError> {
+            self.inner.scan_state(prefix)
+        }
     }
 
     struct WrongHarness {

@@ -1,9 +1,10 @@
 //! [`MemStore`]: everything in memory, durability on a manual switch.
 
 use crate::{
-    Epoch, LiveSet, Location, MessageData, MessageId, MessageRef, MetaChange, MetaEvent, MetaFeed,
-    Op, PartitionId, RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta,
-    Relocation, Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter, Wake,
+    Admission, Epoch, LiveSet, Location, MessageData, MessageId, MessageRef, MetaChange, MetaEvent,
+    MetaFeed, Op, PartitionId, RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta,
+    Relocation, ShareTag, StateEntry, Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter,
+    Wake,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -17,6 +18,8 @@ use std::task::{Context, Poll};
 /// Marks MemStore positions (third word), so a position from another store
 /// is never mistaken for one of ours.
 const MEM_TAG: u32 = 0x4d45_4d00;
+/// Marks the positions of MemStore's [`crate::Spill`] (third word).
+const MEM_SPILL_TAG: u32 = 0x4d45_4d01;
 
 /// The ticket domain of metadata changes (they are one more partition of
 /// their own, see [`Ticket`]).
@@ -58,11 +61,13 @@ struct Shared {
     defer_reads: AtomicBool,
 }
 
-/// The ordering domains of tickets: a partition, or the metadata map.
+/// The ordering domains of tickets: a partition, the metadata map, or the
+/// state store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Domain {
     Part(PartitionId),
     Meta,
+    State,
 }
 
 /// Everything a store holds, as of some point of its append sequence.
@@ -79,6 +84,8 @@ struct Data {
     key_versions: BTreeMap<Vec<u8>, u64>,
     /// The latest expiry of every (partition, key hash) receipt appended.
     receipts: HashMap<(PartitionId, u64), u64>,
+    /// The state store: per key, its version and value.
+    state: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
 }
 
 #[derive(Clone)]
@@ -105,6 +112,11 @@ enum Owned {
     Requeue(PartitionId, MessageId, u32, u64),
     Receipt(PartitionId, u64, u64),
     Meta(Vec<(Vec<u8>, Option<Vec<u8>>)>),
+    /// Every message of the partition below the id leaves it
+    /// (`MessageId::MAX`: a drop).
+    Cut(PartitionId, MessageId),
+    /// A state-store key set (`Some`) or removed.
+    State(Vec<u8>, Option<Vec<u8>>),
     /// A compaction copy of (partition, id) from one slot to another.
     Relocate {
         partition: PartitionId,
@@ -304,6 +316,16 @@ impl Data {
                     }
                 }
             }
+            Owned::Cut(p, before) => self.cut(*p, *before),
+            Owned::State(key, value) => match value {
+                Some(v) => {
+                    let version = self.state.get(key).map_or(1, |(n, _)| n + 1);
+                    self.state.insert(key.clone(), (version, v.clone()));
+                }
+                None => {
+                    self.state.remove(key);
+                }
+            },
             Owned::Relocate {
                 partition,
                 id,
@@ -342,6 +364,30 @@ impl Data {
         self.requeued.remove(&(partition, id));
     }
 
+    /// Every message of `partition` below `before` leaves it (a drop when
+    /// `before` is `MessageId::MAX`).
+    fn cut(&mut self, partition: PartitionId, before: MessageId) {
+        let Some(map) = self.live.get_mut(&partition) else {
+            return;
+        };
+        let kept = map.split_off(&before);
+        let gone = std::mem::replace(map, kept);
+        if map.is_empty() {
+            self.live.remove(&partition);
+        }
+        for (id, slot) in gone {
+            self.unlive(slot);
+            self.requeued.remove(&(partition, id));
+        }
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        slot_of(location)
+            .and_then(|s| self.records.get(&s))
+            .map(|r| r.msg.clone())
+            .ok_or(StoreError::NotFound(location))
+    }
+
     /// One partition stops living at `slot`; drops the record when none does.
     fn unlive(&mut self, slot: u64) {
         if let Some(r) = self.records.get_mut(&slot) {
@@ -358,6 +404,7 @@ impl Data {
             meta: self.meta.clone(),
             meta_version: self.meta_version,
             key_versions: self.key_versions.clone(),
+            state: self.state.clone(),
             ..Data::default()
         };
         for (&(p, key_hash), &expires_at_ms) in &self.receipts {
@@ -409,13 +456,44 @@ impl Data {
     }
 }
 
+/// The slot of one of our positions, stored or spilled.
 fn slot_of(loc: Location) -> Option<u64> {
     let [hi, lo, tag] = loc.words();
-    (tag == MEM_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+    (tag == MEM_TAG || tag == MEM_SPILL_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+}
+
+fn is_spilled(loc: Location) -> bool {
+    loc.words()[2] == MEM_SPILL_TAG
 }
 
 fn location_of(slot: u64) -> Location {
     Location::from_words([(slot >> 32) as u32, slot as u32, MEM_TAG])
+}
+
+fn spill_location_of(slot: u64) -> Location {
+    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_SPILL_TAG])
+}
+
+/// What an op other than a message adds to `appended_bytes` (a message
+/// counts its header and body when it is stored): a small record's worth,
+/// so that a caller appending one op per message shows in the counter.
+fn record_bytes(op: &Op<'_>) -> u64 {
+    let var = |b: &[u8]| b.len() as u64;
+    match op {
+        Op::Publish { .. } | Op::Move { .. } => 0,
+        Op::PutMeta { key, value } | Op::PutState { key, value } => 16 + var(key) + var(value),
+        Op::DeleteMeta { key } | Op::DeleteState { key } => 16 + var(key),
+        Op::MetaBatch { changes } => {
+            16 + changes
+                .iter()
+                .map(|c| match c {
+                    MetaChange::Put { key, value } => var(key) + var(value),
+                    MetaChange::Delete { key } => var(key),
+                })
+                .sum::<u64>()
+        }
+        _ => 16,
+    }
 }
 
 fn owned_message(id: MessageId, data: &MessageData<'_>) -> StoredMessage {
@@ -427,6 +505,60 @@ fn owned_message(id: MessageId, data: &MessageData<'_>) -> StoredMessage {
         header: Bytes::copy_from_slice(data.header),
         body: Bytes::copy_from_slice(data.body),
         attrs: data.attrs,
+    }
+}
+
+/// The spill: records like published ones, marked paged (dropped by a
+/// restart), with positions of their own tag; local, so never journaled
+/// (nothing of it is durable).
+impl crate::Spill for MemStore {
+    fn spill(
+        &self,
+        _tag: ShareTag,
+        id: MessageId,
+        partitions: &[PartitionId],
+        data: MessageData<'_>,
+    ) -> Result<(Location, Admission), StoreError> {
+        if partitions.is_empty() {
+            return Err(invalid("a spilled message needs at least one partition"));
+        }
+        let mut st = self.shared.state.lock();
+        if st.closed {
+            return Err(StoreError::Closed);
+        }
+        let slot = st.next_slot;
+        st.next_slot += 1;
+        st.appended_bytes += (data.header.len() + data.body.len()) as u64;
+        st.now.apply(&Owned::Publish {
+            slot,
+            partitions: partitions.to_vec(),
+            msg: owned_message(id, &data),
+            paged: true,
+            from: None,
+        });
+        self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
+        Ok((spill_location_of(slot), Admission::default()))
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        if !is_spilled(location) {
+            return Err(StoreError::NotFound(location));
+        }
+        self.shared.state.lock().now.read(location)
+    }
+
+    fn holds(&self, location: Location) -> bool {
+        is_spilled(location)
+    }
+
+    fn release(&self, partition: PartitionId, id: MessageId, location: Location) {
+        if is_spilled(location) {
+            self.shared.state.lock().now.settle(partition, id);
+        }
+    }
+
+    fn release_partition(&self, partition: PartitionId) {
+        self.shared.state.lock().now.cut(partition, MessageId::MAX);
     }
 }
 
@@ -690,10 +822,7 @@ impl Store for MemStore {
 
     fn append(&self, ops: &[Op<'_>], locations: &mut Vec<Location>) -> Result<Ticket, StoreError> {
         for op in ops {
-            if let Op::Publish { partitions, .. }
-            | Op::Page { partitions, .. }
-            | Op::Move { partitions, .. } = op
-            {
+            if let Op::Publish { partitions, .. } | Op::Move { partitions, .. } = op {
                 if partitions.is_empty() {
                     return Err(invalid("a publish needs at least one partition"));
                 }
@@ -712,7 +841,7 @@ impl Store for MemStore {
                 }
             };
             match op {
-                Op::Publish { partitions, .. } | Op::Page { partitions, .. } => {
+                Op::Publish { partitions, .. } => {
                     partitions.iter().for_each(|p| add(Domain::Part(*p)))
                 }
                 Op::Move {
@@ -723,8 +852,11 @@ impl Store for MemStore {
                 }
                 Op::Settle { partition, .. }
                 | Op::Requeue { partition, .. }
-                | Op::Receipt { partition, .. } => add(Domain::Part(*partition)),
+                | Op::Receipt { partition, .. }
+                | Op::DropPartition { partition }
+                | Op::Truncate { partition, .. } => add(Domain::Part(*partition)),
                 Op::PutMeta { .. } | Op::DeleteMeta { .. } | Op::MetaBatch { .. } => add(META),
+                Op::PutState { .. } | Op::DeleteState { .. } => add(Domain::State),
             }
         }
         for d in &domains {
@@ -734,13 +866,9 @@ impl Store for MemStore {
         }
         let mut owned = Vec::with_capacity(ops.len());
         for op in ops {
+            st.appended_bytes += record_bytes(op);
             owned.push(match op {
                 Op::Publish {
-                    id,
-                    partitions,
-                    data,
-                }
-                | Op::Page {
                     id,
                     partitions,
                     data,
@@ -754,7 +882,7 @@ impl Store for MemStore {
                         slot,
                         partitions: partitions.to_vec(),
                         msg: owned_message(*id, data),
-                        paged: matches!(op, Op::Page { .. }),
+                        paged: false,
                         from: None,
                     }
                 }
@@ -797,6 +925,10 @@ impl Store for MemStore {
                     Owned::Meta(vec![(key.to_vec(), Some(value.to_vec()))])
                 }
                 Op::DeleteMeta { key } => Owned::Meta(vec![(key.to_vec(), None)]),
+                Op::DropPartition { partition } => Owned::Cut(*partition, MessageId::MAX),
+                Op::Truncate { partition, before } => Owned::Cut(*partition, *before),
+                Op::PutState { key, value } => Owned::State(key.to_vec(), Some(value.to_vec())),
+                Op::DeleteState { key } => Owned::State(key.to_vec(), None),
                 Op::MetaBatch { changes } => Owned::Meta(
                     changes
                         .iter()
@@ -882,11 +1014,11 @@ impl Store for MemStore {
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        let st = self.shared.state.lock();
-        slot_of(location)
-            .and_then(|s| st.now.records.get(&s))
-            .map(|r| r.msg.clone())
-            .ok_or(StoreError::NotFound(location))
+        if is_spilled(location) {
+            // The spill's: read through `Spill::read`.
+            return Err(StoreError::NotFound(location));
+        }
+        self.shared.state.lock().now.read(location)
     }
 
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
@@ -1044,7 +1176,12 @@ impl Store for MemStore {
                     partition,
                     id,
                     old,
-                    new: location_of(new),
+                    // A spilled copy stays spilled.
+                    new: if is_spilled(old) {
+                        spill_location_of(new)
+                    } else {
+                        location_of(new)
+                    },
                 });
             }
             if !ops.is_empty() {
@@ -1062,10 +1199,38 @@ impl Store for MemStore {
     }
 
     fn stats(&self) -> StoreStats {
+        let st = self.shared.state.lock();
         StoreStats {
-            appended_bytes: self.shared.state.lock().appended_bytes,
+            appended_bytes: st.appended_bytes,
+            // What the records still held take: the space a drop,
+            // truncation or settle gives back shows here at once.
+            disk_bytes: st
+                .now
+                .records
+                .values()
+                .map(|r| (r.msg.header.len() + r.msg.body.len()) as u64)
+                .sum(),
             ..StoreStats::default()
         }
+    }
+
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
+        let st = self.shared.state.lock();
+        Ok(st
+            .now
+            .state
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (version, value))| StateEntry {
+                key: k.clone(),
+                value: value.clone(),
+                version: *version,
+            })
+            .collect())
+    }
+
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(self)
     }
 
     fn close(&self) -> Result<(), StoreError> {

@@ -3,6 +3,7 @@
 //! every `Store` implementation must pass.
 
 pub mod contract;
+pub mod contract_lifecycle;
 pub mod contract_v2;
 mod mem;
 

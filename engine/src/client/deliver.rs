@@ -330,7 +330,12 @@ impl Client {
                 continue;
             }
             if let Some(at) = d.partition.leased_location(&d.entry) {
-                cold.push((d.partition.id, d.entry.id, at));
+                match crate::readback::read_spilled(&*self.store, at) {
+                    Some(m) => {
+                        self.prefetched.insert((d.partition.id, d.entry.id), m);
+                    }
+                    None => cold.push((d.partition.id, d.entry.id, at)),
+                }
             }
         }
         if cold.is_empty() {

@@ -36,11 +36,12 @@ impl Hasher for PartitionHasher {
 #[derive(Default)]
 pub(crate) struct Unconfirmed {
     latest: HashMap<PartitionId, Ticket, BuildHasherDefault<PartitionHasher>>,
-    /// The latest metadata ticket a barrier must cover (metadata changes
-    /// made for the client outside it, such as MQTT session state).
-    meta: Ticket,
-    /// The metadata ticket an earlier barrier covered already.
-    meta_covered: Ticket,
+    /// The latest metadata and state-store tickets a barrier must cover
+    /// (changes made for the client outside it: declares, MQTT session
+    /// state, retained messages), each in its own ordering domain.
+    side: [Ticket; 2],
+    /// The side tickets an earlier barrier covered already.
+    side_covered: [Ticket; 2],
 }
 
 impl Unconfirmed {
@@ -53,10 +54,13 @@ impl Unconfirmed {
         *e = (*e).max(ticket);
     }
 
-    /// The next barrier also covers metadata up to `ticket`.
-    pub(crate) fn note_meta(&mut self, ticket: Ticket) {
-        if ticket > self.meta_covered {
-            self.meta = self.meta.max(ticket);
+    /// The next barrier also covers metadata up to `meta` and the state
+    /// store up to `state` (each the latest ticket of its domain).
+    pub(crate) fn note_side(&mut self, meta: Ticket, state: Ticket) {
+        for (i, t) in [meta, state].into_iter().enumerate() {
+            if t > self.side_covered[i] {
+                self.side[i] = self.side[i].max(t);
+            }
         }
     }
 
@@ -74,7 +78,7 @@ impl Unconfirmed {
                 continue;
             }
             match op {
-                Op::Publish { partitions, .. } | Op::Page { partitions, .. } => {
+                Op::Publish { partitions, .. } => {
                     partitions.iter().for_each(|p| self.note(*p, ticket))
                 }
                 Op::Move {
@@ -85,9 +89,15 @@ impl Unconfirmed {
                 }
                 Op::Settle { partition, .. }
                 | Op::Requeue { partition, .. }
-                | Op::Receipt { partition, .. } => self.note(*partition, ticket),
-                // Metadata is waited for where it is written.
-                Op::PutMeta { .. } | Op::DeleteMeta { .. } | Op::MetaBatch { .. } => {}
+                | Op::Receipt { partition, .. }
+                | Op::DropPartition { partition }
+                | Op::Truncate { partition, .. } => self.note(*partition, ticket),
+                // Metadata and state are waited for where they are written.
+                Op::PutMeta { .. }
+                | Op::DeleteMeta { .. }
+                | Op::MetaBatch { .. }
+                | Op::PutState { .. }
+                | Op::DeleteState { .. } => {}
             }
         }
     }
@@ -97,18 +107,18 @@ impl Unconfirmed {
     /// waiters in the order they were registered, so barriers complete in
     /// the order they were asked for, even one with nothing to wait for.
     pub(crate) fn barrier(&mut self, store: &dyn Store, waiter: Waiter) {
-        let meta = std::mem::take(&mut self.meta);
-        self.meta_covered = self.meta_covered.max(meta);
-        if self.latest.len() <= 1 && meta == Ticket::NONE {
+        let side = std::mem::take(&mut self.side);
+        for (covered, t) in self.side_covered.iter_mut().zip(side) {
+            *covered = (*covered).max(t);
+        }
+        if self.latest.len() <= 1 && side == [Ticket::NONE; 2] {
             // The usual case, without allocating.
             let t = self.latest.drain().next().map_or(Ticket::NONE, |(_, t)| t);
             store.when_durable(t, waiter);
             return;
         }
         let mut tickets: Vec<Ticket> = self.latest.drain().map(|(_, t)| t).collect();
-        if meta != Ticket::NONE {
-            tickets.push(meta);
-        }
+        tickets.extend(side.into_iter().filter(|t| *t != Ticket::NONE));
         tickets.sort_unstable();
         tickets.dedup();
         match tickets.len() {

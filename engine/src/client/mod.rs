@@ -7,8 +7,9 @@
 //! [`ConnHandle`] outbox. It owns what used to live in the AMQP session:
 //!
 //! * publishing: route, allocate an id, append the store record
-//!   ([`Op::Publish`] for durable copies, [`Op::Page`] for deep transient
-//!   ones), enqueue, and settle in the store what a deleted partition refused;
+//!   ([`Op::Publish`] for durable copies; deep transient ones go to the
+//!   store's spill), enqueue, and settle in the store what a deleted
+//!   partition refused;
 //! * leases, per *scope* (an AMQP channel; one per MQTT session): recorded
 //!   when a delivery is written, settled by tag, requeued when the scope or
 //!   the client closes, expired by a time the caller passes;

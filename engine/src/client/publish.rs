@@ -248,24 +248,20 @@ impl Client {
         }
         let mut page_location = None;
         if durable_parts.len() > n_durable {
-            self.locs.clear();
-            // Never waited on: a restart drops it anyway. If the store cannot
-            // take it (disk full), the message simply stays in memory.
-            let res = self.store.append_for(
-                self.share,
-                &[Op::Page {
-                    id,
-                    partitions: &durable_parts[n_durable..],
-                    data,
-                }],
-                &mut self.locs,
-            );
+            // To the store's spill, never waited on: a restart drops it
+            // anyway. If it cannot take it (disk full, or the store has no
+            // spill), the message simply stays in memory.
+            let res = self
+                .store
+                .spill()
+                .map(|s| s.spill(self.share, id, &durable_parts[n_durable..], data));
             match res {
-                Ok((_, a)) => {
+                Some(Ok((loc, a))) => {
                     self.over_share |= a.over_share;
-                    page_location = self.locs.first().copied();
+                    page_location = Some(loc);
                 }
-                Err(e) => tracing::debug!(error = %e, "not paging a transient message"),
+                Some(Err(e)) => tracing::debug!(error = %e, "not paging a transient message"),
+                None => {}
             }
         }
         let mut refused_any = false;

@@ -202,6 +202,8 @@ impl Client {
     /// publish record they settle, which was appended when published), then
     /// the partitions whose consumers got credit back deliver again.
     pub fn commit(&mut self) {
+        // Paged copies are released through the spill, not the store.
+        crate::spill::release_spilled(&*self.store, &mut self.settles);
         if !self.settles.is_empty() {
             self.locs.clear();
             match self
@@ -240,12 +242,14 @@ impl Client {
     /// Calls `waiter` once everything this client appended so far is
     /// durable (a publisher's confirmation): the store's tickets of its
     /// publishes, receipts and settles since its last barrier, of the
-    /// originals of duplicates it published, and of the metadata changed
-    /// so far (MQTT session state is written through the tenant). Barriers
-    /// complete in the order they were asked for.
+    /// originals of duplicates it published, and of the metadata and state
+    /// store changed so far (declares, MQTT session state and retained
+    /// messages are written through the tenant). Barriers complete in the
+    /// order they were asked for.
     pub fn durability_barrier(&mut self, waiter: Waiter) -> Result<(), StoreError> {
         if let Ok(engine) = self.tenant.engine() {
-            self.unconfirmed.note_meta(engine.meta_ticket());
+            self.unconfirmed
+                .note_side(engine.meta_ticket(), engine.state_ticket());
         }
         self.unconfirmed.barrier(&*self.store, waiter);
         Ok(())

@@ -19,7 +19,8 @@ use weir_backend::{Location, MessageId, Op, PartitionId};
 /// memory does not grow with queue depth. Durable entries have a location
 /// anyway; transient ones (a transient message, or any message in a
 /// non-durable queue) published while the partition is this deep are paged
-/// to the store for it (`Op::Page`: never fsynced, dropped at restart).
+/// to the store's spill for it (`weir_backend::Spill`: local, never
+/// fsynced, dropped at restart; see `crate::spill`).
 pub const HOT_ENTRIES: usize = 2048;
 
 /// Most expired entries one [`Partition::take_due`] hands out: a million

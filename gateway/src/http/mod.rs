@@ -1,7 +1,7 @@
 //! The HTTP listener (`[http] listen`, default `0.0.0.0:15672` as RabbitMQ's
 //! management plugin): the management API under `/api` ([`api`]), Prometheus
 //! metrics at `/metrics` ([`metrics`]) and the dashboard at `/`
-//! ([`dashboard`]), one axum router over the broker's [`Shared`] state.
+//! ([`dashboard`]), one axum router over the broker's [`Services`].
 //!
 //! Handlers never touch queue state directly: they read the engine's
 //! figures and change definitions through the same engine calls the
@@ -27,12 +27,12 @@ use tokio::sync::watch;
 
 pub use conn::Limits;
 
-use crate::server::Shared;
+use crate::server::Services;
 
 /// What every handler can reach.
 pub struct HttpState {
     /// The broker: engine, authenticator, alarms, AMQP and MQTT state.
-    pub shared: Arc<Shared>,
+    pub shared: Arc<Services>,
     /// When the broker started (uptime in `/api/overview`).
     pub started: Instant,
     /// `[http] metrics_per_queue`: `/metrics` writes one series per queue.
@@ -47,7 +47,7 @@ pub struct HttpState {
 
 impl HttpState {
     /// The state of a listener configured by `cfg`.
-    pub fn new(shared: Arc<Shared>, started: Instant, cfg: &crate::config::HttpConfig) -> State {
+    pub fn new(shared: Arc<Services>, started: Instant, cfg: &crate::config::HttpConfig) -> State {
         Arc::new(HttpState {
             gates: render::Gates::new(&shared),
             shared,

@@ -51,7 +51,7 @@ pub struct Gate {
     last: Mutex<Option<Last>>,
     ttl: Duration,
     /// Asked to trim the heap after a large render (see below).
-    shared: Arc<crate::server::Shared>,
+    shared: Arc<crate::server::Services>,
 }
 
 /// A render this large asks for a heap trim: its JSON tree was freed on a
@@ -62,7 +62,7 @@ const TRIM_AFTER: usize = 1 << 20;
 impl Gate {
     /// A gate whose answers are reused for `ttl` (zero: only by requests
     /// that waited while it was rendered).
-    pub fn new(ttl: Duration, shared: Arc<crate::server::Shared>) -> Self {
+    pub fn new(ttl: Duration, shared: Arc<crate::server::Services>) -> Self {
         Gate {
             slot: Semaphore::new(1),
             last: Mutex::new(None),
@@ -154,7 +154,7 @@ pub struct Gates {
 impl Gates {
     /// The gates of one listener (no TTL: answers are never older than
     /// their request).
-    pub fn new(shared: &Arc<crate::server::Shared>) -> Self {
+    pub fn new(shared: &Arc<crate::server::Services>) -> Self {
         let gate = || Gate::new(Duration::ZERO, shared.clone());
         Gates {
             metrics: gate(),

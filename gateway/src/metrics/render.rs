@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 use weir_engine::stats::{QueueStats, ATTEMPT_BUCKETS};
 
-use crate::server::Shared;
+use crate::server::Services;
 
 /// Per-queue figures, taken from the engine once per scrape.
 #[derive(Default, Clone)]
@@ -212,7 +212,7 @@ const QUEUE_FAMILIES: &[Family] = &[
 
 /// The whole `/metrics` text. `per_queue` false writes the queue series
 /// summed per tenant (no `queue` label), for very large installations.
-pub fn render(shared: &Shared, started: Instant, per_queue: bool) -> String {
+pub fn render(shared: &Services, started: Instant, per_queue: bool) -> String {
     let mut out = super::install().render();
     out.reserve(4096);
     latencies(&mut out);
@@ -304,7 +304,7 @@ fn escaped(v: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Queue series, per queue or per tenant, and per-tenant queued totals.
-fn queues(out: &mut String, shared: &Shared, per_queue: bool) {
+fn queues(out: &mut String, shared: &Services, per_queue: bool) {
     // (tenant, queue name or None when aggregated, figures)
     let mut rows: Vec<(String, Option<String>, QueueFigures)> = Vec::new();
     let tenants = shared.engine.tenants();
@@ -408,7 +408,7 @@ fn queues(out: &mut String, shared: &Shared, per_queue: bool) {
 }
 
 /// The store's counters (`Store::stats`).
-fn store(out: &mut String, shared: &Shared) {
+fn store(out: &mut String, shared: &Services) {
     let s = shared.engine.store().stats();
     for (name, kind, help, v) in [
         (
@@ -448,7 +448,7 @@ fn store(out: &mut String, shared: &Shared) {
 }
 
 /// Resource alarms, as RabbitMQ names them.
-fn alarms(out: &mut String, shared: &Shared) {
+fn alarms(out: &mut String, shared: &Services) {
     let a = *shared.alarms.borrow();
     for (name, help, on) in [
         (

@@ -6,14 +6,20 @@
 //!   engine's messages (the MQTT header codec, number 3).
 //! * [`registry`]: connected client ids (takeover) and delayed wills.
 //! * [`websocket`]: MQTT over WebSocket (`/mqtt`, subprotocol `mqtt`).
+//! * [`Mqtt`], [`MqttWebSocket`]: how the listeners hand them a connection.
 
 pub mod message_format;
 pub mod registry;
 pub mod session;
 pub mod websocket;
 
+use crate::server::{Door, Services};
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
 use weir_protocols::mqtt::ServerConfig;
 
 /// MQTT sockets that may be open beyond `max_connections`: room for
@@ -63,5 +69,65 @@ pub struct OpenSlot(Arc<AtomicUsize>);
 impl Drop for OpenSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// MQTT over TCP (`[mqtt] listen`, and `tls_listen` for MQTTS).
+pub struct Mqtt;
+
+/// MQTT over WebSocket (`[mqtt] ws_listen`, and `wss_listen` over TLS).
+pub struct MqttWebSocket;
+
+impl Door for Mqtt {
+    type Slot = OpenSlot;
+
+    fn admit(services: &Services) -> Option<OpenSlot> {
+        services.mqtt.admit()
+    }
+
+    fn serve(
+        stream: TcpStream,
+        peer: SocketAddr,
+        services: Arc<Services>,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        session::serve(stream, peer, services, shutdown)
+    }
+
+    fn serve_tls(
+        stream: crate::tls::TlsStream,
+        identity: crate::tls::PeerIdentity,
+        peer: SocketAddr,
+        services: Arc<Services>,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        session::serve_tls(stream, peer, identity, services, shutdown)
+    }
+}
+
+impl Door for MqttWebSocket {
+    type Slot = OpenSlot;
+
+    fn admit(services: &Services) -> Option<OpenSlot> {
+        services.mqtt.admit()
+    }
+
+    fn serve(
+        stream: TcpStream,
+        peer: SocketAddr,
+        services: Arc<Services>,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        websocket::serve(stream, peer, services, shutdown)
+    }
+
+    fn serve_tls(
+        stream: crate::tls::TlsStream,
+        identity: crate::tls::PeerIdentity,
+        peer: SocketAddr,
+        services: Arc<Services>,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        websocket::serve_tls(stream, peer, identity, services, shutdown)
     }
 }

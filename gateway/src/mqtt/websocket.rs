@@ -11,7 +11,8 @@
 //! close 1009); and answers to pings wait in a bounded write buffer,
 //! further pongs to a client that does not read being coalesced into one.
 
-use crate::server::Shared;
+use crate::server::Services;
+use crate::session::io::PollWriter;
 use futures_util::{SinkExt, StreamExt};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -139,30 +140,40 @@ fn check_request(req: &Request, mut resp: Response) -> Result<Response, ErrorRes
     Ok(resp)
 }
 
-/// Serves one accepted WebSocket connection: the upgrade, then an MQTT
-/// session over the frames.
+/// Serves one accepted WebSocket connection (admitted by the listener:
+/// [`super::MqttShared::admit`]): the upgrade, then an MQTT session over
+/// the frames.
 pub async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    shared: Arc<Shared>,
+    services: Arc<Services>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let Some(_slot) = shared.mqtt.admit() else {
-        tracing::debug!(%peer, "too many MQTT connections: closed");
-        return;
-    };
     let _ = stream.set_nodelay(true);
-    serve_stream(stream, peer, None, shared, shutdown).await;
+    serve_stream(stream, peer, None, services, shutdown).await;
 }
 
-/// [`serve`] over any stream: a TLS stream for MQTT over secure WebSocket
-/// (`cert_user`: the CN of the client's verified certificate, for
-/// `mqtt.ssl_cert_login`).
-pub async fn serve_stream<S>(
+/// [`serve`] over TLS (handshake done): MQTT over secure WebSocket. A
+/// verified client certificate's CN is the user of a certificate login
+/// (`mqtt.ssl_cert_login`).
+pub async fn serve_tls(
+    stream: crate::tls::TlsStream,
+    peer: SocketAddr,
+    identity: crate::tls::PeerIdentity,
+    services: Arc<Services>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let cert_user = identity.verified.then_some(identity.common_name).flatten();
+    serve_stream(stream, peer, cert_user, services, shutdown).await;
+}
+
+/// [`serve`] over any stream (`cert_user`: the CN of the client's
+/// verified certificate).
+async fn serve_stream<S>(
     stream: S,
     peer: SocketAddr,
     cert_user: Option<String>,
-    shared: Arc<Shared>,
+    shared: Arc<Services>,
     shutdown: watch::Receiver<bool>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -252,13 +263,12 @@ pub async fn serve_stream<S>(
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, ws_tx.send(Message::Close(close))).await;
     });
     let (rd, wr) = tokio::io::split(session_end);
-    // The pipe buffers nothing that needs a flush.
-    super::session::serve_inner(
+    // A full pipe makes the session wait as a full socket does.
+    super::session::serve_on(
         rd,
-        wr,
+        PollWriter::new(wr),
         peer,
         cert_user,
-        false,
         Some(opened),
         shared,
         shutdown,

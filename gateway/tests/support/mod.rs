@@ -1,13 +1,24 @@
 //! What the in-process session tests share: the real listener and sessions
 //! over an in-memory store.
 
+#![allow(dead_code)] // each test file uses some of it
+
+use std::net::SocketAddr;
 use std::sync::Arc;
 use weir_backend::testing::MemStore;
 use weir_gateway::config::{Cli, Config};
 use weir_gateway::server::Broker;
 
-/// A broker on a free port over `store`; returns its AMQP URI.
-pub async fn broker(store: Arc<MemStore>, dir: &std::path::Path) -> String {
+/// The addresses of a broker started by [`start`].
+pub struct Addrs {
+    pub amqp: SocketAddr,
+    pub mqtt: SocketAddr,
+    pub mqtt_ws: SocketAddr,
+    pub http: SocketAddr,
+}
+
+/// A broker on free ports over `store`, serving until the test ends.
+pub async fn start(store: Arc<MemStore>, dir: &std::path::Path) -> Addrs {
     let cli = Cli::try_parse_from([
         "weir",
         "--amqp-listen",
@@ -28,7 +39,18 @@ pub async fn broker(store: Arc<MemStore>, dir: &std::path::Path) -> String {
     let b = Broker::start_with_store(&cfg, store)
         .await
         .expect("broker starts");
-    let addr = b.amqp_addr().expect("bound");
+    let addrs = Addrs {
+        amqp: b.amqp_addr().expect("bound"),
+        mqtt: b.listener_addr("MQTT").expect("bound"),
+        mqtt_ws: b.listener_addr("MQTT WebSocket").expect("bound"),
+        http: b.http_addr().expect("bound"),
+    };
     tokio::spawn(b.run(std::future::pending()));
-    format!("amqp://guest:guest@{addr}/%2f")
+    addrs
+}
+
+/// A broker on a free port over `store`; returns its AMQP URI.
+pub async fn broker(store: Arc<MemStore>, dir: &std::path::Path) -> String {
+    let addrs = start(store, dir).await;
+    format!("amqp://guest:guest@{}/%2f", addrs.amqp)
 }

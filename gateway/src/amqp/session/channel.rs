@@ -20,8 +20,9 @@ pub(super) struct Channel {
     pub(super) batch_needs_store: bool,
     /// Publishes in the current input batch (confirm mode).
     pub(super) batch_publishes: u64,
-    /// Store confirmations requested and not yet received.
-    pub(super) store_confirms_pending: u64,
+    /// Confirms of this channel waiting for their ticket (in
+    /// `Session::confirms`).
+    pub(super) confirms_queued: u64,
     /// Tag of the last delivery.
     pub(super) delivery_tag: u64,
     /// Per-consumer prefetch for consumers created from now on.
@@ -74,6 +75,7 @@ impl Session {
     /// the engine client closed.
     pub(super) fn release_all(&mut self) {
         self.replies.clear();
+        self.confirms.clear();
         // The connection counts as closed from here (before close-ok leaves).
         self.metrics = None;
         self.channels.clear();

@@ -2,20 +2,23 @@
 //! deliveries (encoded straight into the write buffer), consumer cancel
 //! notices, and publisher confirms.
 
-use super::{channel_of, Session, DELIVERY_HIGH_WATER};
+use super::{channel_of, Session};
 use crate::engine::consumer::Notice;
+use crate::session::durable::{Status, Ticket};
+use crate::session::DELIVERY_HIGH_WATER;
 use std::time::Instant;
 use weir_protocols::amqp::codec;
 use weir_protocols::amqp::methods::{basic, AMQPClass};
 
-/// A store confirmation for a channel's publishes up to `tag`.
-pub(super) struct StoreConfirm {
+/// A confirm of a channel's publishes up to `tag`, waiting for its ticket.
+pub(super) struct PendingConfirm {
     channel: u16,
     /// Which opening of the channel number the publishes belong to: a
     /// confirm for a closed channel must not reach a reopened one.
     epoch: u64,
     tag: u64,
-    ok: bool,
+    /// What it waits for.
+    ticket: Ticket,
     /// Publishes it confirms, and when their batch ended (latency).
     count: u64,
     since: Instant,
@@ -26,10 +29,16 @@ impl Session {
     /// [`DELIVERY_HIGH_WATER`]; the rest wait (bodies not read back, not
     /// encoded) for the socket to drain. What waits is bounded by the
     /// connection's unsent window: past it the messages stay in their queues.
-    pub(super) fn write_deliveries(&mut self) {
-        self.deliveries_wait_room = false;
+    ///
+    /// Returns whether it stopped at the high-water mark with deliveries
+    /// (or replies) left: once the buffer drains below it, the driver must
+    /// come back for them by itself. They were already taken from the
+    /// outbox (no wake-up is pending for them), they hold their consumer's
+    /// credit (the queue pushes nothing more), and a no-ack consumer sends
+    /// nothing that would wake us.
+    pub(super) fn write_deliveries(&mut self) -> bool {
         let Some(client) = self.client.as_mut() else {
-            return;
+            return false;
         };
         client.drain(&mut self.notices);
         for n in std::mem::take(&mut self.notices) {
@@ -47,7 +56,7 @@ impl Session {
             }
         }
         let Some(client) = self.client.as_mut() else {
-            return;
+            return false;
         };
         let frame_max = self.conn.frame_max();
         // Converts headers of other protocols' messages (AMQP ones pass through).
@@ -103,9 +112,9 @@ impl Session {
             client.lease(d.consumer.scope(), tag, d, batch_time, batch_ms);
         }
         // Stopped by the high-water mark with deliveries in hand (not the
-        // held ones: their channel's reply wakes us): the run loop comes
+        // held ones: their channel's reply wakes us): the driver comes
         // back for them once the buffer drains.
-        self.deliveries_wait_room =
+        let mut wait_room =
             client.pending_deliveries() > 0 && self.conn.out().len() >= DELIVERY_HIGH_WATER;
         // Held deliveries go back first in line, in their order.
         while let Some(d) = self.held.pop() {
@@ -117,7 +126,7 @@ impl Session {
         while self.replies.is_empty() {
             if self.conn.out().len() >= DELIVERY_HIGH_WATER {
                 // Replies may wait in their boxes, woken for already.
-                self.deliveries_wait_room |= client.has_reply_consumers();
+                wait_room |= client.has_reply_consumers();
                 break;
             }
             let Some(r) = client.next_reply() else {
@@ -147,29 +156,45 @@ impl Session {
         }
         client.finish_deliveries();
         if client.has_uncommitted() {
-            self.end_batch();
+            self.close_batch();
         }
+        wait_room
     }
 
-    pub(super) fn on_store_confirm(&mut self, c: StoreConfirm) {
-        let Some(ch) = self.channels.get_mut(&c.channel) else {
-            return;
-        };
-        if ch.epoch != c.epoch {
-            return;
-        }
-        ch.store_confirms_pending = ch.store_confirms_pending.saturating_sub(1);
-        if let Some(m) = self.metrics.as_mut() {
-            m.confirmed(c.count, c.since.elapsed());
-        }
-        if self.conn.channel_is_usable(c.channel) {
-            self.write_confirm(c.channel, c.tag, true, !c.ok);
+    /// Sends the confirms whose tickets are settled: an ack once durable,
+    /// a nack when the store failed. Tickets settle in order, so the queue
+    /// (in ticket order) is taken from the front.
+    pub(super) fn send_ready_confirms(&mut self) {
+        while let Some(c) = self.confirms.front() {
+            let ok = match self.durability.status(c.ticket) {
+                Status::Pending => return,
+                Status::Durable => true,
+                Status::Failed => false,
+            };
+            let Some(c) = self.confirms.pop_front() else {
+                return;
+            };
+            let Some(ch) = self.channels.get_mut(&c.channel) else {
+                continue;
+            };
+            if ch.epoch != c.epoch {
+                continue;
+            }
+            ch.confirms_queued -= 1;
+            if let Some(m) = self.metrics.as_mut() {
+                m.confirmed(c.count, c.since.elapsed());
+            }
+            if self.conn.channel_is_usable(c.channel) {
+                self.write_confirm(c.channel, c.tag, true, !ok);
+            }
         }
     }
 
     /// Confirms each channel's publishes of the batch with one `multiple`
-    /// ack: at once when nothing in it was stored, else through a store
-    /// barrier that fires once everything appended so far is durable.
+    /// ack: at once when nothing in it was stored, else once the batch's
+    /// ticket is durable. A channel whose earlier confirm still waits
+    /// queues behind it (the latest ticket: no barrier of its own), so its
+    /// confirms leave in order.
     pub(super) fn send_confirms(&mut self) {
         // Confirms that must queue behind a reply (rare: only while one
         // waits), written after the walk over the channels.
@@ -184,34 +209,21 @@ impl Session {
             let since = *now.get_or_insert_with(Instant::now);
             let count = c.batch_publishes;
             let tag = c.publish_tag;
-            if c.batch_needs_store || c.store_confirms_pending > 0 {
-                // Ordered behind every earlier append: fires once they are all durable.
-                let tx = self.confirm_tx.clone();
-                c.store_confirms_pending += 1;
-                let epoch = c.epoch;
-                let waiter: weir_backend::Waiter = Box::new(move |r| {
-                    let _ = tx.send(StoreConfirm {
-                        channel: id,
-                        epoch,
-                        tag,
-                        ok: r.is_ok(),
-                        count,
-                        since,
-                    });
-                });
-                let barrier = match self.client.as_mut() {
-                    Some(client) => client.durability_barrier(waiter),
-                    None => Err(weir_backend::StoreError::Closed),
+            if c.batch_needs_store || c.confirms_queued > 0 {
+                let ticket = if c.batch_needs_store {
+                    self.durability.ticket()
+                } else {
+                    self.durability.latest()
                 };
-                if let Err(e) = barrier {
-                    tracing::error!(error = %e, "store refused a confirm barrier");
-                    c.store_confirms_pending -= 1;
-                    if direct {
-                        codec::write_confirm(self.conn.out(), id, tag, true, true);
-                    } else {
-                        queued.push((id, tag, true));
-                    }
-                }
+                c.confirms_queued += 1;
+                self.confirms.push_back(PendingConfirm {
+                    channel: id,
+                    epoch: c.epoch,
+                    tag,
+                    ticket,
+                    count,
+                    since,
+                });
             } else {
                 if let Some(m) = self.metrics.as_mut() {
                     m.confirmed(count, since.elapsed());

@@ -3,8 +3,8 @@
 //! A declare (bind, delete…) of something durable is answered once the
 //! store has made it durable. Instead of awaiting that inside event
 //! handling (which stalled the whole connection: deliveries, heartbeats,
-//! shutdown), the reply is queued with its [`DurableWait`] and sent when
-//! durable. While anything is queued, every later method reply of the
+//! shutdown), the reply is queued with its [`Ticket`] and sent by the turn
+//! that finds it durable. While anything is queued, every later method reply of the
 //! connection queues behind it, so replies leave in the order the methods
 //! came (a client never sees a consume-ok before the declare-ok it
 //! pipelined first), and so does a channel close caused by a later method.
@@ -16,7 +16,8 @@
 
 use super::failure::{hard, Failure};
 use super::Session;
-use crate::engine::{DurableWait, EngineError};
+use crate::engine::DurableWait;
+use crate::session::durable::{NotDurable, Status, Ticket};
 use bytes::BytesMut;
 use std::collections::VecDeque;
 use weir_protocols::amqp::methods::AMQPClass;
@@ -45,10 +46,8 @@ struct Pending {
     /// The method it answers (for the failure if the store fails).
     class_id: u16,
     method_id: u16,
-    /// Still waiting for the store; None once durable (or never needed).
-    wait: Option<DurableWait>,
-    /// Set when the store could not make it durable.
-    failed: Option<Failure>,
+    /// What it waits for ([`Ticket::NONE`]: only for the replies before it).
+    ticket: Ticket,
     what: Deferred,
 }
 
@@ -83,28 +82,6 @@ impl Replies {
         self.queue.is_empty()
     }
 
-    /// The first reply waits for the store.
-    pub(super) fn is_waiting(&self) -> bool {
-        self.queue.front().is_some_and(|p| p.wait.is_some())
-    }
-
-    /// Resolves when the first reply's wait is over (cancel safe: the wait
-    /// stays in place if this future is dropped).
-    pub(super) async fn durable(&mut self) {
-        let Some(head) = self.queue.front_mut() else {
-            return std::future::pending().await;
-        };
-        let Some(wait) = head.wait.as_mut() else {
-            return;
-        };
-        let r = wait.await;
-        head.wait = None;
-        head.failed = match r {
-            Ok(r) => store_outcome(r),
-            Err(_) => Some(store_stopped()),
-        };
-    }
-
     /// Too much is queued: stop reading the client until it drains.
     pub(super) fn is_full(&self) -> bool {
         self.queue.len() >= MAX_QUEUED_REPLIES || self.bytes >= MAX_QUEUED_BYTES
@@ -136,8 +113,7 @@ impl Replies {
             epoch,
             class_id,
             method_id,
-            wait: None,
-            failed: None,
+            ticket: Ticket::NONE,
             what: Deferred::Close {
                 code,
                 text,
@@ -147,15 +123,14 @@ impl Replies {
         });
     }
 
-    fn push(&mut self, channel: u16, epoch: u64, wait: Option<DurableWait>, what: Deferred) {
+    fn push(&mut self, channel: u16, epoch: u64, ticket: Ticket, what: Deferred) {
         self.bytes += what.size();
         self.queue.push_back(Pending {
             channel,
             epoch,
             class_id: 0,
             method_id: 0,
-            wait,
-            failed: None,
+            ticket,
             what,
         });
     }
@@ -167,46 +142,52 @@ impl Replies {
     }
 }
 
-/// The failure a store error makes of a queued reply.
-fn store_outcome(r: Result<(), weir_backend::StoreError>) -> Option<Failure> {
-    r.err().map(|e| EngineError::Store(e).into())
-}
-
-/// The store dropped the waiter without an answer.
-fn store_stopped() -> Failure {
-    hard(
-        reply::INTERNAL_ERROR,
-        "store stopped before the change was durable".into(),
-    )
+/// The failure of a reply the store could not make durable.
+fn not_durable() -> Failure {
+    hard(reply::INTERNAL_ERROR, NotDurable.to_string())
 }
 
 impl Session {
     /// Sends a method reply on `ch`, after the queued ones if any.
     pub(super) fn reply(&mut self, ch: u16, method: AMQPClass) {
-        self.defer(ch, None, Deferred::Method(method));
+        self.defer(ch, Deferred::Method(method));
     }
 
-    /// Answers a definition change once it is durable. With `nowait` the
-    /// client asked for no answer: the change becomes durable with the next
-    /// fsync without holding anything up.
+    /// Answers a definition change once it is durable (`wait`: what the
+    /// engine reported for it). With `nowait` the client asked for no
+    /// answer: the change becomes durable with the next fsync without
+    /// holding anything up.
     pub(super) fn reply_when_durable(
         &mut self,
         ch: u16,
         nowait: bool,
         wait: Option<DurableWait>,
         method: AMQPClass,
-        (class_id, method_id): (u16, u16),
+        ids: (u16, u16),
     ) {
         if nowait {
             return;
         }
-        if wait.is_none() {
+        let ticket = self.durability.after(wait);
+        self.reply_after(ch, ticket, method, ids);
+    }
+
+    /// Answers once `ticket` is durable (and after the queued replies).
+    pub(super) fn reply_after(
+        &mut self,
+        ch: u16,
+        ticket: Ticket,
+        method: AMQPClass,
+        (class_id, method_id): (u16, u16),
+    ) {
+        if ticket.is_none() {
             return self.reply(ch, method);
         }
         let Some(epoch) = self.channels.get(&ch).map(|c| c.epoch) else {
             return;
         };
-        self.replies.push(ch, epoch, wait, Deferred::Method(method));
+        self.replies
+            .push(ch, epoch, ticket, Deferred::Method(method));
         if let Some(p) = self.replies.queue.back_mut() {
             p.class_id = class_id;
             p.method_id = method_id;
@@ -222,7 +203,7 @@ impl Session {
         }
         let mut buf = BytesMut::new();
         encode(&mut buf);
-        self.defer(ch, None, Deferred::Frames(buf));
+        self.defer(ch, Deferred::Frames(buf));
     }
 
     /// Writes a publisher confirm (basic.ack or basic.nack). Behind a
@@ -234,32 +215,29 @@ impl Session {
         }
         let mut buf = BytesMut::new();
         codec::write_confirm(&mut buf, ch, tag, multiple, nack);
-        self.defer(ch, None, Deferred::Frames(buf));
+        self.defer(ch, Deferred::Frames(buf));
     }
 
-    fn defer(&mut self, ch: u16, wait: Option<DurableWait>, what: Deferred) {
-        if self.replies.is_empty() && wait.is_none() {
+    /// Sends at once, or behind the queued replies.
+    fn defer(&mut self, ch: u16, what: Deferred) {
+        if self.replies.is_empty() {
             self.emit(ch, what);
             return;
         }
         let Some(epoch) = self.channels.get(&ch).map(|c| c.epoch) else {
             return;
         };
-        self.replies.push(ch, epoch, wait, what);
+        self.replies.push(ch, epoch, Ticket::NONE, what);
     }
 
-    /// Sends every reply at the head of the queue whose wait is over.
+    /// Sends every reply at the head of the queue whose ticket is settled.
     pub(super) fn send_ready_replies(&mut self) {
-        while let Some(head) = self.replies.queue.front_mut() {
-            if let Some(w) = head.wait.as_mut() {
-                use tokio::sync::oneshot::error::TryRecvError;
-                head.failed = match w.try_recv() {
-                    Ok(r) => store_outcome(r),
-                    Err(TryRecvError::Empty) => return,
-                    Err(TryRecvError::Closed) => Some(store_stopped()),
-                };
-                head.wait = None;
-            }
+        while let Some(head) = self.replies.queue.front() {
+            let failed = match self.durability.status(head.ticket) {
+                Status::Pending => return,
+                Status::Durable => false,
+                Status::Failed => true,
+            };
             let Some(p) = self.replies.pop_front() else {
                 return;
             };
@@ -271,8 +249,8 @@ impl Session {
             if !current {
                 continue;
             }
-            if let Some(f) = p.failed {
-                self.fail(p.channel, f, p.class_id, p.method_id);
+            if failed {
+                self.fail(p.channel, not_durable(), p.class_id, p.method_id);
                 continue;
             }
             self.emit(p.channel, p.what);

@@ -9,8 +9,8 @@
 //! leases outstanding *now*, not those delivered before the commit). The
 //! commit then publishes everything through the engine client, mandatory
 //! returns included, settles the held tags, and answers commit-ok once
-//! every persistent publish of the transaction is durable (a store
-//! barrier, through [`super::replies`]: the connection is not stalled
+//! every persistent publish of the transaction is durable (the batch's
+//! [`Ticket`], through [`super::replies`]: the connection is not stalled
 //! meanwhile).
 //!
 //! Held work is bounded: [`MAX_TX_ENTRIES`] per channel and
@@ -21,7 +21,8 @@ use super::failure::{soft, Failure};
 use super::{scope, Session};
 use crate::engine::client::Published;
 use crate::engine::lease::Settle;
-use crate::engine::{ClientError, EngineError};
+use crate::engine::ClientError;
+use crate::session::durable::Ticket;
 use std::collections::HashSet;
 use weir_protocols::amqp::methods::{tx, AMQPClass};
 use weir_protocols::amqp::{reply, Publish};
@@ -279,21 +280,14 @@ impl Session {
                 "partial tx completion".into(),
             ));
         }
-        let wait = if needs_barrier {
-            let (done, wait) = tokio::sync::oneshot::channel();
-            client
-                .durability_barrier(Box::new(move |r| {
-                    let _ = done.send(r);
-                }))
-                .map_err(EngineError::Store)?;
-            Some(wait)
+        let ticket = if needs_barrier {
+            self.durability.ticket()
         } else {
-            None
+            Ticket::NONE
         };
-        self.reply_when_durable(
+        self.reply_after(
             ch,
-            false,
-            wait,
+            ticket,
             AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
             ids,
         );

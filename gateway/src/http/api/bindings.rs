@@ -250,7 +250,7 @@ async fn create(
     let mut c = client(&state, &caller, &vhost)?;
     let wait = c.bind(&source, k, &destination, &b.routing_key, args.clone())?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     let mut h = HeaderMap::new();
     let loc = props_key(&b.routing_key, &args);
     if let Ok(v) = HeaderValue::from_str(&loc) {
@@ -296,6 +296,6 @@ async fn delete(
         b.arguments,
     )?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(StatusCode::NO_CONTENT)
 }

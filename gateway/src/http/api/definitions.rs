@@ -306,7 +306,7 @@ async fn import(
     let wait = tokio::task::spawn_blocking(move || e.import(im))
         .await
         .map_err(|e| ApiError::internal(format!("import: {e}")))??;
-    durable(wait).await?;
+    durable(state, wait).await?;
     if skipped.is_empty() {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {

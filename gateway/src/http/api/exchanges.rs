@@ -218,7 +218,7 @@ async fn declare(
         false,
     )?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(super::created(!existed))
 }
 
@@ -241,7 +241,7 @@ async fn delete(
         dq.if_unused.as_deref() == Some("true"),
     )?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -394,24 +394,15 @@ async fn publish(
                 ))
             }
             weir_engine::client::Published::Routed { needs_barrier, .. } => {
-                let mut wait = None;
-                if needs_barrier {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    c.durability_barrier(Box::new(move |r| {
-                        let _ = tx.send(r);
-                    }))
-                    .map_err(|e| ApiError::internal(e.to_string()))?;
-                    wait = Some(rx);
-                }
+                let wait = needs_barrier.then(|| crate::session::durable::appended(&mut c));
                 c.commit();
                 (true, wait)
             }
         }
     };
-    if let Some(rx) = wait {
-        if !matches!(rx.await, Ok(Ok(()))) {
-            return Err(ApiError::internal("the store failed"));
-        }
+    if let Some(w) = wait {
+        w.await
+            .map_err(|_| ApiError::internal("the store failed"))?;
     }
     Ok(Json(json!({ "routed": routed })).into_response())
 }

@@ -50,14 +50,15 @@ pub(crate) fn engine(state: &super::State) -> &Arc<Engine> {
     &state.shared.engine
 }
 
-/// Waits until a change is durable (500 if the store failed).
-pub(crate) async fn durable(wait: Option<DurableWait>) -> Result<(), ApiError> {
-    let Some(w) = wait else { return Ok(()) };
-    match w.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(ApiError::internal(format!("store: {e}"))),
-        Err(_) => Err(ApiError::internal("store: shut down")),
-    }
+/// Waits until a change is durable (500 if the store failed): the same
+/// tickets as a session's answers ([`crate::session::durable`]).
+pub(crate) async fn durable(
+    state: &super::State,
+    wait: Option<DurableWait>,
+) -> Result<(), ApiError> {
+    crate::session::durable::settled(engine(state), wait)
+        .await
+        .map_err(|e| ApiError::internal(format!("store: {e}")))
 }
 
 /// An engine client of `vhost` for the caller: the engine checks the

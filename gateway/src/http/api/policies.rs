@@ -143,7 +143,7 @@ async fn put(
             .map_err(|_| ApiError::bad_request("priority out of range"))?,
         definition: b.definition,
     })?;
-    durable(Some(w)).await?;
+    durable(&state, Some(w)).await?;
     Ok(super::created(!existed))
 }
 
@@ -157,6 +157,6 @@ async fn delete(
         .tenant(&vhost)
         .ok_or_else(ApiError::not_found)?;
     let w = t.delete_policy(&name)?;
-    durable(Some(w)).await?;
+    durable(&state, Some(w)).await?;
     Ok(StatusCode::NO_CONTENT)
 }

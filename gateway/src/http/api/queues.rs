@@ -324,7 +324,7 @@ async fn declare(
         connection: c.id(),
     })?;
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     Ok(super::created(!existed))
 }
 
@@ -368,7 +368,7 @@ async fn delete(
         )?,
     };
     drop(c);
-    durable(wait).await?;
+    durable(&state, wait).await?;
     state.shared.request_trim();
     Ok(StatusCode::NO_CONTENT)
 }

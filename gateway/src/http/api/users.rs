@@ -225,7 +225,7 @@ async fn put_user(
     )
     .await?;
     let wait = engine(&state).put_user(u)?;
-    durable(Some(wait)).await?;
+    durable(&state, Some(wait)).await?;
     Ok(super::created(existing.is_none()))
 }
 
@@ -238,7 +238,7 @@ async fn delete_user(
     match engine(&state).delete_user(&name)? {
         None => Err(ApiError::not_found()),
         Some(w) => {
-            durable(Some(w)).await?;
+            durable(&state, Some(w)).await?;
             state.shared.connections.close_user(&name, "user deleted");
             Ok(StatusCode::NO_CONTENT)
         }
@@ -341,7 +341,7 @@ async fn put_permission(
         read: b.read,
         from_config: false,
     })?;
-    durable(Some(w)).await?;
+    durable(&state, Some(w)).await?;
     Ok(super::created(!existed))
 }
 
@@ -354,7 +354,7 @@ async fn delete_permission(
     match engine(&state).clear_permissions(&user, &vhost)? {
         None => Err(ApiError::not_found()),
         Some(w) => {
-            durable(Some(w)).await?;
+            durable(&state, Some(w)).await?;
             Ok(StatusCode::NO_CONTENT)
         }
     }
@@ -423,7 +423,7 @@ async fn put_topic_permission(
         read: b.read,
         from_config: false,
     })?;
-    durable(Some(w)).await?;
+    durable(&state, Some(w)).await?;
     Ok(StatusCode::CREATED)
 }
 
@@ -443,7 +443,7 @@ async fn delete_topic_permission(
     match engine(&state).clear_topic_permissions(&user, &vhost, q.exchange.as_deref())? {
         None => Err(ApiError::not_found()),
         Some(w) => {
-            durable(Some(w)).await?;
+            durable(&state, Some(w)).await?;
             Ok(StatusCode::NO_CONTENT)
         }
     }

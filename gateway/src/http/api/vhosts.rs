@@ -97,12 +97,12 @@ async fn create(
     let e = engine(&state);
     let existed = e.tenant(&vhost).is_some();
     let (_, wait) = e.add_tenant(&vhost)?;
-    durable(wait).await?;
+    durable(&state, wait).await?;
     if !existed {
         // As RabbitMQ: the user who creates a vhost gets full permissions
         // in it.
         let w = e.set_permissions(PermissionDef::full(&caller.name, &vhost))?;
-        durable(Some(w)).await?;
+        durable(&state, Some(w)).await?;
     }
     Ok(super::created(!existed))
 }
@@ -122,7 +122,7 @@ async fn delete(
         .connections
         .close_vhost(&vhost, "vhost deleted");
     let wait = e.delete_tenant(&vhost)?;
-    durable(wait).await?;
+    durable(&state, wait).await?;
     state.shared.request_trim();
     Ok(StatusCode::NO_CONTENT)
 }

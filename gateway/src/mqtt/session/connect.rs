@@ -175,7 +175,7 @@ impl Session {
         self.client_id = client_id.clone();
         self.conn_id = client.id();
         let rule = self.engine.connection_quotas.find(&user, Some(&client_id));
-        self.gate = TenantGate::for_client(&client, rule.as_deref()).map(Box::new);
+        self.flow.gate = TenantGate::for_client(&client, rule.as_deref()).map(Box::new);
         let engine = client.handle().clone();
         self.client = Some(client);
 
@@ -237,8 +237,7 @@ impl Session {
             self.consume_session_queue()
         } else if self.session_expiry_secs > 0 {
             // CONNACK leaves once the queue's record is durable.
-            self.batch_needs_barrier = true;
-            self.hold_until = self.barriers_sent + 1;
+            self.hold = self.durability.ticket();
             self.declare_session_queue()
         } else {
             Ok(())

@@ -12,6 +12,7 @@ use crate::engine::properties::NoHeaders;
 use crate::engine::tenant::RouteInput;
 use crate::engine::{Client, EngineError};
 use crate::mqtt::message_format;
+use crate::session::durable::{Status, Ticket};
 use bytes::Bytes;
 use weir_protocols::mqtt::{Publish, QoS, Version};
 
@@ -138,30 +139,31 @@ impl Session {
         self.queue_ack(packet_id, AckKind::Complete, 0, true);
     }
 
-    /// Queues an answer in arrival order: after the batch's barrier when
+    /// Queues an answer in arrival order: after the batch's ticket when
     /// `durable` (its records must be on disk first) or when an earlier
     /// answer waits for one, else as soon as those before it went.
     pub(super) fn queue_ack(&mut self, packet_id: u16, kind: AckKind, reason: u8, durable: bool) {
-        self.batch_needs_barrier |= durable;
-        let waiting = self.acks.back().map_or(0, |a| a.barrier);
-        let barrier = if durable {
-            self.barriers_sent + 1
+        let ticket = if durable {
+            self.durability.ticket()
         } else {
-            waiting
+            self.acks.back().map_or(Ticket::NONE, |a| a.ticket)
         };
         self.acks.push_back(PendingAck {
             packet_id,
             kind,
             reason,
-            barrier,
+            ticket,
         });
     }
 
-    /// Sends the acks whose store barrier completed, in order.
+    /// Sends the acks whose tickets are durable, in order; a failed one
+    /// closes the connection.
     pub(super) fn send_ready_acks(&mut self) {
         while let Some(a) = self.acks.front() {
-            if a.barrier > self.barriers_done {
-                break;
+            match self.durability.status(a.ticket) {
+                Status::Pending => break,
+                Status::Failed => return self.store_failed(),
+                Status::Durable => {}
             }
             let Some(a) = self.acks.pop_front() else {
                 break;
@@ -194,7 +196,7 @@ impl Session {
             .retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now)
         {
             Ok(wait) => {
-                self.batch_needs_barrier |= wait.is_some();
+                self.durability.after(wait);
                 true
             }
             Err(e) => {

@@ -2,6 +2,9 @@
 //! (`weir_protocols::mqtt`), and the mapping of its events onto the engine's
 //! [`Client`].
 //!
+//! The socket loop is the session driver's ([`crate::session`]); this
+//! module is its MQTT adapter.
+//!
 //! An MQTT session is a queue in the engine, as in RabbitMQ's MQTT plugin:
 //! `mqtt-subscription-<client id>qos1`, bound to the tenant's `amq.topic`
 //! with one binding per subscription (the filter mapped to a binding key,
@@ -26,16 +29,17 @@ use super::registry::Registration;
 use crate::engine::consumer::Scope;
 use crate::engine::{Client, Engine};
 use crate::metrics::ConnMetrics;
-use crate::server::{Alarms, Shared};
-use crate::tenant_gate::{self, TenantGate};
+use crate::server::Services;
+use crate::session::durable::{Durability, Status, Ticket};
+use crate::session::io::{Buffers, PollWriter, ReadSide, WriteSide};
+use crate::session::{Adapter, Flow, Woken, DELIVERY_HIGH_WATER};
 use bytes::BytesMut;
-use futures_util::FutureExt;
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::time::Instant;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::Instrument as _;
@@ -47,10 +51,6 @@ const READ_BUF_IDLE: usize = 512;
 const READ_BUF_BUSY: usize = 16 * 1024;
 /// Output buffer kept when empty; a larger one (after a burst) is freed.
 const OUT_KEEP: usize = 64 * 1024;
-/// Stop reading from a client while this much output is unwritten.
-const OUT_HIGH_WATER: usize = 4 << 20;
-/// Stop encoding deliveries while this much output is unwritten.
-const DELIVERY_HIGH_WATER: usize = 1 << 20;
 /// The engine scope of the session's subscriptions (MQTT has no channels).
 const SCOPE: Scope = 1;
 
@@ -84,8 +84,8 @@ struct PendingAck {
     packet_id: u16,
     kind: AckKind,
     reason: u8,
-    /// The store barrier it waits for (0 = none).
-    barrier: u64,
+    /// What it waits for (its own record's, or the answer's before it).
+    ticket: Ticket,
 }
 
 /// One of our QoS 1/2 publishes the client has not completed.
@@ -124,133 +124,53 @@ fn state_prefix(client_id: &str) -> String {
     format!("mqtt\0{client_id}\0")
 }
 
-/// Serves one accepted MQTT connection until it closes.
+/// Serves one accepted MQTT connection until it closes (admitted by the
+/// listener: [`super::MqttShared::admit`]).
 pub async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    shared: Arc<Shared>,
+    services: Arc<Services>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let Some(_slot) = shared.mqtt.admit() else {
-        tracing::debug!(%peer, "too many MQTT connections: closed");
-        return;
-    };
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
-    serve_io(rd, wr, peer, shared, shutdown).await;
+    serve_on(&stream, &stream, peer, None, None, services, shutdown).await;
 }
 
-/// A byte stream the session can wait on without holding a read buffer.
-pub trait ReadReady: AsyncRead + Unpin {
-    /// Resolves when a read may make progress (wake-ups may be spurious).
-    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send;
-}
-
-impl ReadReady for tokio::net::tcp::OwnedReadHalf {
-    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
-        self.readable()
-    }
-}
-
-impl<T: AsyncRead> ReadReady for tokio::io::ReadHalf<T> {
-    /// A split stream (the pipe behind a WebSocket, a TLS stream): nothing
-    /// to wait on without reading, so its buffer is taken at once (the
-    /// WebSocket's or TLS session's own buffers dwarf it anyway).
-    fn ready(&self) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
-        std::future::ready(Ok(()))
-    }
-}
-
-/// Reads what is there into `input`. Bytes already waiting go into the
-/// buffer it has; a read that would wait with an empty buffer gives the
-/// buffer back first and takes one of the same size once the stream is
-/// readable: an idle connection (most of an IoT fleet) holds none, a busy
-/// one keeps its buffer. Cancel safe, as its awaits are.
-async fn read_some<R: ReadReady>(rd: &mut R, input: &mut BytesMut) -> std::io::Result<usize> {
-    if input.is_empty() {
-        let size = input.capacity().clamp(READ_BUF_IDLE, READ_BUF_BUSY);
-        if input.capacity() > 0 {
-            if let Some(r) = rd.read_buf(input).now_or_never() {
-                return r;
-            }
-            *input = BytesMut::new();
-        }
-        rd.ready().await?;
-        input.reserve(size);
-    }
-    rd.read_buf(input).await
-}
-
-/// Writes some of `out`, or with nothing to write flushes (`None`). Cancel
-/// safe, as tokio's write and flush are.
-async fn write_or_flush<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    out: &[u8],
-) -> std::io::Result<Option<usize>> {
-    if out.is_empty() {
-        wr.flush().await.map(|()| None)
-    } else {
-        wr.write(out).await.map(Some)
-    }
-}
-
-/// Serves one MQTT connection over any byte stream (a TCP socket, or the
-/// pipe behind a WebSocket) until it closes.
-pub async fn serve_io<R, W>(
-    rd: R,
-    wr: W,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    shutdown: watch::Receiver<bool>,
-) where
-    R: ReadReady,
-    W: AsyncWrite + Unpin,
-{
-    serve_inner(rd, wr, peer, None, false, None, shared, shutdown).await;
-}
-
-/// [`serve_io`] for a TLS connection (the halves of a
-/// `tokio::io::split` TLS stream): `cert_user` is the subject CN of the
-/// client's verified certificate, the user of a certificate login
+/// Serves one MQTT connection over TLS (handshake done): a verified client
+/// certificate's subject CN is the user of a certificate login
 /// (`mqtt.ssl_cert_login`).
-pub async fn serve_tls<R, W>(
-    rd: R,
-    wr: W,
+pub async fn serve_tls(
+    stream: crate::tls::TlsStream,
     peer: SocketAddr,
-    cert_user: Option<String>,
-    shared: Arc<Shared>,
+    identity: crate::tls::PeerIdentity,
+    services: Arc<Services>,
     shutdown: watch::Receiver<bool>,
-) where
-    R: ReadReady,
-    W: AsyncWrite + Unpin,
-{
-    // A TLS writer may keep encrypted bytes it took when the socket was
-    // full: they are flushed once the output is written.
-    serve_inner(rd, wr, peer, cert_user, true, None, shared, shutdown).await;
+) {
+    let cert_user = identity.verified.then_some(identity.common_name).flatten();
+    let (rd, wr) = tokio::io::split(stream);
+    let wr = PollWriter::new(wr);
+    serve_on(rd, wr, peer, cert_user, None, services, shutdown).await;
 }
 
-/// [`serve_io`] and [`serve_tls`]: `flush_writes` when the writer may keep
-/// bytes it took (TLS); `opened` is set once CONNACK success is written
-/// (the WebSocket pump then stops bounding what it reads).
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn serve_inner<R, W>(
+/// Serves one MQTT connection over any reader and writer (a TCP socket, a
+/// TLS stream's halves, the pipe behind a WebSocket) until it closes.
+/// `cert_user` is the subject CN of the client's verified certificate;
+/// `opened` is set once CONNACK success is written (the WebSocket pump then
+/// stops bounding what it reads).
+pub(crate) async fn serve_on<R: ReadSide, W: WriteSide>(
     rd: R,
     wr: W,
     peer: SocketAddr,
     cert_user: Option<String>,
-    flush_writes: bool,
     opened: Option<Arc<std::sync::atomic::AtomicBool>>,
-    shared: Arc<Shared>,
+    services: Arc<Services>,
     shutdown: watch::Receiver<bool>,
-) where
-    R: ReadReady,
-    W: AsyncWrite + Unpin,
-{
-    let alarms = shared.alarms.subscribe();
+) {
     let mut s = Session {
-        engine: shared.engine.clone(),
-        conn: Connection::new(shared.mqtt.server.clone(), Instant::now()),
-        shared,
+        engine: services.engine.clone(),
+        conn: Connection::new(services.mqtt.server.clone(), Instant::now()),
+        flow: Flow::new(services.alarms.subscribe()),
+        shared: services,
         client: None,
         peer,
         cert_user,
@@ -268,19 +188,12 @@ pub(crate) async fn serve_inner<R, W>(
         retained_out: VecDeque::new(),
         retained_yield: false,
         acks: VecDeque::new(),
-        durable: Arc::new(AtomicU64::new(0)),
-        barriers_sent: 0,
-        barriers_done: 0,
-        batch_needs_barrier: false,
+        durability: Durability::default(),
         inflight: HashMap::new(),
         state_changes: Vec::new(),
-        hold_until: 0,
+        hold: Ticket::NONE,
         resume: None,
         next_tag: 0,
-        alarms,
-        alarm: Alarms::default(),
-        gate: None,
-        blocked: false,
         end_reason: None,
         publish_will: false,
         metrics: None,
@@ -301,11 +214,13 @@ pub(crate) async fn serve_inner<R, W>(
         vhost = tracing::field::Empty
     );
     tracing::debug!(parent: &span, "MQTT connection accepted");
-    let result = s
-        .run(rd, wr, flush_writes, shutdown)
+    let result = crate::session::run(&mut s, rd, wr, shutdown)
         .instrument(span.clone())
         .await;
     let _in = span.enter();
+    if result.is_err() {
+        s.publish_will = true;
+    }
     s.finish();
     match result {
         Ok(()) => tracing::debug!(%peer, "MQTT connection closed"),
@@ -314,7 +229,8 @@ pub(crate) async fn serve_inner<R, W>(
 }
 
 pub(crate) struct Session {
-    shared: Arc<Shared>,
+    /// The broker's services (engine, login throttle, MQTT registry).
+    shared: Arc<Services>,
     engine: Arc<Engine>,
     conn: Connection,
     client: Option<Client>,
@@ -350,35 +266,24 @@ pub(crate) struct Session {
     retained_yield: bool,
     /// Answers to the client's QoS 1/2 publishes, in arrival order.
     acks: VecDeque<PendingAck>,
-    /// The highest store barrier completed, set by the store's waiters
-    /// (which then wake the task through the engine client's handle): no
-    /// channel per connection.
-    durable: Arc<AtomicU64>,
-    /// Store barriers asked for, and how many completed (in order).
-    barriers_sent: u64,
-    barriers_done: u64,
-    /// A publish of the current batch was stored durably.
-    batch_needs_barrier: bool,
+    /// Tickets of the answers and output waiting for the store.
+    durability: Durability,
     /// Our QoS 1/2 publishes the client has not completed, by packet id.
     inflight: HashMap<u16, InFlight>,
     /// Session-state changes of this batch (QoS 2 ids), appended before its
     /// settles and before its barrier.
     state_changes: Vec<(String, Option<Vec<u8>>)>,
-    /// Output waits for this store barrier: it says what the session state
-    /// must hold first (a QoS 2 id sent or PUBREL'd).
-    hold_until: u64,
+    /// Output waits for this ticket: it says what the session state must
+    /// hold first (a QoS 2 id sent or PUBREL'd), or the session queue's
+    /// record before CONNACK.
+    hold: Ticket,
     /// After a resume with QoS 2 exchanges open: what they need (boxed:
     /// most sessions never have any, and an idle one should not carry it).
     resume: Option<Box<Resume>>,
     /// Lease tags, increasing.
     next_tag: u64,
-    alarms: watch::Receiver<Alarms>,
-    alarm: Alarms,
-    /// The tenant's block and publish rate (boxed: an idle connection of
-    /// an unlimited tenant carries none).
-    gate: Option<Box<TenantGate>>,
-    /// It published while an alarm was set: not read until it clears.
-    blocked: bool,
+    /// The broker's alarms and the tenant's gate.
+    flow: Flow,
     /// Why the connection ended, for the log.
     end_reason: Option<String>,
     /// Publish the will at the end (abnormal end, or DISCONNECT 0x04).
@@ -388,7 +293,7 @@ pub(crate) struct Session {
     metrics: Option<Box<ConnMetrics>>,
     /// Traffic before CONNECT was accepted, until there are metrics.
     pre_open: crate::metrics::PreOpen,
-    /// Set (and dropped) once CONNACK success is out (see `serve_inner`).
+    /// Set (and dropped) once CONNACK success is out (see `serve_on`).
     opened: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
@@ -433,220 +338,6 @@ impl Session {
         connect::session_queue(&self.client_id)
     }
 
-    async fn run<R, W>(
-        &mut self,
-        mut rd: R,
-        mut wr: W,
-        flush_writes: bool,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> std::io::Result<()>
-    where
-        R: ReadReady,
-        W: AsyncWrite + Unpin,
-    {
-        // Written since the last flush (only counted when `flush_writes`).
-        let mut unflushed = false;
-        // Sized by use: an idle connection (most of an IoT fleet) holds a
-        // small read buffer, a busy one a large one.
-        let mut input = BytesMut::new();
-        let mut last_read = 0;
-        let timer = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(timer);
-        let mut armed: Option<Instant> = None;
-        let mut fired = false;
-        let mut got_input = false;
-        let mut eof = false;
-        self.alarm = *self.alarms.borrow_and_update();
-        loop {
-            if self.alarms.has_changed().unwrap_or(false)
-                || self.gate.as_mut().is_some_and(|g| g.refresh())
-            {
-                self.refresh_alarm();
-            }
-            // Closed through the management API: the registry wakes the
-            // engine connection, so this runs.
-            if let Some(reason) = self.listed.as_ref().and_then(|l| l.close_reason()) {
-                self.listed = None;
-                self.end_reason = Some(reason);
-                self.conn.disconnect(0x98, "closed by an administrator");
-            }
-            // 0. Answers whose store barrier completed.
-            let done = self.durable.load(Ordering::Acquire);
-            if done > self.barriers_done {
-                self.barriers_done = done;
-                self.send_ready_acks();
-            }
-            // 1. Every complete packet we have (none while blocked: what
-            // was read waits in the buffer with the unread socket).
-            while !self.blocked {
-                let Some(ev) = self.conn.poll(&mut input) else {
-                    break;
-                };
-                if let Some(c) = self.handle_event(ev) {
-                    // Boxed: the login's future is large and only needed
-                    // once; the task of an idle connection should not carry it.
-                    Box::pin(self.on_connect(*c)).await;
-                }
-                tokio::task::consume_budget().await;
-            }
-            self.end_batch();
-            if self.opened.is_some() && self.conn.is_open() {
-                if let Some(f) = self.opened.take() {
-                    f.store(true, Ordering::Release);
-                }
-            }
-            if self.gate.is_none() {
-                self.gate = self
-                    .client
-                    .as_ref()
-                    .and_then(TenantGate::for_store_share)
-                    .map(Box::new);
-            }
-            if let Some(g) = self.gate.as_mut() {
-                g.end_batch(self.client.as_mut());
-            }
-            // 2. Deliveries.
-            if self.conn.out.len() < DELIVERY_HIGH_WATER && !self.conn.is_finished() {
-                self.write_deliveries();
-            }
-            // 3. Timers and writes.
-            if let Some(m) = self.metrics.as_mut() {
-                m.flush();
-            }
-            let now = Instant::now();
-            if std::mem::take(&mut got_input) {
-                self.conn.on_read(now);
-            }
-            if std::mem::take(&mut fired) {
-                self.conn.handle_timeout(now);
-            }
-            let released = self.barriers_done >= self.hold_until;
-            if (self.conn.is_finished() && self.conn.out.is_empty()) || eof {
-                // Bounded: a TLS writer flushes only as fast as the
-                // client reads.
-                let _ = tokio::time::timeout(Duration::from_secs(1), wr.flush()).await;
-                return Ok(());
-            }
-            // 4. Wait.
-            let want_read = self.conn.out.len() < OUT_HIGH_WATER
-                && !self.conn.is_finished()
-                && !self.blocked
-                && !self.gate.as_ref().is_some_and(|g| g.paused());
-            if let Some(at) = self.conn.poll_timeout() {
-                if armed.is_none_or(|a| at < a) {
-                    timer.as_mut().reset(tokio::time::Instant::from_std(at));
-                    armed = Some(at);
-                }
-            }
-            let want_write = !self.conn.out.is_empty() && released;
-            let want_flush = unflushed && self.conn.out.is_empty();
-            // Reads and writes are futures that lose nothing when another
-            // branch wins (tokio's read_buf and write are cancel safe).
-            if input.is_empty() && input.capacity() > READ_BUF_BUSY && last_read < READ_BUF_IDLE {
-                // A burst is over: give its buffer back.
-                input = BytesMut::new();
-            }
-            if self.conn.out.is_empty() && self.conn.out.capacity() > OUT_KEEP {
-                self.conn.out = BytesMut::new();
-            }
-            if input.capacity() > 0 && input.capacity() - input.len() < READ_BUF_IDLE / 2 {
-                let busy = input.capacity() >= READ_BUF_IDLE || !input.is_empty();
-                // Before login the adapter takes only a small CONNECT: no
-                // larger buffer for a client nobody knows yet.
-                let busy_size = READ_BUF_BUSY.min(self.conn.packet_limit());
-                input.reserve(if busy { busy_size } else { READ_BUF_IDLE });
-            }
-            tokio::select! {
-                r = read_some(&mut rd, &mut input), if want_read => match r {
-                    Ok(0) => {
-                        eof = true;
-                        if self.end_reason.is_none() {
-                            self.end_reason = Some("client closed the socket".into());
-                            self.publish_will = true;
-                        }
-                    }
-                    Ok(n) => {
-                        got_input = true;
-                        last_read = n;
-                        match self.metrics.as_mut() {
-                            Some(m) => m.bytes_in(n),
-                            None => self.pre_open.read(n),
-                        }
-                    }
-                    Err(e) => {
-                        self.publish_will = true;
-                        return Err(e);
-                    }
-                },
-                r = write_or_flush(&mut wr, &self.conn.out), if want_write || want_flush => match r {
-                    Ok(Some(0)) => {
-                        self.publish_will = true;
-                        return Err(std::io::ErrorKind::WriteZero.into());
-                    }
-                    Ok(Some(n)) => {
-                        bytes::Buf::advance(&mut self.conn.out, n);
-                        unflushed = flush_writes;
-                        match self.metrics.as_mut() {
-                            Some(m) => {
-                                m.bytes_out(n);
-                                m.flush();
-                            }
-                            None => self.pre_open.wrote(n),
-                        }
-                    }
-                    Ok(None) => unflushed = false,
-                    Err(e) => {
-                        self.publish_will = true;
-                        return Err(e);
-                    }
-                },
-                _ = notified(self.client.as_ref()) => {}
-                () = tokio::task::yield_now(), if self.retained_yield => {}
-                () = &mut timer, if armed.is_some() => {
-                    armed = None;
-                    fired = true;
-                }
-                () = kicked(self.registration.as_mut()) => {
-                    // Another connection took the session over: its will
-                    // is not ours to publish (MQTT 5: 0x8E).
-                    // What the client sent before it went (a last PUBACK
-                    // still in the socket) counts: read what is there now
-                    // and act on it before the leases go back.
-                    loop {
-                        input.reserve(READ_BUF_IDLE);
-                        match rd.read_buf(&mut input).now_or_never() {
-                            Some(Ok(n)) if n > 0 => self.conn.on_read(Instant::now()),
-                            _ => break,
-                        }
-                    }
-                    while let Some(ev) = self.conn.poll(&mut input) {
-                        // (Never a CONNECT: the adapter refuses a second.)
-                        let _ = self.handle_event(ev);
-                    }
-                    self.end_batch();
-                    self.end_reason = Some("session taken over".into());
-                    self.publish_will = true;
-                    self.conn.disconnect(0x8E, "session taken over");
-                }
-                r = self.alarms.changed(), if self.blocked => {
-                    if r.is_ok() {
-                        self.refresh_alarm();
-                    }
-                }
-                // The tenant's block changed, or its rate pause is over.
-                () = tenant_gate::wake(self.gate.as_deref_mut(), self.blocked) => {
-                    self.refresh_alarm();
-                }
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        self.end_reason = Some("broker shutdown".into());
-                        self.conn.disconnect(0x8B, "server shutting down");
-                    }
-                }
-            }
-        }
-    }
-
     /// Acts on one event; a CONNECT is returned for the caller to await
     /// (the only event that waits: this stays synchronous, so the task's
     /// future holds no copy of an event).
@@ -657,11 +348,7 @@ impl Session {
             Event::Publish(p) => {
                 // The tenant's block first (looked at per publish, one
                 // atomic load): it stops only its tenant.
-                if let Some(g) = self.gate.as_mut() {
-                    g.refresh();
-                    g.published(p.payload.len());
-                }
-                self.blocked |= self.gate.as_ref().is_some_and(|g| g.blocked()) || self.alarm.any();
+                self.flow.published(p.payload.len());
                 self.on_publish(p);
             }
             Event::PubAck { packet_id, .. } => self.on_puback(packet_id),
@@ -695,8 +382,9 @@ impl Session {
     }
 
     /// Ends the batch: the client's settles and dispatches, one store
-    /// barrier for the durable publishes, and the acks that can go now.
-    fn end_batch(&mut self) {
+    /// barrier for the answers that wait for the store, and the acks that
+    /// can go now.
+    fn close_batch(&mut self) {
         // Session state first: a QoS 2 id's PUBREC state must be in the log
         // before the settle it allows.
         self.flush_state();
@@ -727,41 +415,31 @@ impl Session {
             self.end_reason = Some("the store failed".into());
             self.conn.disconnect(0x80, "the store failed");
         }
-        self.batch_needs_barrier = true;
-        self.hold_until = self.barriers_sent + 1;
+        self.hold = self.durability.ticket();
     }
 
     /// One store barrier for everything the batch appended that an answer
     /// waits for.
     fn request_barrier(&mut self) {
-        if std::mem::take(&mut self.batch_needs_barrier) {
-            self.barriers_sent += 1;
-            let n = self.barriers_sent;
-            let durable = self.durable.clone();
-            let ok = self.client.as_mut().is_some_and(|c| {
-                let handle = c.handle().clone();
-                let waiter: weir_backend::Waiter = Box::new(move |r| {
-                    if r.is_ok() {
-                        durable.fetch_max(n, Ordering::AcqRel);
-                        handle.wake();
-                    }
-                });
-                c.durability_barrier(waiter).is_ok()
-            });
-            if !ok {
-                // The store failed: nothing more is acknowledged.
-                self.end_reason = Some("the store failed".into());
-                self.conn.disconnect(0x80, "the store failed");
-            }
+        if let Err(e) = self.durability.end_batch(self.client.as_mut()) {
+            tracing::warn!(peer = %self.peer, error = %e, "MQTT store barrier refused");
+            self.store_failed();
         }
     }
 
-    fn refresh_alarm(&mut self) {
-        self.alarm = *self.alarms.borrow_and_update();
-        if let Some(g) = self.gate.as_mut() {
-            g.refresh();
+    /// The store could not make what an answer (or held output) waits for
+    /// durable: nothing more is acknowledged or sent, and the connection
+    /// closes (the client sends its unacknowledged publishes again).
+    fn store_failed(&mut self) {
+        self.acks.clear();
+        if !self.durability.is_durable(self.hold) {
+            self.conn.out.clear();
+            self.hold = Ticket::NONE;
         }
-        self.blocked &= self.gate.as_ref().is_some_and(|g| g.blocked()) || self.alarm.any();
+        if self.end_reason.is_none() {
+            self.end_reason = Some("the store failed".into());
+        }
+        self.conn.disconnect(0x80, "the store failed");
     }
 
     /// Releases everything: leases back to the queue, the session queue's
@@ -797,5 +475,188 @@ impl Session {
         if let Some(reason) = &self.end_reason {
             tracing::debug!(peer = %self.peer, client_id = %self.client_id, %reason, "MQTT session ended");
         }
+    }
+}
+
+/// What woke the session besides its socket.
+pub(crate) enum Wake {
+    /// The engine's outbox (deliveries, answers made durable), the flow,
+    /// or a retained lookup's turn.
+    Turn,
+    /// Another connection took the session over.
+    Kicked,
+}
+
+impl Adapter for Session {
+    type Event = Event;
+    type Await = Box<weir_protocols::mqtt::Connect>;
+    type Wake = Wake;
+    const BUFFERS: Buffers = Buffers::Elastic {
+        idle: READ_BUF_IDLE,
+        busy: READ_BUF_BUSY,
+        keep_out: OUT_KEEP,
+    };
+
+    fn out(&mut self) -> &mut BytesMut {
+        &mut self.conn.out
+    }
+
+    fn flow(&mut self) -> &mut Flow {
+        &mut self.flow
+    }
+
+    fn is_finished(&self) -> bool {
+        self.conn.is_finished()
+    }
+
+    fn begin_turn(&mut self) {
+        // Closed through the management API: the registry wakes the
+        // engine connection, so this runs.
+        if let Some(reason) = self.listed.as_ref().and_then(|l| l.close_reason()) {
+            self.listed = None;
+            self.end_reason = Some(reason);
+            self.conn.disconnect(0x98, "closed by an administrator");
+        }
+        // Answers whose tickets completed.
+        self.send_ready_acks();
+        if self.durability.status(self.hold) == Status::Failed {
+            self.store_failed();
+        }
+    }
+
+    fn poll_event(&mut self, input: &mut BytesMut) -> Option<Event> {
+        self.conn.poll(input)
+    }
+
+    fn handle_event(&mut self, ev: Event) -> Option<Self::Await> {
+        self.handle_event(ev)
+    }
+
+    fn complete(&mut self, c: Self::Await) -> impl Future<Output = ()> + Send {
+        self.on_connect(*c)
+    }
+
+    fn end_batch(&mut self) {
+        self.close_batch();
+        if self.opened.is_some() && self.conn.is_open() {
+            if let Some(f) = self.opened.take() {
+                f.store(true, Ordering::Release);
+            }
+        }
+        self.flow.end_batch(self.client.as_mut());
+    }
+
+    fn deliver(&mut self) -> bool {
+        if self.conn.is_finished() {
+            return false;
+        }
+        self.write_deliveries();
+        // Stopped at the high-water mark with deliveries or retained
+        // messages in hand: nothing else wakes us for them.
+        self.conn.out.len() >= DELIVERY_HIGH_WATER
+            && (!self.retained_out.is_empty()
+                || self
+                    .client
+                    .as_ref()
+                    .is_some_and(|c| c.pending_deliveries() > 0))
+    }
+
+    fn on_clock(&mut self, now: Instant, read: bool, fired: bool) {
+        if read {
+            self.conn.on_read(now);
+        }
+        if fired {
+            self.conn.handle_timeout(now);
+        }
+    }
+
+    fn output_held(&self) -> bool {
+        !self.durability.is_durable(self.hold)
+    }
+
+    fn on_read(&mut self, n: usize) {
+        match self.metrics.as_mut() {
+            Some(m) => m.bytes_in(n),
+            None => self.pre_open.read(n),
+        }
+    }
+
+    fn wrote(&mut self, n: usize, _now: Instant) {
+        match self.metrics.as_mut() {
+            Some(m) => {
+                if n > 0 {
+                    m.bytes_out(n);
+                }
+                m.flush();
+            }
+            None if n > 0 => self.pre_open.wrote(n),
+            None => {}
+        }
+    }
+
+    fn on_eof(&mut self) {
+        if self.end_reason.is_none() {
+            self.end_reason = Some("client closed the socket".into());
+            self.publish_will = true;
+        }
+    }
+
+    fn wants_input(&mut self) -> bool {
+        true
+    }
+
+    fn deadline(&mut self, _now: Instant, _reading: bool, _buffered: usize) -> Option<Instant> {
+        self.conn.poll_timeout()
+    }
+
+    fn input_limit(&self) -> usize {
+        // Before login the adapter takes only a small CONNECT: no larger
+        // buffer for a client nobody knows yet.
+        self.conn.packet_limit()
+    }
+
+    fn wait(&mut self) -> (&mut BytesMut, impl Future<Output = Wake> + Send + '_) {
+        let client = self.client.as_ref();
+        let flow = &mut self.flow;
+        let registration = self.registration.as_mut();
+        let retained_yield = self.retained_yield;
+        let wake = async move {
+            tokio::select! {
+                biased;
+                // Deliveries, notices, and answers made durable.
+                _ = notified(client) => Wake::Turn,
+                () = kicked(registration) => Wake::Kicked,
+                () = flow.changed() => Wake::Turn,
+                () = tokio::task::yield_now(), if retained_yield => Wake::Turn,
+            }
+        };
+        (&mut self.conn.out, wake)
+    }
+
+    fn woken(&mut self, w: Wake) -> Woken {
+        match w {
+            Wake::Turn => Woken::Turn,
+            // Another connection took the session over: its will is not
+            // ours to publish (MQTT 5: 0x8E). What the client sent before
+            // it went (a last PUBACK still in the socket) counts: read
+            // what is there now and act on it before the leases go back.
+            Wake::Kicked => Woken::LastInput,
+        }
+    }
+
+    fn last_input(&mut self, input: &mut BytesMut) {
+        while let Some(ev) = self.conn.poll(input) {
+            // (Never a CONNECT: the adapter refuses a second.)
+            let _ = self.handle_event(ev);
+        }
+        self.close_batch();
+        self.end_reason = Some("session taken over".into());
+        self.publish_will = true;
+        self.conn.disconnect(0x8E, "session taken over");
+    }
+
+    fn on_shutdown(&mut self) {
+        self.end_reason = Some("broker shutdown".into());
+        self.conn.disconnect(0x8B, "server shutting down");
     }
 }

@@ -4,10 +4,11 @@
 //! 1 and 2 hold their lease until PUBACK / PUBREC, within the client's
 //! receive maximum.
 
-use super::{state_key, InFlight, Session, DELIVERY_HIGH_WATER, SCOPE};
+use super::{state_key, InFlight, Session, SCOPE};
 use crate::engine::lease::Settle;
 use crate::engine::message::now_ms;
 use crate::mqtt::message_format;
+use crate::session::DELIVERY_HIGH_WATER;
 use std::time::Instant;
 use weir_protocols::mqtt::{self, OutgoingPublish, QoS, SendError};
 
