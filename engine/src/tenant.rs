@@ -422,10 +422,19 @@ impl Tenant {
             let key = meta::exchange_key(&self.name, &def.name);
             let value =
                 serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
-            Some(engine.persist(&[Op::PutMeta {
-                key: &key,
-                value: &value,
-            }])?)
+            match engine.persist_new(&key, &value)? {
+                Some(wait) => Some(wait),
+                None => {
+                    // Another handle of the store declared it first: take
+                    // its definition and answer as for an existing one.
+                    drop(w);
+                    engine.apply_definition_changes();
+                    if self.exchanges.read().contains_key(&def.name) {
+                        return self.declare_exchange(def, passive);
+                    }
+                    return Err(declared_elsewhere("exchange", &def.name, &self.name));
+                }
+            }
         } else {
             None
         };
@@ -627,16 +636,25 @@ impl Tenant {
             let value =
                 serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
             let next = serde_json::to_vec(&engine.next_partition_hint()).unwrap_or_default();
-            Some(engine.persist(&[
-                Op::PutMeta {
-                    key: meta::NEXT_PARTITION_KEY,
-                    value: &next,
-                },
-                Op::PutMeta {
-                    key: &key,
-                    value: &value,
-                },
-            ])?)
+            // The counter first: the queue's ticket (later, also metadata)
+            // covers it.
+            engine.persist(&[Op::PutMeta {
+                key: meta::NEXT_PARTITION_KEY,
+                value: &next,
+            }])?;
+            match engine.persist_new(&key, &value)? {
+                Some(wait) => Some(wait),
+                None => {
+                    // Another handle of the store declared it first: take
+                    // its definition and answer as for an existing one.
+                    drop(w);
+                    engine.apply_definition_changes();
+                    if self.has_queue(&name) {
+                        return self.declare_queue_as(QueueDeclare { name, ..req }, None);
+                    }
+                    return Err(declared_elsewhere("queue", &name, &self.name));
+                }
+            }
         } else {
             None
         };
@@ -862,7 +880,7 @@ impl Tenant {
         let engine = self.engine()?;
         crate::spill::release_spilled(&**engine.store(), &mut ops);
         if !ops.is_empty() {
-            engine.store().append(&ops, &mut Vec::new(), None)?;
+            engine.store().append(&ops, &mut Vec::new())?;
         }
         Ok(count)
     }
@@ -1149,6 +1167,69 @@ impl Tenant {
     }
 }
 
+/// Definitions changed through another handle of the store (`feed.rs`):
+/// applied here in memory only, nothing written.
+impl Tenant {
+    /// Whether a queue named `name` exists here.
+    pub(crate) fn has_queue(&self, name: &str) -> bool {
+        self.queues.read().contains_key(name)
+    }
+
+    /// Another handle deleted exchange `name`: it goes, with its bindings.
+    pub(crate) fn forget_exchange(&self, name: &str) {
+        let Some(x) = self.exchanges.write().remove(name) else {
+            return;
+        };
+        x.deleted.store(true, Ordering::Release);
+        x.unbind_everything();
+        let dest = Destination::Exchange(x.clone());
+        for other in dest.sources().list() {
+            other.unbind_all_to(&dest);
+        }
+    }
+
+    /// Another handle deleted queue `name`: it goes, with its bindings; its
+    /// consumers here are cancelled. Its messages are the deleting
+    /// handle's to settle.
+    pub(crate) fn forget_queue(&self, name: &str) {
+        let Some(q) = self.queues.write().remove(name) else {
+            return;
+        };
+        q.mark_deleted();
+        let dest = Destination::Queue(q.clone());
+        for x in dest.sources().list() {
+            x.unbind_all_to(&dest);
+        }
+        for p in &q.partitions {
+            let (consumers, _) = p.delete();
+            for c in consumers {
+                c.cancel();
+                c.conn.notice(Notice::ConsumerCancelled {
+                    consumer: c.clone(),
+                });
+            }
+        }
+    }
+
+    /// Another handle removed binding `b`.
+    pub(crate) fn forget_binding(&self, b: &BindingDef) {
+        let Ok(x) = self.exchange(&b.source) else {
+            return;
+        };
+        let dest = match b.destination_kind {
+            DestinationKind::Queue => match self.queue_named(&b.destination) {
+                Some(q) => Destination::Queue(q),
+                None => return,
+            },
+            DestinationKind::Exchange => match self.exchange(&b.destination) {
+                Ok(d) => Destination::Exchange(d),
+                Err(_) => return,
+            },
+        };
+        x.unbind(&dest, &b.key, &b.arguments);
+    }
+}
+
 fn check_exclusive(q: &Queue, connection: u64, tenant: &str) -> Result<()> {
     match q.exclusive_owner() {
         Some(owner) if owner != connection => Err(EngineError::ResourceLocked(format!(
@@ -1260,4 +1341,12 @@ pub(crate) fn generated_name() -> String {
         s.push(ALPHABET[(z % 64) as usize] as char);
     }
     s
+}
+
+/// A declare lost the race for `name` to another handle of the store, whose
+/// definition did not arrive here.
+fn declared_elsewhere(kind: &str, name: &str, tenant: &str) -> EngineError {
+    EngineError::PreconditionFailed(format!(
+        "{kind} '{name}' in vhost '{tenant}' was declared concurrently through another gateway; declare it again"
+    ))
 }

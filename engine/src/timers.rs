@@ -82,6 +82,12 @@ impl Timers {
         }
     }
 
+    /// Wakes the timer task for work that is not a deadline (the
+    /// definitions feed: [`crate::Engine::run_timers`] applies it).
+    pub(crate) fn poke(&self) {
+        self.changed.notify_one();
+    }
+
     /// The earliest scheduled time, if any.
     pub fn next_ms(&self) -> Option<u64> {
         self.heap.lock().peek().map(|Reverse(d)| d.at_ms)

@@ -305,7 +305,7 @@ fn a_ttl_deadline_is_kept_across_a_restart_not_counted_afresh() {
         declare(&c, "own", json!({})).expect("own");
         publish(&mut c, "ttl", "queue-ttl", None);
         publish(&mut c, "own", "own-ttl", Some(1_500));
-        barrier(&c);
+        barrier(&mut c);
     }
     clock.advance_ms(1_000);
     let store = store.reopen();
@@ -333,7 +333,7 @@ fn a_ttl_deadline_is_kept_across_a_restart_not_counted_afresh() {
 }
 
 /// Waits until everything appended so far is durable.
-fn barrier(c: &Client) {
+fn barrier(c: &mut Client) {
     let (tx, rx) = std::sync::mpsc::channel();
     c.durability_barrier(Box::new(move |r| {
         let _ = tx.send(r);

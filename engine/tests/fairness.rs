@@ -86,7 +86,7 @@ fn publish(c: &mut Client, size: usize) -> bool {
     c.take_store_pressure()
 }
 
-fn barrier(c: &Client) {
+fn barrier(c: &mut Client) {
     let (tx, rx) = std::sync::mpsc::channel();
     c.durability_barrier(Box::new(move |r| {
         let _ = tx.send(r);
@@ -111,7 +111,7 @@ fn a_flooding_tenant_is_held_to_its_store_share_and_a_quiet_one_is_not() {
     for _ in 0..32 {
         assert!(!publish(&mut hot, BODY), "a tenant alone was held back");
     }
-    barrier(&hot);
+    barrier(&mut hot);
 
     // With a second tenant writing, the flood is told to wait once it
     // holds more than its share; the quiet tenant never is.
@@ -121,6 +121,6 @@ fn a_flooding_tenant_is_held_to_its_store_share_and_a_quiet_one_is_not() {
     assert!(!publish(&mut quiet, 100), "the quiet tenant was held back");
 
     // Its session waits for its appends to be durable: then it may go on.
-    barrier(&hot);
+    barrier(&mut hot);
     assert!(!publish(&mut hot, BODY));
 }

@@ -178,7 +178,6 @@ fn the_message_count_is_bounded_per_tenant() {
                 value: b"{}",
             }],
             &mut Vec::new(),
-            None,
         )
         .expect("append");
     let e = Engine::open(store, ManualClock::new()).expect("engine");
@@ -219,7 +218,6 @@ fn the_bytes_are_bounded_over_every_tenant() {
                 value: b"{}",
             }],
             &mut Vec::new(),
-            None,
         )
         .expect("append");
     let e = Engine::open(store, ManualClock::new()).expect("engine");
@@ -487,7 +485,6 @@ fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
                 value: b"{}",
             }],
             &mut Vec::new(),
-            None,
         )
         .expect("append");
     (
