@@ -23,101 +23,182 @@ mod types;
 
 pub use types::*;
 
-/// Called once when everything appended before (and with) it is durable, or
-/// when the store failed to make it durable.
+/// Called once when a [`Ticket`] is durable, or when the store failed to
+/// make it durable.
 pub type Waiter = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
+
+/// Called once when the metadata map changes after a watched version
+/// ([`Store::watch`]).
+pub type Wake = Box<dyn FnOnce() + Send + 'static>;
 
 /// A durable message store.
 ///
 /// Shaped so that an implementation over a transactional key/value store
-/// (FoundationDB) fits as well as the embedded log: appends are batched and
-/// return a position per published message synchronously; durability is
-/// reported asynchronously through a [`Waiter`]; reads are by position;
-/// metadata is a versioned key/value map.
+/// (FoundationDB) fits as well as the embedded log, and so that several
+/// handles (processes) can share one store:
+///
+/// * appends are batched and return a position per published message and a
+///   [`Ticket`] synchronously; durability is reported per ticket through a
+///   [`Waiter`] ([`Store::when_durable`]), per partition, never store-wide;
+/// * a partition is written by the handle that [`Store::acquire`]d it last:
+///   a deposed handle's appends fail with [`StoreError::Fenced`];
+/// * reads are asynchronous and batched ([`Store::read_many`],
+///   [`Store::read_range`]);
+/// * metadata is a key/value map with a version per key, conditional puts
+///   ([`Store::put_if`]) and a change feed ([`Store::watch`]).
+///
+/// The contract is checked by `testing::contract` (cargo feature
+/// `testing`), which every implementation runs.
 pub trait Store: Send + Sync + 'static {
     /// Allocates `n` consecutive message ids and returns the first. Ids are
     /// unique for the life of the store (they survive restarts) and increase
     /// in allocation order.
     fn allocate_ids(&self, n: u64) -> MessageId;
 
+    // ----- appends and durability -----
+
     /// Appends `ops` in order. For every [`Op::Publish`] and [`Op::Move`]
     /// one [`Location`] (of the new record) is pushed onto `locations`, in
-    /// order. When `waiter` is
-    /// given it is called once all of `ops` (and everything appended before
-    /// them) is durable: fsynced on the embedded store.
+    /// order. Returns the batch's [`Ticket`]: it covers
+    /// this batch and every earlier append of this handle that touched one
+    /// of its partitions (metadata changes are one more partition of their
+    /// own, state-store changes another). An empty batch returns
+    /// [`Ticket::NONE`].
     ///
+    /// Within a partition, records keep append order, and a crash keeps a
+    /// prefix of them: a settle is never durable before its publish.
     /// Appends from different callers are ordered: if `append` A returns
-    /// before `append` B starts, A's records precede B's in the store.
+    /// before `append` B starts, A's records precede B's in every partition
+    /// they share.
+    ///
+    /// A batch naming a partition that another handle [`Store::acquire`]d
+    /// after this one (or that another handle holds while this one never
+    /// acquired it) fails whole with [`StoreError::Fenced`].
     ///
     /// While the disk is full, batches holding a publish or move fail
     /// with [`StoreError::NoSpace`] (nothing of them is appended); settles,
-    /// requeues, receipts and metadata are still accepted. A waiter may be called with an error
-    /// without the store failing for good (a write that ran out of space):
-    /// its appends were not made durable yet.
-    fn append(
-        &self,
-        ops: &[Op<'_>],
-        locations: &mut Vec<Location>,
-        waiter: Option<Waiter>,
-    ) -> Result<(), StoreError>;
+    /// requeues, receipts and metadata are still accepted.
+    fn append(&self, ops: &[Op<'_>], locations: &mut Vec<Location>) -> Result<Ticket, StoreError>;
 
-    /// [`Store::append`] on behalf of `owner`, reporting whether the owner
-    /// is over its share of the store's write bandwidth.
+    /// [`Store::append`] on behalf of `tag`, also reporting whether the
+    /// tag is over its share of the store's write bandwidth.
     ///
     /// A log assigns positions at append time and makes a prefix of it
-    /// durable per round, so an owner's record cannot overtake records
+    /// durable per round, so a tag's record cannot overtake records
     /// appended before it. Fairness therefore works at admission: when
-    /// several owners have work waiting and it exceeds one round's budget,
-    /// an owner holding more than its share gets
-    /// [`Admission::over_share`], and its producer waits for its own
-    /// appends to be durable before appending more. The others' next
-    /// appends then sit behind at most a budget's worth of it, not its whole
-    /// backlog. Stores without such a writer accept everything (the
-    /// default).
+    /// several tags have work waiting and it exceeds one round's budget,
+    /// a tag holding more than its share gets [`Admission::over_share`],
+    /// and its producer waits for its own appends to be durable before
+    /// appending more. The others' next appends then sit behind at most a
+    /// budget's worth of it, not its whole backlog. Stores without such a
+    /// writer accept everything (the default).
     fn append_for(
         &self,
-        owner: Owner,
+        tag: ShareTag,
         ops: &[Op<'_>],
         locations: &mut Vec<Location>,
-        waiter: Option<Waiter>,
-    ) -> Result<Admission, StoreError> {
-        let _ = owner;
-        self.append(ops, locations, waiter)
-            .map(|()| Admission::default())
+    ) -> Result<(Ticket, Admission), StoreError> {
+        let _ = tag;
+        self.append(ops, locations)
+            .map(|t| (t, Admission::default()))
     }
 
-    /// Reads back a published message (not a [`Spill`]'s copy).
+    /// Calls `waiter` once everything `ticket` covers is durable (fsynced
+    /// on the embedded store), or with the error that kept it from being
+    /// durable. A waiter may be called with an error without the store
+    /// failing for good (a write that ran out of space: those appends were
+    /// not made durable). It may be called on the caller's thread, before
+    /// this returns (a ticket already durable, [`Ticket::NONE`]), or on a
+    /// thread of the store's: it must not block.
+    ///
+    /// A handle calls its waiters in the order they were registered: a
+    /// waiter never overtakes an earlier one, even when its own ticket is
+    /// durable sooner (a client's confirmations stay in order). This orders
+    /// the calls, not the commits.
+    fn when_durable(&self, ticket: Ticket, waiter: Waiter);
+
+    // ----- reads -----
+
+    /// Reads back published messages (not a [`Spill`]'s copies), one result per reference,
+    /// in order. The future may be ready at once (the embedded log reads
+    /// from its page cache while building it) or complete later (a network
+    /// store); either way the caller awaits it without blocking a thread.
+    fn read_many(&self, refs: &[MessageRef]) -> ReadFuture<Vec<Result<StoredMessage, StoreError>>>;
+
+    /// Up to `max` live stored messages of `partition` with ids from
+    /// `from` on, in id order, with their positions. For consumers that
+    /// read a partition as a sequence.
+    fn read_range(
+        &self,
+        partition: PartitionId,
+        from: MessageId,
+        max: usize,
+    ) -> ReadFuture<Result<Vec<RangeMessage>, StoreError>>;
+
+    /// Reads one message by position, blocking the calling thread: for
+    /// tools and tests. The engine reads through [`Store::read_many`].
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError>;
 
-    /// The metadata map and its version: at open, what the last run left.
+    // ----- metadata -----
+
+    /// The metadata map as of now, with its version and each key's version.
+    /// At open, what the last run left.
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError>;
 
+    /// Sets `key` to `value` (`None`: deletes it) if its version is still
+    /// `expected` (0: the key must be absent), as one metadata change;
+    /// returns the change's ticket and the key's new version. Fails with
+    /// [`StoreError::Conflict`] (nothing written) when another change to
+    /// the key came first, through any handle.
+    fn put_if(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: u64,
+    ) -> Result<(Ticket, u64), StoreError>;
+
+    /// The metadata changes after version `since`, made through any handle
+    /// of the store, in version order. When there are none yet, `wake` is
+    /// called once the next one is made (on the writing thread: it must not
+    /// block); otherwise it is dropped uncalled. [`MetaFeed::Reload`] when
+    /// the store no longer holds the changes after `since`.
+    fn watch(&self, since: u64, wake: Wake) -> Result<MetaFeed, StoreError>;
+
+    // ----- ownership and recovery -----
+
+    /// Makes this handle the owner of `partition` with a new epoch: appends
+    /// for it through any other handle fail with [`StoreError::Fenced`]
+    /// from now on, including the handle that held it before. Recovery of
+    /// the partition ([`Store::recover_partition`]) may follow at any time.
+    fn acquire(&self, partition: PartitionId) -> Result<Epoch, StoreError>;
+
+    /// [`Store::acquire`], but only when no other handle holds `partition`
+    /// (for a partition nobody claims, such as one of a deleted queue):
+    /// `None` when another does.
+    fn try_acquire(&self, partition: PartitionId) -> Result<Option<Epoch>, StoreError>;
+
     /// Every partition that held live (published, unsettled) messages when
-    /// the store was opened, whether or not a queue still owns it. The engine
-    /// recovers the ones its queues own and settles the others.
+    /// the store was opened; it may list more, never fewer.
     fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError>;
 
-    /// The live messages of `partition` when the store was opened, in id
-    /// order, without their bodies. [`Spill`] copies are never recovered.
-    ///
-    /// Call it once per partition, at startup, before appending anything for
-    /// that partition (a gateway calls it only for the partitions it owns).
-    /// The embedded store scanned everything at open and hands each list out
-    /// once: a second call returns an empty list.
+    /// The live stored messages of `partition`, in id order, without their
+    /// bodies, as of the call: what every handle appended for it. [`Spill`]
+    /// copies are never recovered. Call it after [`Store::acquire`], at
+    /// any time (at startup, or when taking a partition over from another
+    /// handle); it fails with [`StoreError::Fenced`] while another handle
+    /// holds the partition.
     fn recover_partition(
         &self,
         partition: PartitionId,
     ) -> Result<Vec<RecoveredMessage>, StoreError>;
 
-    /// The idempotency receipts ([`Op::Receipt`]) of `partition` when the
-    /// store was opened, not yet expired by the wall clock: one per key
-    /// hash (the latest expiry appended for it), in no particular order.
-    ///
-    /// Call it once per partition, at startup (before the first
-    /// [`Store::compact`], which may drop the lists nobody took), like
-    /// [`Store::recover_partition`]; a second call returns an empty list.
-    /// Receipts of partitions nobody asks for are simply left to expire.
+    /// The idempotency receipts ([`Op::Receipt`]) of `partition` not yet
+    /// expired by the wall clock: one per key hash (the latest expiry
+    /// appended for it), in no particular order, as of the call. Like
+    /// [`Store::recover_partition`], after [`Store::acquire`].
     fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError>;
+
+    // ----- space -----
 
     /// Moves live records so that space can be reclaimed. The store decides
     /// which positions are worth moving (it can decode its own), in three
@@ -174,12 +255,12 @@ pub trait Store: Send + Sync + 'static {
 /// a relocated copy stays spilled.
 pub trait Spill: Send + Sync {
     /// Writes a copy of message `id`, queued in `partitions` (at least
-    /// one), on behalf of `owner` (fairness as for [`Store::append_for`]),
+    /// one), on behalf of `tag` (fairness as for [`Store::append_for`]),
     /// and returns its position. Fails with [`StoreError::NoSpace`] while
     /// the disk is full: the caller keeps the message in memory.
     fn spill(
         &self,
-        owner: Owner,
+        tag: ShareTag,
         id: MessageId,
         partitions: &[PartitionId],
         data: MessageData<'_>,
@@ -201,6 +282,28 @@ pub trait Spill: Send + Sync {
     /// any more (non-durable, or dropped by [`Op::DropPartition`]): a store
     /// whose spill shares its accounting may release those too.
     fn release_partition(&self, partition: PartitionId);
+}
+
+/// Runs `f` to completion on the calling thread, parking it while the
+/// future is pending: for tests and tools that read from a store without a
+/// runtime. Never call it on a runtime's worker thread.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Wake as TaskWake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl TaskWake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
 }
 
 /// Bytes available to an unprivileged user on the filesystem holding `path`

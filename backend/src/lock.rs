@@ -24,7 +24,7 @@ pub struct DirLock {
 
 impl DirLock {
     /// Takes the lock on `dir` (which must exist), or fails with
-    /// [`StoreError::Locked`] naming the process that holds it.
+    /// [`crate::log::LogError::Locked`] naming the process that holds it.
     pub fn acquire(dir: &Path) -> Result<DirLock, StoreError> {
         let path = dir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
@@ -41,10 +41,11 @@ impl DirLock {
             if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 let mut text = String::new();
                 let _ = file.read_to_string(&mut text);
-                return Err(StoreError::Locked {
+                return Err(crate::log::LogError::Locked {
                     dir: dir.to_path_buf(),
                     holder: text.trim().parse().ok(),
-                });
+                }
+                .into());
             }
             return Err(StoreError::io(format!("locking {}", path.display()), err));
         }
@@ -73,8 +74,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = DirLock::acquire(dir.path()).unwrap();
         match DirLock::acquire(dir.path()) {
-            Err(StoreError::Locked { holder, .. }) => assert_eq!(holder, Some(std::process::id())),
-            other => panic!("second lock: {other:?}"),
+            Err(e) => match crate::log::LogError::of(&e) {
+                Some(crate::log::LogError::Locked { holder, .. }) => {
+                    assert_eq!(*holder, Some(std::process::id()))
+                }
+                _ => panic!("second lock: {e:?}"),
+            },
+            Ok(l) => panic!("second lock: {l:?}"),
         }
         drop(first);
         DirLock::acquire(dir.path()).unwrap();

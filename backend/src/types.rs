@@ -6,31 +6,29 @@ use std::collections::BTreeMap;
 /// Unique, increasing id of a message for the life of a store.
 pub type MessageId = u64;
 
-/// Id of a segment file of the embedded log (a monotonically increasing number).
-pub type SegmentId = u32;
-
-/// Whose work an append is, as the store's fairness sees it: an opaque tag
-/// the caller picks (the engine uses one per tenant). The store never
-/// learns what it stands for; it only keeps one owner from filling every
-/// commit round ahead of the others (see [`crate::Store::append_for`]).
-/// [`Owner::SHARED`] is work of the broker itself and is never held back.
+/// The fair-share tag of an append: whose work it is, as the store's
+/// write fairness sees it. An opaque number the caller picks (the engine
+/// uses one per tenant); the store never learns what it stands for, it only
+/// keeps one tag from filling every commit round ahead of the others (see
+/// [`crate::Store::append_for`]). [`ShareTag::BROKER`] is work of the broker
+/// itself and is never held back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Owner(pub u32);
+pub struct ShareTag(pub u32);
 
-impl Owner {
+impl ShareTag {
     /// The broker's own work (timers, recovery, definitions), and every
     /// append made through [`crate::Store::append`].
-    pub const SHARED: Owner = Owner(0);
+    pub const BROKER: ShareTag = ShareTag(0);
 }
 
-/// What the store says about an owner after one of its appends.
+/// What the store says about a share tag after one of its appends.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Admission {
-    /// Several owners have work waiting for the writer, more than one round's
-    /// budget of it, and this owner holds more than its share. A caller
-    /// should stop producing for this owner until its appends so far are
+    /// Several tags have work waiting for the writer, more than one round's
+    /// budget of it, and this tag holds more than its share. A caller
+    /// should stop producing for this tag until its appends so far are
     /// durable (a barrier): then the others' appends are not queued behind
-    /// its backlog. Never set while a single owner is writing.
+    /// its backlog. Never set while a single tag is writing.
     pub over_share: bool,
 }
 
@@ -55,13 +53,19 @@ const _: () = assert!(std::mem::size_of::<Location>() == 12);
 const _: () = assert!(std::mem::size_of::<Option<Location>>() == 16);
 
 impl Location {
-    /// A position from its three words; only stores build positions.
-    pub(crate) const fn from_words(words: [u32; 3]) -> Self {
+    /// A position from three words the store chose. Only the store that
+    /// built a position gives it meaning: a store in another crate encodes
+    /// its own (a key, a versionstamp) and decodes it with
+    /// [`Location::words`]. A store should tag one word so that positions of
+    /// another store are recognized as such (a read of one is
+    /// [`StoreError::NotFound`]).
+    pub const fn from_words(words: [u32; 3]) -> Self {
         Location { words }
     }
 
-    /// The three words a store encoded.
-    pub(crate) const fn words(self) -> [u32; 3] {
+    /// The three words the store encoded, as given to
+    /// [`Location::from_words`].
+    pub const fn words(self) -> [u32; 3] {
         self.words
     }
 }
@@ -378,6 +382,11 @@ pub struct RecoveredMeta {
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The version of `meta`: the number of metadata changes ever made.
     pub version: u64,
+    /// Each key's version: the version of the change that last set it, at
+    /// most `version`; every change to the key gives it a larger one. What
+    /// [`crate::Store::put_if`] expects. (After a restart a store may
+    /// report a larger version than the key had, e.g. its checkpoint's.)
+    pub key_versions: BTreeMap<Vec<u8>, u64>,
     /// Bytes of a torn tail dropped when the store was opened (nothing
     /// confirmed is among them: they were never made durable).
     pub truncated_bytes: u64,
@@ -398,239 +407,191 @@ pub struct StoreStats {
     pub reclaimed_segments: u64,
 }
 
-/// Store failures.
+// ----- store contract v2: tickets, ownership, metadata versions, reads, errors -----
+
+/// A durability ticket: what [`crate::Store::append`] returns.
+///
+/// A ticket covers its own append and every earlier append of the same
+/// handle that touched one of the same partitions (metadata changes count
+/// as one more partition of their own, and so do state-store changes): once
+/// [`crate::Store::when_durable`] reports it, all of those survive a crash.
+/// It says nothing about appends to other partitions: a store may make
+/// partitions durable independently. Tickets of one handle increase in
+/// append order, so of two tickets for the same partition the larger covers
+/// the smaller; that is all a caller may conclude from their order.
+///
+/// [`Ticket::NONE`] covers nothing (an append that touched no partition):
+/// it is durable at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(u64);
+
+impl Ticket {
+    /// Covers nothing; durable at once.
+    pub const NONE: Ticket = Ticket(0);
+
+    /// A ticket from the number a store chose for it (stores only; `0` is
+    /// [`Ticket::NONE`]).
+    pub const fn new(n: u64) -> Ticket {
+        Ticket(n)
+    }
+
+    /// The number the store chose.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// An ownership epoch of one partition: what [`crate::Store::acquire`]
+/// returns. Each acquire of a partition gets a larger epoch than every
+/// earlier acquire of it in the same store, and deposes the holder of the
+/// earlier one: its appends for that partition fail with
+/// [`StoreError::Fenced`] from then on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Epoch(pub u64);
+
+/// A stored message as [`crate::Store::read_many`] names it: the partition
+/// it is live in, its id and its position. A store keyed by (partition, id)
+/// reads by those, a log by the position; the caller gives all three.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MessageRef {
+    /// A partition the message is live in.
+    pub partition: PartitionId,
+    /// Its id.
+    pub id: MessageId,
+    /// Its position, as the store last returned it.
+    pub location: Location,
+}
+
+impl MessageRef {
+    /// A reference to message `id`, live in `partition` at `location`.
+    pub const fn new(partition: PartitionId, id: MessageId, location: Location) -> Self {
+        MessageRef {
+            partition,
+            id,
+            location,
+        }
+    }
+}
+
+/// A message of [`crate::Store::read_range`]: where it is and what it holds.
+#[derive(Clone, Debug)]
+pub struct RangeMessage {
+    /// Its id, partition and position.
+    pub at: MessageRef,
+    /// Deliveries recorded by the last [`Op::Requeue`] in that partition.
+    pub attempts: u32,
+    /// The message.
+    pub message: StoredMessage,
+}
+
+/// The answer of an asynchronous read: a future the caller awaits on its
+/// own runtime (the store crate stays free of any runtime). A store that
+/// answers at once returns a ready one ([`ready`]).
+pub type ReadFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
+
+/// A [`ReadFuture`] that is ready at once.
+pub fn ready<T: Send + 'static>(value: T) -> ReadFuture<T> {
+    Box::pin(std::future::ready(value))
+}
+
+/// One change of the metadata map, as the change feed shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaEvent {
+    /// The version the change made (the key's version from then on).
+    pub version: u64,
+    /// The key.
+    pub key: Vec<u8>,
+    /// Its new value; `None`: deleted.
+    pub value: Option<Vec<u8>>,
+}
+
+/// What [`crate::Store::watch`] returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MetaFeed {
+    /// Every change after the version asked for, in version order (empty:
+    /// none yet).
+    Changes(Vec<MetaEvent>),
+    /// The store no longer holds the changes after that version (it keeps
+    /// a bounded history): reload the whole map
+    /// ([`crate::Store::recovered_meta`]) and watch from its version.
+    #[default]
+    Reload,
+}
+
+/// An I/O error with what was being done: the usual cause of
+/// [`StoreError::Backend`].
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {source}")]
+pub struct IoContext {
+    /// What failed.
+    pub context: String,
+    /// The error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Store failures, in kinds every store can speak; what only one store
+/// knows (a log's segments and offsets) is inside [`StoreError::Backend`].
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// An I/O error, with what was being done.
-    #[error("{context}: {source}")]
-    Io {
-        /// What failed.
-        context: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+    /// A transient failure: nothing of the call took effect, and the same
+    /// call may succeed later (a write that ran out of space, a transaction
+    /// that lost a race, a timeout).
+    #[error("temporary store failure, try again: {0}")]
+    Retryable(String),
+    /// A conditional write ([`crate::Store::put_if`]) found the key at
+    /// another version than expected; nothing was written.
+    #[error("metadata key changed concurrently: expected version {expected}, found {found}")]
+    Conflict {
+        /// The version the caller expected (0: absent).
+        expected: u64,
+        /// The key's version in the store (0: absent).
+        found: u64,
     },
-    /// A record failed its checksum or could not be decoded where it must be intact.
-    #[error("corrupt record at segment {segment} offset {offset}: {reason}")]
-    Corrupt {
-        /// Segment.
-        segment: SegmentId,
-        /// Offset.
-        offset: u64,
-        /// Why.
-        reason: String,
-    },
-    /// A read named a location that holds no record.
-    #[error("no record at {0:?}")]
-    NotFound(Location),
+    /// Another handle acquired the partition since this one did (or this
+    /// one never did while another holds it): nothing was appended.
+    #[error("partition {} is held by another owner (fenced)", .0 .0)]
+    Fenced(PartitionId),
+    /// The store is out of space: only records that free space (settles,
+    /// metadata) are accepted until space is available again.
+    #[error("no space left for new messages in the store (disk full)")]
+    NoSpace,
     /// A single record is larger than the store accepts.
     #[error("record of {0} bytes exceeds the limit")]
     TooLarge(usize),
-    /// The store is closed, or its writer failed earlier (after an fsync
-    /// failure nothing further is acknowledged).
+    /// The store is closed, or failed earlier for good (after a failed
+    /// fsync nothing further is acknowledged).
     #[error("store is closed")]
     Closed,
-    /// Another process holds the data directory's lock.
-    #[error(
-        "data directory {} is in use by another weir process{}; refusing to share it",
-        dir.display(),
-        holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
-    )]
-    Locked {
-        /// The data directory.
-        dir: std::path::PathBuf,
-        /// The pid written into the lock file by the holder, if readable.
-        holder: Option<u32>,
-    },
-    /// Damage in the log that is not a torn tail: valid records follow it (or
-    /// it is in a sealed segment), so it may hold confirmed data. The store
-    /// refuses to open rather than drop it silently.
-    #[error("{0}. Refusing to start so that nothing confirmed is dropped silently: run `weir repair` with the same --data-dir (or start with --repair) to move the damaged range into quarantine/ and keep every valid record")]
-    Damaged(Box<Damage>),
-    /// The disk is full: the store only accepts records that free space
-    /// (settles, metadata) until space is available again.
-    #[error("no space left for new messages in the store (disk full)")]
-    NoSpace,
-    /// The data directory was written in an on-disk format this build does
-    /// not read (an older Weir without versioned segments, or a newer one).
-    /// Nothing was changed.
-    #[error("data directory {} holds a log in format {found} ({}), but this build of weir reads log format {expected}. Nothing was changed. {advice}", dir.display(), file.display())]
-    UnsupportedFormat {
-        /// The data directory.
-        dir: std::path::PathBuf,
-        /// The first file in the unsupported format.
-        file: std::path::PathBuf,
-        /// The format found (0 = segments without a header, before versions).
-        found: u32,
-        /// The format this build reads and writes.
-        expected: u32,
-        /// What to do about it.
-        advice: String,
-    },
-}
-
-/// A damaged byte range of a segment file found at recovery.
-#[derive(Debug, Clone)]
-pub struct Damage {
-    /// The segment file.
-    pub file: std::path::PathBuf,
-    /// The segment.
-    pub segment: SegmentId,
-    /// First damaged byte.
-    pub offset: u64,
-    /// Length of the damaged range (up to the next valid record).
-    pub len: u64,
-    /// Why the first record there was rejected.
-    pub reason: String,
-    /// What the range held, as far as its record headers are readable.
-    pub lost: Vec<LostRecord>,
-}
-
-impl std::fmt::Display for Damage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "corrupt data in log segment {} at offset {} ({} bytes: {}), not a torn tail; lost: ",
-            self.file.display(),
-            self.offset,
-            self.len,
-            self.reason
-        )?;
-        if self.lost.is_empty() {
-            write!(
-                f,
-                "bytes {}..{} (no readable record header)",
-                self.offset,
-                self.offset + self.len
-            )?;
-        }
-        for (i, l) in self.lost.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{l}")?;
-        }
-        Ok(())
-    }
-}
-
-/// One record (or unreadable stretch) inside a damaged range.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LostRecord {
-    /// A message record (publish, page, relocated copy, or the new message
-    /// of a move, which also lists a [`LostRecord::Settle`]).
-    Message {
-        /// Its id.
-        id: MessageId,
-        /// The partitions it was live in.
-        partitions: Vec<PartitionId>,
-    },
-    /// A settle: the message may come back after repair (a duplicate, not a loss).
-    Settle {
-        /// The partition.
-        partition: PartitionId,
-        /// The message.
-        id: MessageId,
-    },
-    /// A requeue: the message's delivery count and retry delay may go back.
-    Requeue {
-        /// The partition.
-        partition: PartitionId,
-        /// The message.
-        id: MessageId,
-    },
-    /// An idempotency receipt: a duplicate of its message may be accepted
-    /// again after repair.
-    Receipt {
-        /// The partition (queue) it was for.
-        partition: PartitionId,
-    },
-    /// A metadata change (a declare, bind or delete may be undone).
-    Meta {
-        /// Its version.
-        version: u64,
-    },
-    /// A partition drop or truncation ([`Op::DropPartition`],
-    /// [`Op::Truncate`]): its messages may come back after repair.
-    Cut {
-        /// The partition.
-        partition: PartitionId,
-        /// The first id kept (`u64::MAX` for a drop).
-        before: MessageId,
-    },
-    /// A state-store change ([`Op::PutState`], [`Op::DeleteState`]): the
-    /// key may show an older value after repair.
-    State {
-        /// The key.
-        key: Vec<u8>,
-    },
-    /// Bytes with no readable record header.
-    Unreadable {
-        /// Offset in the segment.
-        offset: u64,
-        /// Length.
-        len: u64,
-    },
-}
-
-impl std::fmt::Display for LostRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LostRecord::Message { id, partitions } => {
-                write!(
-                    f,
-                    "message id {id} in partitions {:?}",
-                    partitions.iter().map(|p| p.0).collect::<Vec<_>>()
-                )
-            }
-            LostRecord::Settle { partition, id } => {
-                write!(
-                    f,
-                    "settle of message {id} in partition {} (it may be delivered again)",
-                    partition.0
-                )
-            }
-            LostRecord::Requeue { partition, id } => {
-                write!(
-                    f,
-                    "requeue of message {id} in partition {} (its delivery count may go back)",
-                    partition.0
-                )
-            }
-            LostRecord::Receipt { partition } => write!(
-                f,
-                "idempotency receipt in partition {} (a duplicate publish may be accepted)",
-                partition.0
-            ),
-            LostRecord::Meta { version } => write!(f, "metadata change version {version}"),
-            LostRecord::Cut { partition, before } if *before == MessageId::MAX => write!(
-                f,
-                "drop of partition {} (its messages may come back)",
-                partition.0
-            ),
-            LostRecord::Cut { partition, before } => write!(
-                f,
-                "truncation of partition {} before message {before} (those messages may come back)",
-                partition.0
-            ),
-            LostRecord::State { key } => write!(
-                f,
-                "state change of key {:?} (an older value may come back)",
-                String::from_utf8_lossy(key)
-            ),
-            LostRecord::Unreadable { offset, len } => {
-                write!(f, "{len} unreadable bytes at offset {offset}")
-            }
-        }
-    }
+    /// A read named a position that holds no message (settled and
+    /// reclaimed, moved, or a position of another store).
+    #[error("no record at {0:?}")]
+    NotFound(Location),
+    /// A call the contract does not allow (a publish without partitions);
+    /// nothing of it took effect.
+    #[error("invalid store call: {0}")]
+    Invalid(String),
+    /// Anything else, in the store's own terms (the log store's
+    /// `weir_backend::log::LogError`, an [`IoContext`]). Use
+    /// [`StoreError::backend`] to look inside.
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl StoreError {
-    /// Wraps an I/O error with context.
+    /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        StoreError::Io {
+        StoreError::Backend(Box::new(IoContext {
             context: context.into(),
             source,
+        }))
+    }
+
+    /// The store-specific error inside [`StoreError::Backend`], if it is a `T`.
+    pub fn backend<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        match self {
+            StoreError::Backend(e) => e.downcast_ref::<T>(),
+            _ => None,
         }
     }
 }

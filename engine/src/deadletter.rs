@@ -18,8 +18,8 @@
 //! rejection anywhere in that cycle, is dropped for that queue and counted
 //! (RabbitMQ's cycle rule), so automatic dead-lettering never loops.
 
-use crate::message::{now_ms, Entry, Message};
-use crate::properties::{HeaderFormat, LazyLookup, Table, Value};
+use crate::message::{Entry, Message};
+use crate::properties::{LazyLookup, Table, Value};
 use crate::queue::{Enqueued, Partition, Queue};
 use crate::tenant::RouteInput;
 use crate::Engine;
@@ -88,7 +88,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
     let tenant = queue.as_ref().and_then(|q| engine.tenant(&q.tenant));
     let args = queue.as_ref().map(|q| q.args());
     let dlx = args.as_ref().and_then(|a| a.dead_letter_exchange.clone());
-    let now = now_ms();
+    let now = engine.clock().now_ms();
     let mut out: Vec<Outgoing> = Vec::with_capacity(dead.len());
     for (entry, reason) in dead {
         let location = from.dead_location(&entry);
@@ -174,7 +174,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
     // `stored_at` still holds).
     crate::spill::release_spilled(&**engine.store(), &mut ops);
     if !ops.is_empty() {
-        if let Err(e) = engine.store().append(&ops, &mut locations, None) {
+        if let Err(e) = engine.store().append(&ops, &mut locations) {
             // Nothing of the batch was applied: the messages stay where they
             // were in the store and come back (redelivered) after a restart.
             tracing::error!(error = %e, partition = from.id.0, "dead-lettering failed to reach the store");
@@ -229,7 +229,7 @@ pub(crate) fn process(engine: &Engine, from: &Arc<Partition>, dead: Vec<(Entry, 
     crate::spill::release_spilled(&**engine.store(), &mut refused);
     if !refused.is_empty() {
         let mut sink = Vec::new();
-        if let Err(e) = engine.store().append(&refused, &mut sink, None) {
+        if let Err(e) = engine.store().append(&refused, &mut sink) {
             tracing::error!(error = %e, "cannot settle dead-lettered copies refused by their queue");
         }
     }
@@ -339,39 +339,7 @@ fn republish(
 
 /// Reads a message whose body is not in memory, following compaction.
 fn read_back(engine: &Engine, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
-    let mut loc = p.dead_location(e)?;
-    let mut read = crate::spill::read(&**engine.store(), loc);
-    for _ in 0..3 {
-        if read.is_ok() {
-            break;
-        }
-        match p.dead_location(e) {
-            Some(now) if now != loc => {
-                loc = now;
-                read = crate::spill::read(&**engine.store(), loc);
-            }
-            _ => break,
-        }
-    }
-    let m = match read {
-        Ok(m) => m,
-        Err(err) => {
-            tracing::error!(error = %err, id = e.id, "cannot read a dead-lettered message back");
-            return None;
-        }
-    };
-    let header_format = HeaderFormat::from_u8(m.header_format).ok()?;
-    Some(Arc::new(Message {
-        id: m.id,
-        exchange: Bytes::from(m.exchange.into_bytes()),
-        routing_key: Bytes::from(m.routing_key.into_bytes()),
-        properties: m.header,
-        body: m.body,
-        header_format,
-        persistent: true,
-        priority: m.attrs.priority,
-        ttl_ms: None,
-    }))
+    crate::readback::read_located(&**engine.store(), p.id, e.id, || p.dead_location(e))
 }
 
 /// Adds this death to `x-death` (RabbitMQ's format: newest first; a

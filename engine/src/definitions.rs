@@ -551,7 +551,10 @@ impl Engine {
             }
             crate::bounds::check_name("vhost", t)?;
             if self.tenant(t).is_none() && !new_tenants.contains_key(t) {
-                new_tenants.insert(t.clone(), Tenant::new(t, Arc::downgrade(self)));
+                new_tenants.insert(
+                    t.clone(),
+                    Tenant::new(t, Arc::downgrade(self), self.clock.clone()),
+                );
                 tenants.push(t.clone());
             }
         }

@@ -27,11 +27,13 @@ pub mod args;
 pub mod auth;
 pub mod bounds;
 pub mod client;
+pub mod clock;
 pub mod consumer;
 pub mod deadletter;
 pub mod definitions;
 pub mod error;
 pub mod exchange;
+mod feed;
 pub mod lease;
 pub mod login;
 pub mod message;
@@ -40,6 +42,7 @@ pub mod permissions;
 pub mod policy;
 pub mod properties;
 pub mod queue;
+mod readback;
 pub mod reply_to;
 pub mod retained;
 pub mod session_state;
@@ -50,16 +53,19 @@ pub mod timers;
 pub mod topic;
 
 pub use client::Client;
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use error::{ClientError, EngineError, Result};
 pub use tenant::Tenant;
 
-use message::{now_ms, Entry};
+use message::Entry;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::oneshot;
-use weir_backend::{LiveSet, Location, MessageId, Op, PartitionId, Relocation, Store, StoreError};
+use weir_backend::{
+    LiveSet, Location, MessageId, Op, PartitionId, Relocation, Store, StoreError, Ticket,
+};
 
 /// The default tenant (AMQP vhost `/`).
 pub const DEFAULT_TENANT: &str = "/";
@@ -70,6 +76,8 @@ pub type DurableWait = oneshot::Receiver<std::result::Result<(), StoreError>>;
 /// The engine: every tenant, over one store.
 pub struct Engine {
     store: Arc<dyn Store>,
+    /// Where every deadline starts: the only source of "now" (see [`clock`]).
+    clock: SharedClock,
     tenants: RwLock<HashMap<String, Arc<Tenant>>>,
     next_partition: AtomicU64,
     next_connection: AtomicU64,
@@ -96,6 +104,17 @@ pub struct Engine {
     /// Per-connection overrides (`[[quota.connections]]`), applied by the
     /// sessions, which know a connection's name.
     pub connection_quotas: weir_quota::ConnectionQuotas,
+    /// The store's latest ticket of a metadata change made here: a
+    /// redeclare waits for it (it covers every earlier one).
+    last_meta_ticket: AtomicU64,
+    /// The store's latest ticket of a state-store change made here (MQTT
+    /// session state, retained messages): a client's barrier covers it.
+    last_state_ticket: AtomicU64,
+    /// Definitions made through other handles of the store (`feed.rs`).
+    feed: feed::Feed,
+    /// Itself, for work that starts from `&self` and creates tenants (the
+    /// feed).
+    me: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
 
 impl Engine {
@@ -104,17 +123,21 @@ impl Engine {
     /// in its queue in id order, marked redelivered (it may have been
     /// delivered before the restart). Messages of partitions no queue owns
     /// are settled. Queues get back their unexpired idempotency receipts.
-    pub fn open(store: Arc<dyn Store>) -> Result<Arc<Self>> {
+    ///
+    /// Every deadline is computed from `clock`: the broker passes
+    /// [`SystemClock`], tests a [`ManualClock`] they move by hand.
+    pub fn open(store: Arc<dyn Store>, clock: SharedClock) -> Result<Arc<Self>> {
         let recovered = store.recovered_meta()?;
         let auth = auth::Authenticator::new([])
             .map_err(|e| EngineError::PreconditionFailed(format!("authentication: {e}")))?;
         let engine = Arc::new(Engine {
             store: store.clone(),
+            clock: clock.clone(),
             tenants: RwLock::new(HashMap::new()),
             next_partition: AtomicU64::new(1),
             next_connection: AtomicU64::new(1),
             retired: parking_lot::Mutex::new(Vec::new()),
-            timers: Arc::default(),
+            timers: Arc::new(timers::Timers::new(clock.clone())),
             dead_letters: Default::default(),
             codecs: parking_lot::RwLock::new(Arc::new(properties::HeaderCodecs::new())),
             retained: Default::default(),
@@ -123,7 +146,12 @@ impl Engine {
             permissions: Default::default(),
             user_quotas: Default::default(),
             connection_quotas: Default::default(),
+            last_meta_ticket: AtomicU64::new(0),
+            last_state_ticket: AtomicU64::new(0),
+            feed: feed::Feed::new(recovered.version),
+            me: std::sync::OnceLock::new(),
         });
+        let _ = engine.me.set(Arc::downgrade(&engine));
         engine.tenant_or_create(DEFAULT_TENANT);
         let mut any_user = false;
 
@@ -198,6 +226,11 @@ impl Engine {
                 engine.next_partition.fetch_max(p + 1, Ordering::Relaxed);
             }
             let q = engine.tenant_or_create(&t).restore_queue(def);
+            // This engine takes its queues over (a restart, or another
+            // gateway's crash): whoever held them before is fenced.
+            for p in &q.partitions {
+                store.acquire(p.id)?;
+            }
             // Idempotency receipts, stored under the queue's first partition
             // (only a durable queue stores any).
             if q.partitions[0].durable {
@@ -205,14 +238,14 @@ impl Engine {
                 q.dedup().restore(
                     store.recover_receipts(id)?,
                     store.recover_receipts(queue::dedup::cancel_id(id))?,
-                    now_ms(),
+                    clock.now_ms(),
                 );
             }
             for p in &q.partitions {
                 owned.insert(p.id);
                 let msgs = store.recover_partition(p.id)?;
                 restored_messages += msgs.len() as u64;
-                let now = now_ms();
+                let now = clock.now_ms();
                 p.restore(msgs.into_iter().map(|m| {
                     let e = Entry {
                         seq: 0,
@@ -239,11 +272,13 @@ impl Engine {
         }
         // Messages of partitions that no queue owns (deleted before the
         // crash, the drop record lost): drop them so their space is freed,
-        // one record per partition.
+        // one record per partition. Only those nobody holds: in a shared
+        // store another handle's new queue may not be in our definitions
+        // yet, and is not ours to empty.
         let mut orphans = Vec::new();
         let mut orphaned = 0;
         for pid in store.recovered_partitions()? {
-            if owned.contains(&pid) {
+            if owned.contains(&pid) || store.try_acquire(pid)?.is_none() {
                 continue;
             }
             orphaned += store.recover_partition(pid)?.len();
@@ -255,10 +290,12 @@ impl Engine {
                 messages = orphaned,
                 "dropping messages of deleted queues"
             );
-            store.append(&orphans, &mut Vec::new(), None)?;
+            store.append(&orphans, &mut Vec::new())?;
         }
         // Retained messages that expired while the broker was down.
-        engine.sweep_retained(now_ms());
+        engine.sweep_retained();
+        // From here on, definitions made through other handles arrive.
+        engine.apply_definition_changes();
         if recovered.truncated_bytes > 0 {
             tracing::warn!(
                 bytes = recovered.truncated_bytes,
@@ -277,6 +314,13 @@ impl Engine {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The clock every deadline is computed from. Sessions read it once
+    /// per batch for the times they pass in (lease times, a publish's
+    /// expiry), so they agree with the engine's own reads.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
     }
 
     /// A tenant by name.
@@ -317,7 +361,7 @@ impl Engine {
         }
         let mut w = self.tenants.write();
         w.entry(name.to_string())
-            .or_insert_with(|| Tenant::new(name, Arc::downgrade(self)))
+            .or_insert_with(|| Tenant::new(name, Arc::downgrade(self), self.clock.clone()))
             .clone()
     }
 
@@ -350,22 +394,31 @@ impl Engine {
         self.retained.bytes()
     }
 
-    /// Removes the retained messages of every tenant that expired at
-    /// `now_ms`, from memory and (without waiting) from the store; returns
-    /// how many. Lookups skip expired ones anyway: this only frees their
-    /// space, so calling it every few seconds is plenty.
-    pub fn sweep_retained(&self, now_ms: u64) -> usize {
+    /// Removes the retained messages of every tenant that expired by now
+    /// (the engine's clock), from memory and (without waiting) from the
+    /// store; returns how many. Lookups skip expired ones anyway: this only
+    /// frees their space, so calling it every few seconds is plenty.
+    pub fn sweep_retained(&self) -> usize {
+        let now_ms = self.clock.now_ms();
         self.tenants()
             .iter()
             .map(|t| t.sweep_retained(self, now_ms))
             .sum()
     }
 
-    /// Runs the timed work due at `now_ms` (expiry, dead-lettering), one
-    /// batch per partition; returns when to call again (ms since epoch),
-    /// if anything is scheduled. The gateway's timer task calls it; it
-    /// sleeps until the returned time or until [`timers::Timers::changed`].
-    pub fn run_timers(&self, now_ms: u64) -> Option<u64> {
+    /// Runs the timed work due by now (the engine's clock: expiry,
+    /// dead-lettering, idle queues), one batch per partition; returns when
+    /// to call again (ms since epoch, on the same clock), if anything is
+    /// scheduled. The gateway's timer task calls it; it sleeps until the
+    /// returned time or until [`timers::Timers::changed`]. Tests on a
+    /// [`ManualClock`] advance it and call this.
+    pub fn run_timers(&self) -> Option<u64> {
+        // The feed pokes the timer task when another handle changed a
+        // definition.
+        if self.feed.pending() {
+            self.apply_definition_changes();
+        }
+        let now_ms = self.clock.now_ms();
         for p in self.timers.take_due(now_ms) {
             let work = p.take_due(now_ms);
             deadletter::process(self, &p, work.dead);
@@ -385,25 +438,63 @@ impl Engine {
         self.next_connection.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Allocates a new partition id (recorded with the queue's definition).
+    /// Allocates a new partition id (recorded with the queue's definition)
+    /// and takes it for this engine's handle of the store.
     pub(crate) fn allocate_partition(&self) -> PartitionId {
-        PartitionId(self.next_partition.fetch_add(1, Ordering::Relaxed))
+        let id = PartitionId(self.next_partition.fetch_add(1, Ordering::Relaxed));
+        if let Err(e) = self.store.acquire(id) {
+            // Only a closed store refuses: its appends fail anyway.
+            tracing::debug!(partition = id.0, error = %e, "acquiring a new partition");
+        }
+        id
     }
 
     pub(crate) fn next_partition_hint(&self) -> u64 {
         self.next_partition.load(Ordering::Relaxed)
     }
 
+    /// The latest ticket of a state-store change made here (it covers every
+    /// earlier one: the state store is one ordering domain).
+    pub(crate) fn state_ticket(&self) -> Ticket {
+        Ticket::new(self.last_state_ticket.load(Ordering::Acquire))
+    }
+
     /// Appends metadata ops; the receiver resolves once they are durable.
+    /// No ops: once every metadata change made here so far is durable (a
+    /// redeclare answers when the original is on disk).
     pub(crate) fn persist(&self, ops: &[Op<'_>]) -> Result<DurableWait> {
         let (tx, rx) = oneshot::channel();
-        self.store.append(
-            ops,
-            &mut Vec::new(),
-            Some(Box::new(move |r| {
+        let ticket = if ops.is_empty() {
+            Ticket::new(self.last_meta_ticket.load(Ordering::Acquire))
+        } else {
+            // Our own changes come back through the feed: not applied twice.
+            self.feed.expect_own(ops);
+            let ticket = match self.store.append(ops, &mut Vec::new()) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.feed.unexpect_own(ops);
+                    return Err(e.into());
+                }
+            };
+            if ops.iter().any(feed::is_meta) {
+                self.last_meta_ticket
+                    .fetch_max(ticket.get(), Ordering::AcqRel);
+            }
+            if ops
+                .iter()
+                .any(|op| matches!(op, Op::PutState { .. } | Op::DeleteState { .. }))
+            {
+                self.last_state_ticket
+                    .fetch_max(ticket.get(), Ordering::AcqRel);
+            }
+            ticket
+        };
+        self.store.when_durable(
+            ticket,
+            Box::new(move |r| {
                 let _ = tx.send(r);
-            })),
-        )?;
+            }),
+        );
         Ok(rx)
     }
 

@@ -3,7 +3,6 @@
 use crate::properties::HeaderFormat;
 use bytes::Bytes;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 use weir_backend::{Location, MessageId};
 
 /// A published message. Shared (`Arc`) by every queue it was routed to; its
@@ -86,12 +85,4 @@ impl Entry {
     pub(crate) fn is_tombstone(&self) -> bool {
         self.id == Self::TOMBSTONE_ID
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

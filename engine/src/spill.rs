@@ -5,9 +5,10 @@
 //! queue, keeps a spill position instead of its body. Such a position is
 //! read back and released through the spill, never through the store:
 //! every batch of settles passes through [`release_spilled`] before it is
-//! appended, and every read-back through [`read`].
+//! appended, and every read-back through `crate::readback` (which reads a
+//! spilled copy from the spill).
 
-use weir_backend::{Location, Op, Store, StoreError, StoredMessage};
+use weir_backend::{Op, Store};
 
 /// Releases through the store's spill the spilled copies that `ops`
 /// settle, and takes those settles (and requeues of spilled copies) out of
@@ -48,13 +49,4 @@ pub(crate) fn release_spilled(store: &dyn Store, ops: &mut Vec<Op<'_>>) {
         Op::Requeue { location, .. } if spill.holds(location) => false,
         _ => true,
     });
-}
-
-/// Reads the message at `location`: from the spill if it is one of its
-/// positions, else from the store.
-pub(crate) fn read(store: &dyn Store, location: Location) -> Result<StoredMessage, StoreError> {
-    match store.spill() {
-        Some(spill) if spill.holds(location) => spill.read(location),
-        _ => store.read(location),
-    }
 }

@@ -95,6 +95,9 @@ pub struct Tenant {
     /// Name.
     pub name: Arc<str>,
     engine: Weak<Engine>,
+    /// The engine's clock, held here so a client reads it without reaching
+    /// the engine (and without a field of its own per connection).
+    clock: crate::clock::SharedClock,
     exchanges: RwLock<HashMap<String, Arc<Exchange>>>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     /// Policies by name.
@@ -131,7 +134,11 @@ fn inequivalent(
 }
 
 impl Tenant {
-    pub(crate) fn new(name: &str, engine: Weak<Engine>) -> Arc<Self> {
+    pub(crate) fn new(
+        name: &str,
+        engine: Weak<Engine>,
+        clock: crate::clock::SharedClock,
+    ) -> Arc<Self> {
         let mut exchanges = HashMap::new();
         for (n, kind) in STANDARD_EXCHANGES {
             exchanges.insert(
@@ -150,6 +157,7 @@ impl Tenant {
         Arc::new(Tenant {
             name: name.into(),
             engine,
+            clock,
             exchanges: RwLock::new(exchanges),
             queues: RwLock::new(HashMap::new()),
             policies: RwLock::new(Vec::new()),
@@ -158,6 +166,11 @@ impl Tenant {
             replies: Default::default(),
             quota: TenantQuota::new(),
         })
+    }
+
+    /// The engine's clock (see [`crate::clock`]).
+    pub fn clock(&self) -> &crate::clock::SharedClock {
+        &self.clock
     }
 
     /// The tenant's limits and usage: counts checked here and by
@@ -409,10 +422,19 @@ impl Tenant {
             let key = meta::exchange_key(&self.name, &def.name);
             let value =
                 serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
-            Some(engine.persist(&[Op::PutMeta {
-                key: &key,
-                value: &value,
-            }])?)
+            match engine.persist_new(&key, &value)? {
+                Some(wait) => Some(wait),
+                None => {
+                    // Another handle of the store declared it first: take
+                    // its definition and answer as for an existing one.
+                    drop(w);
+                    engine.apply_definition_changes();
+                    if self.exchanges.read().contains_key(&def.name) {
+                        return self.declare_exchange(def, passive);
+                    }
+                    return Err(declared_elsewhere("exchange", &def.name, &self.name));
+                }
+            }
         } else {
             None
         };
@@ -614,16 +636,25 @@ impl Tenant {
             let value =
                 serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
             let next = serde_json::to_vec(&engine.next_partition_hint()).unwrap_or_default();
-            Some(engine.persist(&[
-                Op::PutMeta {
-                    key: meta::NEXT_PARTITION_KEY,
-                    value: &next,
-                },
-                Op::PutMeta {
-                    key: &key,
-                    value: &value,
-                },
-            ])?)
+            // The counter first: the queue's ticket (later, also metadata)
+            // covers it.
+            engine.persist(&[Op::PutMeta {
+                key: meta::NEXT_PARTITION_KEY,
+                value: &next,
+            }])?;
+            match engine.persist_new(&key, &value)? {
+                Some(wait) => Some(wait),
+                None => {
+                    // Another handle of the store declared it first: take
+                    // its definition and answer as for an existing one.
+                    drop(w);
+                    engine.apply_definition_changes();
+                    if self.has_queue(&name) {
+                        return self.declare_queue_as(QueueDeclare { name, ..req }, None);
+                    }
+                    return Err(declared_elsewhere("queue", &name, &self.name));
+                }
+            }
         } else {
             None
         };
@@ -867,7 +898,7 @@ impl Tenant {
         let engine = self.engine()?;
         crate::spill::release_spilled(&**engine.store(), &mut ops);
         if !ops.is_empty() {
-            engine.store().append(&ops, &mut Vec::new(), None)?;
+            engine.store().append(&ops, &mut Vec::new())?;
         }
         Ok(count)
     }
@@ -1154,6 +1185,69 @@ impl Tenant {
     }
 }
 
+/// Definitions changed through another handle of the store (`feed.rs`):
+/// applied here in memory only, nothing written.
+impl Tenant {
+    /// Whether a queue named `name` exists here.
+    pub(crate) fn has_queue(&self, name: &str) -> bool {
+        self.queues.read().contains_key(name)
+    }
+
+    /// Another handle deleted exchange `name`: it goes, with its bindings.
+    pub(crate) fn forget_exchange(&self, name: &str) {
+        let Some(x) = self.exchanges.write().remove(name) else {
+            return;
+        };
+        x.deleted.store(true, Ordering::Release);
+        x.unbind_everything();
+        let dest = Destination::Exchange(x.clone());
+        for other in dest.sources().list() {
+            other.unbind_all_to(&dest);
+        }
+    }
+
+    /// Another handle deleted queue `name`: it goes, with its bindings; its
+    /// consumers here are cancelled. Its messages are the deleting
+    /// handle's to settle.
+    pub(crate) fn forget_queue(&self, name: &str) {
+        let Some(q) = self.queues.write().remove(name) else {
+            return;
+        };
+        q.mark_deleted();
+        let dest = Destination::Queue(q.clone());
+        for x in dest.sources().list() {
+            x.unbind_all_to(&dest);
+        }
+        for p in &q.partitions {
+            let (consumers, _) = p.delete();
+            for c in consumers {
+                c.cancel();
+                c.conn.notice(Notice::ConsumerCancelled {
+                    consumer: c.clone(),
+                });
+            }
+        }
+    }
+
+    /// Another handle removed binding `b`.
+    pub(crate) fn forget_binding(&self, b: &BindingDef) {
+        let Ok(x) = self.exchange(&b.source) else {
+            return;
+        };
+        let dest = match b.destination_kind {
+            DestinationKind::Queue => match self.queue_named(&b.destination) {
+                Some(q) => Destination::Queue(q),
+                None => return,
+            },
+            DestinationKind::Exchange => match self.exchange(&b.destination) {
+                Ok(d) => Destination::Exchange(d),
+                Err(_) => return,
+            },
+        };
+        x.unbind(&dest, &b.key, &b.arguments);
+    }
+}
+
 fn check_exclusive(q: &Queue, connection: u64, tenant: &str) -> Result<()> {
     match q.exclusive_owner() {
         Some(owner) if owner != connection => Err(EngineError::ResourceLocked(format!(
@@ -1240,12 +1334,20 @@ pub(crate) fn generated_name() -> String {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    // splitmix64 over (time, counter, pid): unique per process, unpredictable enough.
+    // A random seed per process (not the clock: time is an input the engine
+    // reads only through its `Clock`). Without OS randomness, the standard
+    // library's hasher keys (themselves seeded by the OS) stand in.
+    let seed = *SEED.get_or_init(|| {
+        getrandom::u64().unwrap_or_else(|_| {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        })
+    });
+    // splitmix64 over (seed, counter, pid): unique per process, unpredictable enough.
     let mut x = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((std::process::id() as u64) << 32);
     let mut s = String::from("amq.gen-");
     for _ in 0..22 {
@@ -1257,4 +1359,12 @@ pub(crate) fn generated_name() -> String {
         s.push(ALPHABET[(z % 64) as usize] as char);
     }
     s
+}
+
+/// A declare lost the race for `name` to another handle of the store, whose
+/// definition did not arrive here.
+fn declared_elsewhere(kind: &str, name: &str, tenant: &str) -> EngineError {
+    EngineError::PreconditionFailed(format!(
+        "{kind} '{name}' in vhost '{tenant}' was declared concurrently through another gateway; declare it again"
+    ))
 }

@@ -10,6 +10,7 @@
 //! it scheduled), so the heap is bounded by partitions with pending work,
 //! not by messages; each partition keeps its own per-message index.
 
+use crate::clock::SharedClock;
 use crate::queue::Partition;
 use parking_lot::Mutex;
 use std::cmp::Reverse;
@@ -39,14 +40,30 @@ impl Ord for Due {
     }
 }
 
-/// Partitions with time-driven work, earliest first.
-#[derive(Default)]
+/// Partitions with time-driven work, earliest first, on the engine's clock.
 pub struct Timers {
     heap: Mutex<BinaryHeap<Reverse<Due>>>,
     changed: Notify,
+    /// The engine's clock: every deadline scheduled here is on it, and the
+    /// partitions scheduling here read it.
+    clock: SharedClock,
 }
 
 impl Timers {
+    /// No work scheduled yet; deadlines are on `clock`.
+    pub fn new(clock: SharedClock) -> Self {
+        Timers {
+            heap: Mutex::default(),
+            changed: Notify::new(),
+            clock,
+        }
+    }
+
+    /// The clock the deadlines are on.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
     /// Schedules `p` at `at_ms` (ms since epoch; 0 = now). The caller (the
     /// partition) only calls this for a deadline earlier than the one it
     /// scheduled before.
@@ -63,6 +80,12 @@ impl Timers {
         if earliest {
             self.changed.notify_one();
         }
+    }
+
+    /// Wakes the timer task for work that is not a deadline (the
+    /// definitions feed: [`crate::Engine::run_timers`] applies it).
+    pub(crate) fn poke(&self) {
+        self.changed.notify_one();
     }
 
     /// The earliest scheduled time, if any.

@@ -14,6 +14,7 @@ use weir_engine::lease::Settle;
 use weir_engine::message::Message;
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, ClientError, Engine, DEFAULT_TENANT};
 
 /// The store every test runs on: in memory, durable at once unless held.
@@ -22,7 +23,7 @@ fn store() -> Arc<dyn Store> {
 }
 
 fn engine() -> Arc<Engine> {
-    Engine::open(store()).expect("engine")
+    Engine::open(store(), ManualClock::new()).expect("engine")
 }
 
 fn client(engine: &Arc<Engine>) -> Client {
@@ -96,7 +97,8 @@ fn write_all(c: &mut Client, next_tag: &mut u64, now: Instant) -> Vec<(u64, Byte
         *next_tag += 1;
         out.push((*next_tag, m.body.clone(), d.entry.redelivered));
         let scope = d.consumer.scope();
-        c.lease(scope, *next_tag, d, now, weir_engine::message::now_ms());
+        let now_ms = c.clock().now_ms();
+        c.lease(scope, *next_tag, d, now, now_ms);
     }
     c.finish_deliveries();
     c.commit();
@@ -140,7 +142,7 @@ fn publish_routes_to_a_consumer_and_ack_settles() {
         }
     );
     let mut tag = 0;
-    let got = write_all(&mut c, &mut tag, Instant::now());
+    let got = write_all(&mut c, &mut tag, e.clock().now());
     assert_eq!(bodies(&got), vec![b"hello"]);
     assert_eq!(c.leases(1), 1);
     c.settle(1, 1, false, Settle::Ack).expect("ack");
@@ -161,7 +163,7 @@ fn credit_bounds_deliveries_and_ack_gives_it_back() {
         publish(&mut c, "q", b, false);
     }
     let mut tag = 0;
-    let now = Instant::now();
+    let now = e.clock().now();
     assert_eq!(bodies(&write_all(&mut c, &mut tag, now)), vec![b"a", b"b"]);
     assert!(
         write_all(&mut c, &mut tag, now).is_empty(),
@@ -187,7 +189,7 @@ fn requeue_restores_position_and_marks_redelivered() {
         publish(&mut c, "q", b, false);
     }
     let mut tag = 0;
-    let now = Instant::now();
+    let now = e.clock().now();
     let first = write_all(&mut c, &mut tag, now);
     assert_eq!(first, vec![(1, Bytes::from_static(b"a"), false)]);
     c.settle(1, 1, false, Settle::Requeue).expect("requeue");
@@ -213,7 +215,7 @@ fn release_scope_cancels_its_consumers_and_requeues_its_leases() {
     a.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     publish(&mut a, "q", "m", false);
     let mut tag = 0;
-    assert_eq!(write_all(&mut a, &mut tag, Instant::now()).len(), 1);
+    assert_eq!(write_all(&mut a, &mut tag, e.clock().now()).len(), 1);
     a.release_scope(1);
     a.commit();
     assert_eq!(a.leases(1), 0);
@@ -222,9 +224,9 @@ fn release_scope_cancels_its_consumers_and_requeues_its_leases() {
     // Another client gets it, marked redelivered; `a` gets nothing more.
     b.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     let mut tag_b = 0;
-    let got = write_all(&mut b, &mut tag_b, Instant::now());
+    let got = write_all(&mut b, &mut tag_b, e.clock().now());
     assert_eq!(got, vec![(1, Bytes::from_static(b"m"), true)]);
-    assert!(write_all(&mut a, &mut tag, Instant::now()).is_empty());
+    assert!(write_all(&mut a, &mut tag, e.clock().now()).is_empty());
 }
 
 #[test]
@@ -236,7 +238,7 @@ fn close_requeues_leases_and_undelivered_messages() {
     publish(&mut a, "q", "leased-1", false);
     publish(&mut a, "q", "leased-2", false);
     let mut tag = 0;
-    write_all(&mut a, &mut tag, Instant::now());
+    write_all(&mut a, &mut tag, e.clock().now());
     // Pushed to the outbox, never drained.
     publish(&mut a, "q", "unsent", false);
     a.close();
@@ -265,7 +267,7 @@ fn cancelling_keeps_leases_and_releasing_the_scope_requeues_them_in_order() {
         publish(&mut c, "q", b, false);
     }
     let mut tag = 0;
-    assert_eq!(write_all(&mut c, &mut tag, Instant::now()).len(), 5);
+    assert_eq!(write_all(&mut c, &mut tag, e.clock().now()).len(), 5);
     c.settle(1, 2, false, Settle::Ack).expect("ack m1");
     // A cancel (basic.cancel) stops deliveries but keeps the leases.
     assert!(c.unsubscribe(1, b"t"));
@@ -289,7 +291,7 @@ fn requeue_returns_each_message_to_its_original_place() {
     for b in ["m1", "m2", "m3", "m4"] {
         publish(&mut c, "q", b, false);
     }
-    let now = Instant::now();
+    let now = e.clock().now();
     let mut tag = 0;
     let mut get = |c: &mut Client| {
         tag += 1;
@@ -330,7 +332,7 @@ fn unknown_delivery_tag_is_an_error() {
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
     publish(&mut c, "q", "m", false);
     let mut tag = 0;
-    write_all(&mut c, &mut tag, Instant::now());
+    write_all(&mut c, &mut tag, e.clock().now());
     assert!(matches!(
         c.settle(1, 2, true, Settle::Ack),
         Err(ClientError::UnknownTag(2))
@@ -375,7 +377,7 @@ fn get_takes_the_head_with_or_without_a_lease() {
     let got = c.get("q", GetAck::Auto).expect("get").expect("a message");
     assert_eq!(&got.message.body[..], b"a");
     assert_eq!(got.remaining, 1);
-    let now = Instant::now();
+    let now = e.clock().now();
     let got = c
         .get(
             "q",
@@ -411,7 +413,7 @@ fn leases_expire_by_the_time_given() {
     c.subscribe("q", opts(2, "u", 0)).expect("subscribe");
     publish(&mut c, "q", "a", false);
     publish(&mut c, "q", "b", false);
-    let t0 = Instant::now();
+    let t0 = e.clock().now();
     let mut tag = 0;
     // Round robin: one lease per scope, both written at t0.
     assert_eq!(write_all(&mut c, &mut tag, t0).len(), 2);
@@ -436,7 +438,7 @@ fn expiry_counts_from_the_oldest_unsettled_lease() {
     let mut c = client(&e);
     declare(&mut c, "q", false);
     c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
-    let t0 = Instant::now();
+    let t0 = e.clock().now();
     let timeout = Duration::from_secs(10);
     let mut tag = 0;
     // A consumer that acks each delivery promptly, for longer than the
@@ -474,7 +476,7 @@ fn requeue_all_redelivers_every_lease_in_order() {
         publish(&mut c, "q", b, false);
     }
     let mut tag = 0;
-    let now = Instant::now();
+    let now = e.clock().now();
     let first = write_all(&mut c, &mut tag, now);
     assert_eq!(bodies(&first), vec![b"a", b"b", b"c"]);
     assert!(first.iter().all(|(_, _, r)| !r));
@@ -504,7 +506,7 @@ fn prefetch_bytes_bounds_deliveries_but_never_the_first() {
         publish(&mut c, "q", &body(i), false);
     }
     let mut tag = 0;
-    let now = Instant::now();
+    let now = e.clock().now();
     // A second 600-byte message would make 1200 bytes unacked.
     let got = write_all(&mut c, &mut tag, now);
     assert_eq!(bodies(&got), vec![body(0).as_bytes()]);
@@ -549,7 +551,7 @@ fn the_scope_window_is_shared_by_its_consumers_and_can_be_raised() {
     c.subscribe("ga", opts(1, "a", 0)).expect("subscribe");
     c.subscribe("gb", opts(1, "b", 0)).expect("subscribe");
     let mut tag = 0;
-    let now = Instant::now();
+    let now = e.clock().now();
     assert_eq!(write_all(&mut c, &mut tag, now).len(), 2);
     assert_eq!(ready(&c), 4);
     // Raised, it lets two more out without an ack.
@@ -576,7 +578,7 @@ fn flow_off_holds_deliveries_in_the_queue_until_flow_on() {
         publish(&mut c, "q", b, false);
     }
     let mut tag = 0;
-    let now = Instant::now();
+    let now = e.clock().now();
     assert!(write_all(&mut c, &mut tag, now).is_empty());
     assert_eq!(c.queue("q").expect("queue").message_count(), 3);
     c.set_flow(1, true);
@@ -594,7 +596,7 @@ fn purge_counts_ready_messages_and_delete_counts_what_it_drops() {
     for b in ["leased", "1", "2", "3", "4", "5", "6", "7"] {
         publish(&mut c, "q", b, false);
     }
-    let now = Instant::now();
+    let now = e.clock().now();
     c.get(
         "q",
         GetAck::Lease {
@@ -632,7 +634,7 @@ fn no_ack_deliveries_are_settled_when_written() {
     c.subscribe("q", o).expect("subscribe");
     publish(&mut c, "q", "a", false);
     let mut tag = 0;
-    assert_eq!(write_all(&mut c, &mut tag, Instant::now()).len(), 1);
+    assert_eq!(write_all(&mut c, &mut tag, e.clock().now()).len(), 1);
     assert_eq!(c.leases(1), 0);
     assert_eq!(c.queue("q").expect("queue").depth().leased, 0);
 }
@@ -667,7 +669,7 @@ fn unsent_deliveries_go_back_unmarked() {
     c.finish_deliveries();
     c.commit();
     let mut tag = 0;
-    let got = write_all(&mut c, &mut tag, Instant::now());
+    let got = write_all(&mut c, &mut tag, e.clock().now());
     assert_eq!(got, vec![(1, Bytes::from_static(b"a"), false)]);
 }
 
@@ -675,7 +677,7 @@ fn unsent_deliveries_go_back_unmarked() {
 fn acks_of_persistent_messages_reach_the_store() {
     let store = MemStore::new();
     {
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         let mut c = client(&e);
         declare(&mut c, "q", true);
         c.subscribe("q", opts(1, "t", 0)).expect("subscribe");
@@ -689,14 +691,14 @@ fn acks_of_persistent_messages_reach_the_store() {
             );
         }
         let mut tag = 0;
-        assert_eq!(write_all(&mut c, &mut tag, Instant::now()).len(), 2);
+        assert_eq!(write_all(&mut c, &mut tag, e.clock().now()).len(), 2);
         c.settle(1, 1, false, Settle::Ack).expect("ack");
         c.commit();
         drop(c);
         store.close().expect("close");
     }
     // A restart: the same data, recovered per partition.
-    let e = Engine::open(store.reopen()).expect("engine");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("engine");
     let mut c = client(&e);
     // The acked one is gone; the unacked one came back, marked redelivered.
     assert_eq!(c.queue("q").expect("queue").message_count(), 1);

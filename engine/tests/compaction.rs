@@ -5,7 +5,6 @@
 
 use bytes::Bytes;
 use std::sync::Arc;
-use std::time::Instant;
 use weir_backend::testing::MemStore;
 use weir_backend::{Location, MessageId, Store};
 use weir_engine::client::{GetAck, Published, SubscribeOptions};
@@ -14,6 +13,7 @@ use weir_engine::lease::Settle;
 use weir_engine::message::Message;
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, Engine, DEFAULT_TENANT};
 
 struct NoHeaders;
@@ -77,7 +77,7 @@ fn positions(c: &Client, queue: &str) -> Vec<(MessageId, Location)> {
 fn compaction_swaps_ready_and_leased_positions_and_settles_follow() {
     let store = MemStore::new();
     {
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
         declare_durable(&mut c, "q");
         for b in ["a", "b", "c", "d", "e"] {
@@ -101,7 +101,8 @@ fn compaction_swaps_ready_and_leased_positions_and_settles_follow() {
         let mut tag = 0;
         while let Some(d) = c.next_delivery() {
             tag += 1;
-            c.lease(1, tag, d, Instant::now(), weir_engine::message::now_ms());
+            let (now, now_ms) = (c.clock().now(), c.clock().now_ms());
+            c.lease(1, tag, d, now, now_ms);
         }
         c.finish_deliveries();
         c.commit();
@@ -126,7 +127,7 @@ fn compaction_swaps_ready_and_leased_positions_and_settles_follow() {
         store.close().expect("close");
     }
     let store: Arc<MemStore> = store.reopen();
-    let e = Engine::open(store).expect("engine");
+    let e = Engine::open(store, ManualClock::new()).expect("engine");
     let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     let mut got = Vec::new();
     while let Some(m) = c.get("q", GetAck::Auto).expect("get") {

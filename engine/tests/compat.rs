@@ -15,6 +15,7 @@ use weir_engine::permissions::PermissionDef;
 use weir_engine::properties::HeaderFormat;
 use weir_engine::reply_to::{MAX_PENDING_REPLIES, REPLY_TO, REPLY_TO_PREFIX};
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, DurableWait, Engine, EngineError, DEFAULT_TENANT};
 
 struct NoHeaders;
@@ -25,7 +26,7 @@ impl HeaderLookup for NoHeaders {
 }
 
 fn engine() -> Arc<Engine> {
-    Engine::open(MemStore::new()).expect("engine")
+    Engine::open(MemStore::new(), ManualClock::new()).expect("engine")
 }
 
 fn durable(w: DurableWait) {

@@ -5,7 +5,6 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::Instant;
 use weir_backend::testing::MemStore;
 use weir_backend::Store;
 use weir_engine::client::{GetAck, Published, SubscribeOptions};
@@ -15,10 +14,11 @@ use weir_engine::lease::Settle;
 use weir_engine::message::Message;
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, ClientError, Engine, EngineError, DEFAULT_TENANT};
 
 fn engine() -> Arc<Engine> {
-    Engine::open(MemStore::new()).expect("engine")
+    Engine::open(MemStore::new(), ManualClock::new()).expect("engine")
 }
 
 fn client(engine: &Arc<Engine>) -> Client {
@@ -134,8 +134,8 @@ impl Conn {
                 scope,
                 self.tag,
                 d,
-                Instant::now(),
-                weir_engine::message::now_ms(),
+                self.c.clock().now(),
+                self.c.clock().now_ms(),
             );
         }
         self.c.finish_deliveries();
@@ -471,7 +471,7 @@ fn consumers_of_a_priority_queue_get_the_highest_first() {
 fn priorities_survive_a_restart() {
     let store = MemStore::new();
     {
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         let mut c = client(&e);
         try_declare(&mut c, "pq", true, json!({"x-max-priority": 4})).expect("declare");
         for (body, p) in [("a1", 1), ("b4", 4), ("c0", 0), ("d200", 200), ("e1", 1)] {
@@ -480,7 +480,7 @@ fn priorities_survive_a_restart() {
         drop(c);
         store.close().expect("close");
     }
-    let e = Engine::open(store.reopen()).expect("engine");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("engine");
     let mut c = client(&e);
     assert_eq!(
         get_all(&mut c, "pq"),

@@ -16,6 +16,7 @@ use weir_engine::definitions::{Import, ImportedQueue};
 use weir_engine::exchange::{ExchangeDef, ExchangeKind};
 use weir_engine::meta::{BindingDef, DestinationKind};
 use weir_engine::policy::{ApplyTo, PolicyDef};
+use weir_engine::ManualClock;
 use weir_engine::{Engine, EngineError, DEFAULT_TENANT};
 
 fn doc(n: usize) -> Import {
@@ -86,7 +87,7 @@ fn meta_version(store: &MemStore) -> u64 {
 #[test]
 fn an_import_is_one_metadata_batch_and_survives_a_restart() {
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("open");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("open");
     let before = meta_version(&store);
     e.import(doc(200)).expect("import");
     assert_eq!(
@@ -101,7 +102,7 @@ fn an_import_is_one_metadata_batch_and_survives_a_restart() {
         .tenant("other")
         .is_some_and(|o| o.queue_named("in-other").is_some()));
     drop(e);
-    let e = Engine::open(store.reopen()).expect("reopen");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("reopen");
     let t = e.tenant(DEFAULT_TENANT).expect("tenant");
     assert_eq!(t.queues().len(), 200);
     assert_eq!(t.exchange("imp-x").expect("x").binding_count(), 200);
@@ -152,7 +153,7 @@ fn a_refused_import_changes_nothing() {
     ];
     for (d, why) in refusals {
         let store = MemStore::new();
-        let e = Engine::open(store.clone()).expect("open");
+        let e = Engine::open(store.clone(), ManualClock::new()).expect("open");
         let before = store.recovered_meta().expect("meta").meta;
         let err = e.import(d).expect_err("refused");
         assert!(err.to_string().contains(why), "{err} (wanted {why})");

@@ -1,25 +1,26 @@
 //! Delayed delivery (`x-delay` on `x-delayed` queues and through
 //! `x-delayed-message` exchanges) and delayed retries
 //! (`x-delayed-retry-type`/`-min`/`-max`), in process. Time is an input:
-//! [`Engine::run_timers`] is called with a chosen "now"; the store is the
-//! in-memory one, reopened to show what a restart keeps.
+//! the engine runs on a [`ManualClock`] the tests advance before calling
+//! [`Engine::run_timers`] (no sleeping); the store is the in-memory one,
+//! reopened to show what a restart keeps.
 
 use bytes::Bytes;
 use serde_json::{json, Value as Json};
 use std::sync::Arc;
-use std::time::Instant;
 use weir_backend::testing::MemStore;
 use weir_engine::client::GetAck;
 use weir_engine::exchange::{ExchangeDef, ExchangeKind, HeaderLookup};
 use weir_engine::lease::Settle;
-use weir_engine::message::{now_ms, Message};
+use weir_engine::message::Message;
 use weir_engine::meta::DestinationKind;
 use weir_engine::properties::{HeaderFormat, Properties};
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, Engine, DEFAULT_TENANT};
 
-fn open(store: &Arc<MemStore>) -> (Arc<Engine>, Client) {
-    let e = Engine::open(store.clone()).expect("engine");
+fn open(store: &Arc<MemStore>, clock: &Arc<ManualClock>) -> (Arc<Engine>, Client) {
+    let e = Engine::open(store.clone(), clock.clone()).expect("engine");
     let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     (e, c)
 }
@@ -89,7 +90,7 @@ fn lease(c: &mut Client, queue: &str, tag: u64) -> Option<String> {
         GetAck::Lease {
             scope: 1,
             tag,
-            now: Instant::now(),
+            now: c.clock().now(),
         },
     )
     .expect("get")
@@ -98,11 +99,10 @@ fn lease(c: &mut Client, queue: &str, tag: u64) -> Option<String> {
 
 #[test]
 fn delayed_messages_wait_and_enter_their_queue_in_due_order() {
-    let store = MemStore::new();
-    let (e, mut c) = open(&store);
+    let (store, clock) = (MemStore::new(), ManualClock::new());
+    let (e, mut c) = open(&store, &clock);
     declare(&mut c, "later", json!({"x-delayed": true}));
     declare(&mut c, "plain", json!({}));
-    let t0 = now_ms();
     publish(&mut c, "", "later", "in-5s", Some(5_000));
     publish(&mut c, "", "later", "in-1s", Some(1_000));
     publish(&mut c, "", "later", "now", None);
@@ -113,22 +113,25 @@ fn delayed_messages_wait_and_enter_their_queue_in_due_order() {
     let q = c.queue("later").expect("queue");
     assert_eq!(q.message_count(), 0, "delayed messages are not ready");
     assert_eq!(q.partitions[0].delayed_len(), 2);
-    // Not before their time, whatever the timer is asked.
-    e.run_timers(t0 + 900);
+    // Not before their time, and at their millisecond.
+    clock.advance_ms(999);
+    e.run_timers();
     assert!(bodies(&mut c, "later").is_empty());
-    e.run_timers(now_ms() + 1_000);
+    clock.advance_ms(1);
+    e.run_timers();
     assert_eq!(bodies(&mut c, "later"), vec!["in-1s"]);
     // Both due at once: they enter in due-time order, not publish order.
     publish(&mut c, "", "later", "in-3s", Some(3_000));
     publish(&mut c, "", "later", "in-2s", Some(2_000));
-    e.run_timers(now_ms() + 10_000);
+    clock.advance_ms(4_000);
+    e.run_timers();
     assert_eq!(bodies(&mut c, "later"), vec!["in-2s", "in-3s", "in-5s"]);
 }
 
 #[test]
 fn a_delayed_message_exchange_routes_as_its_delayed_type() {
-    let store = MemStore::new();
-    let (e, mut c) = open(&store);
+    let (store, clock) = (MemStore::new(), ManualClock::new());
+    let (e, mut c) = open(&store, &clock);
     let args = json!({"x-delayed-type": "direct"});
     let (kind, delayed) = ExchangeKind::parse_declared("x-delayed-message", &args)
         .expect("known type")
@@ -166,14 +169,15 @@ fn a_delayed_message_exchange_routes_as_its_delayed_type() {
     publish(&mut c, "delays", "other-key", "unrouted", Some(1));
     publish(&mut c, "delays", "k", "at-once", None);
     assert_eq!(bodies(&mut c, "q"), vec!["at-once"]);
-    e.run_timers(now_ms() + 2_000);
+    clock.advance_ms(2_000);
+    e.run_timers();
     assert_eq!(bodies(&mut c, "q"), vec!["held"]);
 }
 
 #[test]
 fn delayed_retries_back_off_exponentially_and_count_attempts() {
-    let store = MemStore::new();
-    let (e, mut c) = open(&store);
+    let (store, clock) = (MemStore::new(), ManualClock::new());
+    let (e, mut c) = open(&store, &clock);
     declare(
         &mut c,
         "retry",
@@ -184,21 +188,22 @@ fn delayed_retries_back_off_exponentially_and_count_attempts() {
     // Delays 1 s, 2 s, 4 s, 4 s: doubling from min, capped at max.
     for (tag, delay) in [(1, 1_000u64), (2, 2_000), (3, 4_000), (4, 4_000)] {
         assert_eq!(lease(&mut c, "retry", tag).as_deref(), Some("flaky"));
-        let before = now_ms();
         c.settle(1, tag, false, Settle::Requeue).expect("nack");
         c.commit();
         assert!(lease(&mut c, "retry", 100).is_none(), "not back at once");
-        e.run_timers(before + delay - 100);
+        clock.advance_ms(delay - 1);
+        e.run_timers();
         assert!(lease(&mut c, "retry", 100).is_none(), "not back early");
-        e.run_timers(now_ms() + delay);
+        clock.advance_ms(1);
+        e.run_timers();
     }
     assert_eq!(lease(&mut c, "retry", 5).as_deref(), Some("flaky"));
 }
 
 #[test]
 fn retry_type_failed_delays_nacks_but_not_returns_of_a_closed_channel() {
-    let store = MemStore::new();
-    let (_e, mut c) = open(&store);
+    let (store, clock) = (MemStore::new(), ManualClock::new());
+    let (_e, mut c) = open(&store, &clock);
     declare(
         &mut c,
         "failed",
@@ -218,9 +223,9 @@ fn retry_type_failed_delays_nacks_but_not_returns_of_a_closed_channel() {
 
 #[test]
 fn delayed_messages_retries_and_attempts_survive_a_restart() {
-    let store = MemStore::new();
+    let (store, clock) = (MemStore::new(), ManualClock::new());
     {
-        let (_e, mut c) = open(&store);
+        let (_e, mut c) = open(&store, &clock);
         declare(&mut c, "later", json!({"x-delayed": true}));
         declare(
             &mut c,
@@ -234,11 +239,17 @@ fn delayed_messages_retries_and_attempts_survive_a_restart() {
         c.settle(1, 1, false, Settle::Requeue).expect("nack");
         c.commit();
     }
-    let (e, mut c) = open(&store.reopen());
-    // Still waiting after the restart: neither is delivered early.
+    // Restarted 30 s later: both still wait, for what is left of their time.
+    clock.advance_ms(30_000);
+    let (e, mut c) = open(&store.reopen(), &clock);
+    e.run_timers();
     assert!(bodies(&mut c, "later").is_empty());
     assert!(lease(&mut c, "retry", 1).is_none());
-    e.run_timers(now_ms() + 61_000);
+    clock.advance_ms(29_999);
+    e.run_timers();
+    assert!(bodies(&mut c, "later").is_empty(), "not early");
+    clock.advance_ms(1);
+    e.run_timers();
     assert_eq!(bodies(&mut c, "later"), vec!["delayed"]);
     let got = c
         .get(
@@ -246,7 +257,7 @@ fn delayed_messages_retries_and_attempts_survive_a_restart() {
             GetAck::Lease {
                 scope: 1,
                 tag: 1,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")

@@ -1,24 +1,34 @@
 //! Delivery semantics in process: TTL with the expiry index, dead-lettering
 //! with `x-death`, delivery limits, length limits and overflow modes. Time
-//! is an input: [`Engine::run_timers`] is called with a chosen "now".
+//! is an input: the engine runs on a [`ManualClock`] the tests move
+//! ([`run_at`]) before [`Engine::run_timers`]; nothing sleeps.
 
 use bytes::Bytes;
 use serde_json::{json, Value as Json};
 use std::sync::Arc;
-use std::time::Instant;
 use weir_backend::testing::MemStore;
 use weir_engine::client::{GetAck, Published};
-use weir_engine::exchange::HeaderLookup;
+use weir_engine::exchange::{ExchangeDef, ExchangeKind, HeaderLookup};
 use weir_engine::lease::Settle;
-use weir_engine::message::{now_ms, Message};
+use weir_engine::message::Message;
+use weir_engine::meta::DestinationKind;
 use weir_engine::properties::{HeaderFormat, Properties, Table, Value};
 use weir_engine::tenant::{QueueDeclare, RouteInput};
 use weir_engine::{Client, Engine, DEFAULT_TENANT};
+use weir_engine::{Clock, ManualClock};
 
-fn setup() -> (Arc<Engine>, Client) {
-    let e = Engine::open(MemStore::new()).expect("engine");
+fn setup() -> (Arc<Engine>, Client, Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let e = Engine::open(MemStore::new(), clock.clone()).expect("engine");
     let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
-    (e, c)
+    (e, c, clock)
+}
+
+/// Moves the engine's clock to `at_ms` and runs the timed work due then;
+/// returns when the timer is next due.
+fn run_at(e: &Engine, clock: &ManualClock, at_ms: u64) -> Option<u64> {
+    clock.set_ms(at_ms);
+    e.run_timers()
 }
 
 fn declare(c: &mut Client, name: &str, args: Json) -> Result<(), String> {
@@ -116,9 +126,89 @@ fn headers_of(e: &Engine, m: &Message) -> Table {
         .unwrap_or_default()
 }
 
+/// Takes the head of `queue` (settled at once): its body and properties.
+fn take(c: &mut Client, e: &Engine, queue: &str) -> Option<(String, Properties)> {
+    let got = c.get(queue, GetAck::Auto).expect("get")?;
+    let props = e
+        .codecs()
+        .decode(got.message.header_format, &got.message.properties)
+        .expect("decodable");
+    Some((
+        String::from_utf8_lossy(&got.message.body).into_owned(),
+        props,
+    ))
+}
+
+/// Publishes `body` persistently through `exchange` with `routing_key`.
+fn publish_via(c: &mut Client, exchange: &str, routing_key: &str, body: &str) {
+    let route = RouteInput {
+        exchange,
+        routing_key,
+        headers: &NoHeaders,
+    };
+    c.publish(&route, |id| Message {
+        id,
+        exchange: Bytes::copy_from_slice(exchange.as_bytes()),
+        routing_key: Bytes::copy_from_slice(routing_key.as_bytes()),
+        properties: Properties::default().to_bytes().expect("encodable"),
+        body: Bytes::copy_from_slice(body.as_bytes()),
+        header_format: HeaderFormat::WEIR,
+        persistent: true,
+        priority: 0,
+        ttl_ms: None,
+    })
+    .expect("publish");
+    c.commit();
+}
+
+/// A durable fanout exchange `name`, bound to each of `queues`.
+fn fanout(c: &mut Client, name: &str, queues: &[&str]) {
+    c.declare_exchange(
+        ExchangeDef {
+            name: name.into(),
+            kind: ExchangeKind::Fanout,
+            durable: true,
+            auto_delete: false,
+            internal: false,
+            delayed: false,
+            arguments: json!({}),
+        },
+        false,
+    )
+    .expect("declare exchange");
+    for q in queues {
+        c.bind(name, DestinationKind::Queue, q, "", json!({}))
+            .expect("bind");
+    }
+}
+
+/// The `x-death` entries of `h`, each as a table.
+fn deaths(h: &Table) -> Vec<Table> {
+    match h.get("x-death") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|d| match d {
+                Value::Table(t) => t.clone(),
+                other => panic!("an x-death entry is a table: {other:?}"),
+            })
+            .collect(),
+        other => panic!("no x-death: {other:?}"),
+    }
+}
+
+fn text(v: &str) -> Value {
+    Value::String(v.into())
+}
+
+/// `x-first-death-*` and `x-last-death-*` of `h`: [exchange, queue, reason] each.
+fn first_last(h: &Table) -> [[Option<&Value>; 3]; 2] {
+    ["first", "last"]
+        .map(|w| ["exchange", "queue", "reason"].map(|f| h.get(&format!("x-{w}-death-{f}"))))
+}
+
 #[test]
 fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
         &mut c,
@@ -128,15 +218,23 @@ fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
     .expect("q");
     publish(&mut c, "q", "long", Some(3_600_000));
     publish(&mut c, "q", "short", Some(1_000));
-    let t0 = now_ms();
-    // Not yet due.
-    e.run_timers(t0 + 500);
+    let t0 = clock.now_ms();
+    // Not yet due, a millisecond before its deadline.
+    run_at(&e, &clock, t0 + 999);
     assert_eq!(c.queue("dlq").expect("dlq").message_count(), 0);
-    // Due: the short one leaves from behind the long one, at once.
-    let next = e.run_timers(t0 + 1_100);
-    let (body, reasons, count) = get(&mut c, &e, "dlq").expect("dead-lettered");
-    assert_eq!((body.as_str(), count), ("short", 1));
-    assert_eq!(reasons, vec!["expired"]);
+    // Due: the short one leaves from behind the long one, on time.
+    let next = run_at(&e, &clock, t0 + 1_000);
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered");
+    assert_eq!(body, "short");
+    let h = props.headers.unwrap_or_default();
+    let d = deaths(&h);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].get("reason"), Some(&text("expired")));
+    assert_eq!(d[0].get("count"), Some(&Value::I64(1)));
+    // Its own TTL moves into x-death (RabbitMQ's original-expiration): the
+    // dead-lettered copy does not expire again.
+    assert_eq!(d[0].get("original-expiration"), Some(&text("1000")));
+    assert_eq!(props.ttl_ms, None, "expiration is moved into x-death");
     assert_eq!(bodies(&mut c, &e, "q"), vec!["long"]);
     assert!(
         next.is_some_and(|n| n > t0 + 3_000_000),
@@ -144,16 +242,115 @@ fn a_short_ttl_expires_on_time_behind_a_long_one_and_is_dead_lettered() {
     );
 }
 
+/// A queue TTL dead-letters its copy of a message on time, with `x-death`
+/// ("expired", the queue, the exchange and routing key it was published
+/// with, the engine's time) and `x-first-death-*` / `x-last-death-*`; the
+/// copy of the same message in a queue with a long TTL stays.
+#[test]
+fn a_queue_ttl_dead_letters_on_time_while_a_long_lived_copy_stays() {
+    let (e, mut c, clock) = setup();
+    declare(&mut c, "dlq", json!({})).expect("dlq");
+    fanout(&mut c, "dlx", &["dlq"]);
+    for (q, ttl) in [("short", 1_000), ("long", 3_600_000)] {
+        declare(
+            &mut c,
+            q,
+            json!({"x-message-ttl": ttl, "x-dead-letter-exchange": "dlx"}),
+        )
+        .expect(q);
+    }
+    fanout(&mut c, "fan", &["short", "long"]);
+    let t0 = clock.now_ms();
+    publish_via(&mut c, "fan", "rk", "m");
+    run_at(&e, &clock, t0 + 999);
+    assert!(take(&mut c, &e, "dlq").is_none(), "not before its TTL");
+    run_at(&e, &clock, t0 + 1_000);
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered on time");
+    assert_eq!(body, "m");
+    let h = props.headers.unwrap_or_default();
+    let d = deaths(&h);
+    assert_eq!(d.len(), 1);
+    for (k, v) in [
+        ("reason", text("expired")),
+        ("queue", text("short")),
+        ("exchange", text("fan")),
+        ("routing-keys", Value::Array(vec![text("rk")])),
+        ("count", Value::I64(1)),
+        ("time", Value::Timestamp((t0 + 1_000) / 1000)),
+    ] {
+        assert_eq!(d[0].get(k), Some(&v), "x-death {k}");
+    }
+    let (fan, short, expired) = (text("fan"), text("short"), text("expired"));
+    let death = [Some(&fan), Some(&short), Some(&expired)];
+    assert_eq!(first_last(&h), [death, death]);
+    assert_eq!(c.queue("long").expect("long").message_count(), 1);
+    assert_eq!(c.queue("short").expect("short").message_count(), 0);
+}
+
+/// A TTL deadline is the publish time plus the TTL, across a restart too:
+/// a restart before the deadline keeps the message until then (not a TTL
+/// counted afresh from the restart), and one whose deadline passed while
+/// the broker was down is never delivered after it comes back. Both the
+/// queue's TTL and a message's own.
+#[test]
+fn a_ttl_deadline_is_kept_across_a_restart_not_counted_afresh() {
+    let (store, clock) = (MemStore::new(), ManualClock::new());
+    {
+        let e = Engine::open(store.clone(), clock.clone()).expect("engine");
+        let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+        declare(&mut c, "ttl", json!({"x-message-ttl": 1_500})).expect("ttl");
+        declare(&mut c, "own", json!({})).expect("own");
+        publish(&mut c, "ttl", "queue-ttl", None);
+        publish(&mut c, "own", "own-ttl", Some(1_500));
+        barrier(&mut c);
+    }
+    clock.advance_ms(1_000);
+    let store = store.reopen();
+    {
+        let e = Engine::open(store.clone(), clock.clone()).expect("engine");
+        let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+        e.run_timers();
+        for q in ["ttl", "own"] {
+            assert_eq!(c.queue(q).expect(q).message_count(), 1, "{q}: still alive");
+        }
+    }
+    clock.advance_ms(501);
+    let e = Engine::open(store.reopen(), clock.clone()).expect("engine");
+    let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
+    for q in ["ttl", "own"] {
+        assert_eq!(
+            bodies(&mut c, &e, q),
+            Vec::<String>::new(),
+            "{q}: delivered after its deadline: recovery restarted the TTL clock"
+        );
+        // The get dropped the expired head before the timer ran: the ready
+        // count follows at once.
+        assert_eq!(c.queue(q).expect(q).message_count(), 0, "{q}");
+    }
+}
+
+/// Waits until everything appended so far is durable.
+fn barrier(c: &mut Client) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    c.durability_barrier(Box::new(move |r| {
+        let _ = tx.send(r);
+    }))
+    .expect("barrier");
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("waiter called")
+        .expect("durable");
+}
+
 #[test]
 fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&mut c, "q", json!({"x-message-ttl": 60_000})).expect("q");
     publish(&mut c, "q", "own-ttl-lower", Some(1_000));
     publish(&mut c, "q", "queue-ttl", None);
-    let t0 = now_ms();
-    e.run_timers(t0 + 2_000);
+    let t0 = clock.now_ms();
+    run_at(&e, &clock, t0 + 2_000);
     assert_eq!(c.queue("q").expect("q").message_count(), 1);
-    e.run_timers(t0 + 61_000);
+    run_at(&e, &clock, t0 + 61_000);
     assert_eq!(c.queue("q").expect("q").message_count(), 0);
     // Without a dead-letter exchange they were dropped and counted.
     assert_eq!(
@@ -171,7 +368,7 @@ fn queue_ttl_and_message_ttl_the_lower_wins_and_expired_is_never_delivered() {
 
 #[test]
 fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
         &mut c,
@@ -186,7 +383,7 @@ fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
             GetAck::Lease {
                 scope: 1,
                 tag: 1,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -194,7 +391,7 @@ fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
     assert_eq!(&got.message.body[..], b"bad");
     c.settle(1, 1, false, Settle::Drop).expect("reject");
     c.commit();
-    e.run_timers(now_ms());
+    e.run_timers();
     let got = c
         .get("dlq", GetAck::Auto)
         .expect("get")
@@ -225,7 +422,7 @@ fn reject_without_requeue_dead_letters_with_x_death_and_first_death() {
 
 #[test]
 fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
         &mut c,
@@ -242,7 +439,7 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
             GetAck::Lease {
                 scope: 1,
                 tag: tag + 1,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -262,15 +459,23 @@ fn a_poison_message_reaches_the_dlq_after_exactly_the_delivery_limit() {
         assert!(deliveries <= 4, "the poison message loops");
     }
     assert_eq!(deliveries, 4, "first delivery + 3 redeliveries");
-    e.run_timers(now_ms());
-    let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
+    e.run_timers();
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered");
     assert_eq!(body, "poison");
-    assert_eq!(reasons, vec!["delivery_limit"]);
+    let h = props.headers.unwrap_or_default();
+    let d = deaths(&h);
+    assert_eq!(d.len(), 1, "dead-lettered once");
+    assert_eq!(d[0].get("reason"), Some(&text("delivery_limit")));
+    let (x, q, r) = (text(""), text("work"), text("delivery_limit"));
+    let death = [Some(&x), Some(&q), Some(&r)];
+    assert_eq!(first_last(&h), [death, death]);
+    assert_eq!(c.queue("work").expect("work").message_count(), 0);
+    assert_eq!(c.queue("dlq").expect("dlq").message_count(), 0);
 }
 
 #[test]
 fn quorum_queues_default_to_a_delivery_limit_of_20() {
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     declare(&mut c, "qq", json!({"x-queue-type": "quorum"})).expect("qq");
     publish(&mut c, "qq", "p", None);
     let mut n = 0;
@@ -280,7 +485,7 @@ fn quorum_queues_default_to_a_delivery_limit_of_20() {
             GetAck::Lease {
                 scope: 1,
                 tag: n + 1,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -294,7 +499,7 @@ fn quorum_queues_default_to_a_delivery_limit_of_20() {
 
 #[test]
 fn max_length_drop_head_dead_letters_the_oldest() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(&mut c, "dlq", json!({})).expect("dlq");
     declare(
         &mut c,
@@ -308,7 +513,7 @@ fn max_length_drop_head_dead_letters_the_oldest() {
             Published::Routed { refused: false, .. }
         ));
     }
-    e.run_timers(now_ms());
+    e.run_timers();
     assert_eq!(bodies(&mut c, &e, "q"), vec!["3", "4"]);
     let dead: Vec<_> = std::iter::from_fn(|| get(&mut c, &e, "dlq")).collect();
     assert_eq!(
@@ -321,7 +526,7 @@ fn max_length_drop_head_dead_letters_the_oldest() {
 
 #[test]
 fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(
         &mut c,
         "q",
@@ -355,17 +560,23 @@ fn reject_publish_refuses_and_reject_publish_dlx_also_dead_letters() {
         publish(&mut c, "q2", &big, None),
         Published::Routed { refused: true, .. }
     ));
-    e.run_timers(now_ms());
-    let (body, reasons, _) = get(&mut c, &e, "dlq").expect("dead-lettered");
+    e.run_timers();
+    let (body, props) = take(&mut c, &e, "dlq").expect("dead-lettered");
+    assert_eq!(body, big);
+    let h = props.headers.unwrap_or_default();
+    assert_eq!(deaths(&h)[0].get("reason"), Some(&text("maxlen")));
+    let (x, q, r) = (text(""), text("q2"), text("maxlen"));
     assert_eq!(
-        (body.as_str(), reasons[0].as_str()),
-        (big.as_str(), "maxlen")
+        first_last(&h)[1],
+        [Some(&x), Some(&q), Some(&r)],
+        "x-last-death-*"
     );
+    assert_eq!(bodies(&mut c, &e, "q2"), vec!["a"]);
 }
 
 #[test]
 fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     // a expires into b, b expires back into a.
     declare(
         &mut c,
@@ -380,9 +591,9 @@ fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
     )
     .expect("b");
     publish(&mut c, "a", "m", None);
-    let t0 = now_ms();
+    let t0 = clock.now_ms();
     for step in 1..=10 {
-        e.run_timers(t0 + step * 1_000);
+        run_at(&e, &clock, t0 + step * 1_000);
     }
     assert_eq!(c.queue("a").expect("a").message_count(), 0);
     assert_eq!(c.queue("b").expect("b").message_count(), 0);
@@ -396,7 +607,7 @@ fn an_expiry_cycle_without_rejection_is_dropped_not_looped() {
 
 #[test]
 fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     for args in [
         json!({"x-max-priority": "10"}),
         json!({"x-max-priority": 256}),
@@ -410,7 +621,7 @@ fn wrong_argument_types_and_ranges_are_refused_with_406_texts() {
 
 #[test]
 fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&mut c, "idle", json!({"x-expires": 1_000})).expect("idle");
     declare(&mut c, "busy", json!({"x-expires": 1_000})).expect("busy");
     c.subscribe(
@@ -425,16 +636,18 @@ fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
     )
     .expect("subscribe");
     publish(&mut c, "idle", "publishing is not a use", None);
-    let t0 = now_ms();
-    e.run_timers(t0 + 500);
+    let t0 = clock.now_ms();
+    run_at(&e, &clock, t0 + 999);
     assert!(c.queue("idle").is_ok());
-    let next = e.run_timers(t0 + 1_100);
-    assert!(c.queue("idle").is_err(), "idle queue deleted");
+    let next = run_at(&e, &clock, t0 + 1_000);
+    assert!(c.queue("idle").is_err(), "idle queue deleted on time");
     assert!(c.queue("busy").is_ok(), "a queue with a consumer is in use");
     // The consumer leaves: idle from now on.
     assert!(c.unsubscribe(1, b"t"));
     assert!(next.is_some() || e.timers.next_ms().is_some());
-    e.run_timers(now_ms() + 1_100);
+    run_at(&e, &clock, t0 + 1_999);
+    assert!(c.queue("busy").is_ok(), "idle for 999 ms only");
+    run_at(&e, &clock, t0 + 2_000);
     assert!(c.queue("busy").is_err(), "deleted after its consumer left");
 }
 
@@ -442,7 +655,7 @@ fn an_unused_queue_with_x_expires_is_deleted_and_a_consumer_keeps_it() {
 fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_restart() {
     use weir_engine::policy::{ApplyTo, PolicyDef};
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let mut c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     declare(&mut c, "jobs.a", json!({})).expect("a");
     declare(&mut c, "other", json!({})).expect("other");
@@ -494,7 +707,7 @@ fn policies_apply_to_existing_and_new_queues_merge_as_rabbitmq_and_survive_resta
     drop(c);
     drop(e);
     // After a restart the policy still applies.
-    let e = Engine::open(store.reopen()).expect("reopened");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("reopened");
     let c = Client::open(&e, DEFAULT_TENANT, "guest").expect("client");
     assert_eq!(c.queue("jobs.a").expect("a").args().max_length, Some(2));
     let t = e.tenant(DEFAULT_TENANT).expect("tenant");
@@ -519,7 +732,7 @@ impl HeaderLookup for Key {
 fn ordering_keys_keep_per_key_order_across_random_nacks() {
     const KEYS: usize = 16;
     const PER_KEY: usize = 700; // 11,200 messages
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     declare(&mut c, "ordered", json!({"x-partitions": 4})).expect("declare");
     // Interleave keys as a real producer would.
     for i in 0..PER_KEY {
@@ -573,7 +786,8 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
             next_tag[scope as usize] += 1;
             let tag = next_tag[scope as usize];
             batch.push((scope, tag, String::from_utf8_lossy(&m.body).into_owned()));
-            c.lease(scope, tag, d, Instant::now(), now_ms());
+            let (now, now_ms) = (c.clock().now(), c.clock().now_ms());
+            c.lease(scope, tag, d, now, now_ms);
         }
         c.finish_deliveries();
         assert!(
@@ -613,7 +827,7 @@ fn ordering_keys_keep_per_key_order_across_random_nacks() {
 #[test]
 fn a_lowered_limit_drops_heads_only_under_drop_head() {
     use weir_engine::policy::{ApplyTo, PolicyDef};
-    let (e, mut c) = setup();
+    let (e, mut c, _) = setup();
     declare(
         &mut c,
         "lim.reject",
@@ -654,7 +868,7 @@ fn a_lowered_limit_drops_heads_only_under_drop_head() {
 
 #[test]
 fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
-    let (_e, mut c) = setup();
+    let (_e, mut c, _) = setup();
     declare(&mut c, "parts", json!({"x-partitions": 2})).expect("declare");
     for key in ["a", "b"] {
         for i in 0..2 {
@@ -684,7 +898,7 @@ fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
             GetAck::Lease {
                 scope: 1,
                 tag,
-                now: Instant::now(),
+                now: c.clock().now(),
             },
         )
         .expect("get")
@@ -702,9 +916,8 @@ fn basic_get_on_a_partitioned_queue_keeps_one_message_out_per_partition() {
 
 #[test]
 fn counters_sum_the_wait_of_each_delivery_and_read_depth_without_a_lock() {
-    let (e, mut c) = setup();
+    let (e, mut c, clock) = setup();
     declare(&mut c, "q", json!({})).expect("declare");
-    let before = now_ms();
     for i in 0..3 {
         publish(&mut c, "q", &format!("m{i}"), None);
     }
@@ -714,24 +927,15 @@ fn counters_sum_the_wait_of_each_delivery_and_read_depth_without_a_lock() {
         .expect("queue");
     let n = q.counters();
     assert_eq!((n.published, n.ready, n.leased, n.waited_ms), (3, 3, 0, 0));
-    // Nothing to await but the clock: the wait is the figure under test.
-    while now_ms() < before + 30 {
-        std::thread::yield_now();
-    }
+    clock.advance_ms(30);
     let lease = GetAck::Lease {
         scope: 1,
         tag: 1,
-        now: Instant::now(),
+        now: c.clock().now(),
     };
     let got = c.get("q", lease).expect("get").expect("a message");
-    let after = now_ms();
     let n = q.counters();
     assert_eq!((n.delivered, n.ready, n.leased), (1, 2, 1));
-    assert!(
-        (30..=after - before).contains(&n.waited_ms),
-        "waited {} ms, at least 30 and at most {}",
-        n.waited_ms,
-        after - before
-    );
+    assert_eq!(n.waited_ms, 30, "waited 30 ms on the engine's clock");
     drop(got);
 }

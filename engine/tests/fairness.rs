@@ -15,6 +15,7 @@ use weir_engine::message::Message;
 use weir_engine::permissions::{PermissionDef, UserDef};
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, Engine};
 
 struct NoHeaders;
@@ -27,7 +28,7 @@ impl HeaderLookup for NoHeaders {
 
 fn engine(dir: &std::path::Path) -> Arc<Engine> {
     let store = LogStore::open(dir, LogOptions::default()).expect("store");
-    let e = Engine::open(store).expect("engine");
+    let e = Engine::open(store, ManualClock::new()).expect("engine");
     let _user_written = e.put_user(UserDef {
         name: "u".into(),
         password_hash: weir_engine::auth::GUEST_PASSWORD_HASH.into(),
@@ -84,7 +85,7 @@ fn publish(c: &mut Client, size: usize) -> bool {
     c.take_store_pressure()
 }
 
-fn barrier(c: &Client) {
+fn barrier(c: &mut Client) {
     let (tx, rx) = std::sync::mpsc::channel();
     c.durability_barrier(Box::new(move |r| {
         let _ = tx.send(r);
@@ -109,7 +110,7 @@ fn a_flooding_tenant_is_held_to_its_store_share_and_a_quiet_one_is_not() {
     for _ in 0..32 {
         assert!(!publish(&mut hot, BODY), "a tenant alone was held back");
     }
-    barrier(&hot);
+    barrier(&mut hot);
 
     // With a second tenant writing, the flood is told to wait once it
     // holds more than its share; the quiet tenant never is.
@@ -119,6 +120,6 @@ fn a_flooding_tenant_is_held_to_its_store_share_and_a_quiet_one_is_not() {
     assert!(!publish(&mut quiet, 100), "the quiet tenant was held back");
 
     // Its session waits for its appends to be durable: then it may go on.
-    barrier(&hot);
+    barrier(&mut hot);
     assert!(!publish(&mut hot, BODY));
 }

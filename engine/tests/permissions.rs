@@ -15,6 +15,7 @@ use weir_engine::meta::DestinationKind;
 use weir_engine::permissions::{PermissionDef, TopicPermissionDef, UserDef};
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, DurableWait, Engine, EngineError, DEFAULT_TENANT};
 
 const REMOTE: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9));
@@ -120,7 +121,7 @@ fn publish(c: &mut Client, exchange: &str, key: &str) -> Result<Published, Engin
 
 #[test]
 fn a_user_without_permissions_on_a_tenant_cannot_open_it() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     tenants(&e);
     user(&e, "ua", "pa");
     perms(&e, "ua", "a", ".*", ".*", ".*");
@@ -136,7 +137,7 @@ fn a_user_without_permissions_on_a_tenant_cannot_open_it() {
         Err(EngineError::NotFound(_))
     ));
     // The default user of a store without users: guest, on `/` only.
-    let fresh = Engine::open(MemStore::new()).expect("engine");
+    let fresh = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     tenants(&fresh);
     assert!(Client::open(&fresh, DEFAULT_TENANT, "guest").is_ok());
     assert!(Client::open(&fresh, "a", "guest").is_err());
@@ -144,7 +145,7 @@ fn a_user_without_permissions_on_a_tenant_cannot_open_it() {
 
 #[test]
 fn each_operation_needs_its_permission() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     tenants(&e);
     user(&e, "admin", "x");
     perms(&e, "admin", "a", ".*", ".*", ".*");
@@ -272,7 +273,7 @@ fn each_operation_needs_its_permission() {
 
 #[test]
 fn topic_permissions_restrict_topic_exchanges_only_with_variables() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     tenants(&e);
     user(&e, "u", "x");
     perms(&e, "u", "a", ".*", ".*", ".*");
@@ -323,7 +324,7 @@ fn topic_permissions_restrict_topic_exchanges_only_with_variables() {
 fn definitions_survive_a_restart_and_users_change_at_runtime() {
     let store = MemStore::new();
     {
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         tenants(&e);
         user(&e, "u", "old");
         user(&e, "gone", "x");
@@ -350,7 +351,7 @@ fn definitions_survive_a_restart_and_users_change_at_runtime() {
             Err(EngineError::NotFound(_))
         ));
     }
-    let e = Engine::open(store.reopen()).expect("reopened");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("reopened");
     assert!(e.authenticator().authenticate("u", b"new", REMOTE).is_ok());
     assert!(e
         .authenticator()
@@ -378,7 +379,7 @@ fn definitions_survive_a_restart_and_users_change_at_runtime() {
 #[test]
 fn configured_definitions_replace_earlier_configured_ones_only() {
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     tenants(&e);
     user(&e, "api-user", "x");
     perms(&e, "api-user", "a", ".*", ".*", ".*");
@@ -411,7 +412,7 @@ fn configured_definitions_replace_earlier_configured_ones_only() {
         permissions: vec![full("c1", "b")],
         topic_permissions: vec![],
     });
-    let e2 = Engine::open(store.reopen()).expect("reopened");
+    let e2 = Engine::open(store.reopen(), ManualClock::new()).expect("reopened");
     for e in [&e, &e2] {
         assert!(Client::open(e, "a", "c1").is_err());
         assert!(Client::open(e, "b", "c1").is_ok());

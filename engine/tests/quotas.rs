@@ -11,11 +11,12 @@ use weir_engine::message::Message;
 use weir_engine::permissions::{PermissionDef, UserDef};
 use weir_engine::properties::HeaderFormat;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Client, Engine, EngineError};
 use weir_quota::{Limits, QuotaError};
 
 fn engine_with(tenant: &str, limits: Limits) -> Arc<Engine> {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     let (t, _) = e.add_tenant(tenant).expect("tenant");
     t.set_limits(limits);
     for user in ["u", "other"] {

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use weir_backend::log::{LogOptions, LogStore};
 use weir_backend::testing::MemStore;
 use weir_backend::{Op, Store};
-use weir_engine::message::now_ms;
 use weir_engine::properties::{HeaderFormat, MessageHeader};
 use weir_engine::retained::{
     RetainError, RetainedCursor, RetainedLimits, RetainedMessage, STEP_NODES,
 };
+use weir_engine::{Clock, ManualClock};
 use weir_engine::{DurableWait, Engine, Tenant, DEFAULT_TENANT};
 
 const NOW: u64 = 1_000_000;
@@ -79,7 +79,7 @@ fn pair(t: &str, b: &str) -> (String, String) {
 
 #[test]
 fn set_replace_and_clear() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     assert!(found(&t, "a/b").is_empty());
     set(&t, "a/b", "one");
@@ -106,7 +106,7 @@ fn set_replace_and_clear() {
 #[test]
 fn the_wait_resolves_only_when_the_store_made_it_durable() {
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     store.hold_durability(true);
     let mut w = t
@@ -123,7 +123,7 @@ fn the_wait_resolves_only_when_the_store_made_it_durable() {
 
 #[test]
 fn filters_match_with_wildcards_and_the_dollar_rule() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     for topic in [
         "a",
@@ -178,10 +178,9 @@ fn the_message_count_is_bounded_per_tenant() {
                 value: b"{}",
             }],
             &mut Vec::new(),
-            None,
         )
         .expect("append");
-    let e = Engine::open(store).expect("engine");
+    let e = Engine::open(store, ManualClock::new()).expect("engine");
     e.set_retained_limits(RetainedLimits {
         max_messages_per_tenant: 2,
         max_bytes_per_tenant: 0,
@@ -219,10 +218,9 @@ fn the_bytes_are_bounded_over_every_tenant() {
                 value: b"{}",
             }],
             &mut Vec::new(),
-            None,
         )
         .expect("append");
-    let e = Engine::open(store).expect("engine");
+    let e = Engine::open(store, ManualClock::new()).expect("engine");
     // Each message below: 1 topic byte + 1 header byte + body.
     e.set_retained_limits(RetainedLimits {
         max_messages_per_tenant: 0,
@@ -281,7 +279,8 @@ fn the_bytes_are_bounded_over_every_tenant() {
 #[test]
 fn expired_messages_are_not_found_and_are_swept() {
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("engine");
+    let clock = ManualClock::starting_at(NOW);
+    let e = Engine::open(store.clone(), clock.clone()).expect("engine");
     e.set_retained_limits(RetainedLimits {
         max_messages_per_tenant: 2,
         max_bytes_per_tenant: 0,
@@ -342,10 +341,13 @@ fn expired_messages_are_not_found_and_are_swept() {
         .expect("retain")
         .expect("wait");
     durable(w);
-    assert_eq!(e.sweep_retained(NOW + 400), 0);
-    assert_eq!(e.sweep_retained(NOW + 401), 1);
+    // On the engine's clock: alive at its deadline, gone a millisecond on.
+    clock.set_ms(NOW + 400);
+    assert_eq!(e.sweep_retained(), 0);
+    clock.set_ms(NOW + 401);
+    assert_eq!(e.sweep_retained(), 1);
     assert_eq!(t.retained_count(), 1);
-    let e2 = Engine::open(store.reopen()).expect("reopen");
+    let e2 = Engine::open(store.reopen(), clock.clone()).expect("reopen");
     assert_eq!(topics_at(&tenant(&e2), "#", NOW), ["s/2"]);
 }
 
@@ -359,14 +361,14 @@ fn topics_at(t: &Tenant, filter: &str, now: u64) -> Vec<String> {
 #[test]
 fn retained_messages_survive_a_restart_of_the_memory_store() {
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     set(&t, "a/b", "kept");
     set(&t, "a/c", "cleared");
     assert!(clear(&t, "a/c"));
     drop(t);
     drop(e);
-    let e = Engine::open(store.reopen()).expect("reopen");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("reopen");
     let t = tenant(&e);
     assert_eq!(found(&t, "#"), vec![pair("a/b", "kept")]);
     assert_eq!(e.retained_bytes(), 3 + 1 + 4);
@@ -385,11 +387,12 @@ fn log_opts() -> LogOptions {
 #[test]
 fn retained_messages_survive_a_restart_of_the_log_store() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let real_now = now_ms();
+    let clock = ManualClock::new();
+    let real_now = clock.now_ms();
     let expected: Vec<RetainedMessage>;
     {
         let store = LogStore::open(dir.path(), log_opts()).expect("store");
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), clock.clone()).expect("engine");
         let t = tenant(&e);
         // Many generations of a few topics: most records are dead, so the
         // store reclaims segments and checkpoints its metadata map.
@@ -451,7 +454,7 @@ fn retained_messages_survive_a_restart_of_the_log_store() {
     }
     for restart in 0..2 {
         let store = LogStore::open(dir.path(), log_opts()).expect("reopen");
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), clock.clone()).expect("engine");
         let t = tenant(&e);
         let back: Vec<RetainedMessage> = t
             .retained("#", real_now - 10)
@@ -482,10 +485,12 @@ fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
                 value: b"{}",
             }],
             &mut Vec::new(),
-            None,
         )
         .expect("append");
-    (Engine::open(store.clone()).expect("engine"), store)
+    (
+        Engine::open(store.clone(), ManualClock::new()).expect("engine"),
+        store,
+    )
 }
 
 /// Every topic of 1 to 3 levels over a small alphabet (empty levels, `$`
@@ -494,7 +499,7 @@ fn engine_with_other() -> (Arc<Engine>, Arc<MemStore>) {
 /// topic with `topic::mqtt_matches` finds, also when walked one message per step.
 #[test]
 fn the_trie_finds_what_a_scan_of_every_topic_finds() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     let levels = ["", "a", "b", "a-b", "$s"];
     let mut all: Vec<String> = Vec::new();
@@ -638,7 +643,7 @@ fn lookups_visit_a_bounded_number_of_nodes_per_step() {
 /// found, cleared ones are not, and none twice.
 #[test]
 fn a_cursor_sees_changes_made_between_its_steps() {
-    let e = Engine::open(MemStore::new()).expect("engine");
+    let e = Engine::open(MemStore::new(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     for topic in ["d/1", "d/2", "d/3", "d/3/x"] {
         set(&t, topic, "v");
@@ -714,7 +719,7 @@ fn the_bytes_are_budgeted_per_tenant_under_the_total() {
     // Counted again at recovery, per tenant.
     drop((t, o));
     drop(e);
-    let e = Engine::open(store.reopen()).expect("reopen");
+    let e = Engine::open(store.reopen(), ManualClock::new()).expect("reopen");
     assert_eq!(tenant(&e).retained_bytes(), 9);
     assert_eq!(e.tenant("other").expect("other").retained_bytes(), 12);
     assert_eq!(e.retained_bytes(), 21);

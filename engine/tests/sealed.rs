@@ -15,13 +15,13 @@ use weir_engine::auth::hash_password;
 use weir_engine::client::{DeadLetterMove, GetAck, Published};
 use weir_engine::exchange::HeaderLookup;
 use weir_engine::lease::Settle;
-use weir_engine::message::{now_ms, Message};
+use weir_engine::message::Message;
 use weir_engine::meta::DestinationKind;
 use weir_engine::permissions::{PermissionDef, TopicPermissionDef, UserDef};
 use weir_engine::properties::{HeaderFormat, MessageHeader, Properties};
 use weir_engine::retained::{RetainError, RetainedCursor};
 use weir_engine::tenant::{QueueDeclare, RouteInput};
-use weir_engine::{Client, DurableWait, Engine, EngineError};
+use weir_engine::{Client, Clock, DurableWait, Engine, EngineError, ManualClock};
 
 fn durable(w: DurableWait) {
     w.blocking_recv().expect("store answered").expect("durable");
@@ -29,8 +29,10 @@ fn durable(w: DurableWait) {
 
 /// An engine with tenant `a` and `users` with permissions there (name,
 /// configure, write, read).
-fn engine(users: &[(&str, &str, &str, &str)]) -> Arc<Engine> {
-    let e = Engine::open(MemStore::new()).expect("engine");
+/// The engine runs on a manual clock, returned beside it.
+fn engine(users: &[(&str, &str, &str, &str)]) -> (Arc<Engine>, Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let e = Engine::open(MemStore::new(), clock.clone()).expect("engine");
     if let (_, Some(w)) = e.add_tenant("a").expect("tenant") {
         durable(w);
     }
@@ -60,7 +62,7 @@ fn engine(users: &[(&str, &str, &str, &str)]) -> Arc<Engine> {
             .expect("permissions"),
         );
     }
-    e
+    (e, clock)
 }
 
 fn refused<T: std::fmt::Debug>(r: Result<T, EngineError>) -> String {
@@ -136,7 +138,7 @@ fn header() -> MessageHeader {
 
 #[test]
 fn retained_messages_are_checked_as_their_publish_and_their_subscription() {
-    let e = engine(&[("u", ".*", ".*", ".*"), ("ro", ".*", "^$", ".*")]);
+    let (e, clock) = engine(&[("u", ".*", ".*", ".*"), ("ro", ".*", "^$", ".*")]);
     durable(
         e.set_topic_permissions(TopicPermissionDef {
             user: "u".into(),
@@ -148,7 +150,7 @@ fn retained_messages_are_checked_as_their_publish_and_their_subscription() {
         })
         .expect("topic permissions"),
     );
-    let now = now_ms();
+    let now = clock.now_ms();
     let mut u = Client::open(&e, "a", "u").expect("u");
     u.set_client_id("dev1");
     // Write: the topic's routing key against the topic write pattern.
@@ -201,7 +203,7 @@ fn retained_messages_are_checked_as_their_publish_and_their_subscription() {
 
 #[test]
 fn session_state_is_the_sessions_own() {
-    let e = engine(&[("u", ".*", ".*", ".*")]);
+    let (e, _) = engine(&[("u", ".*", ".*", ".*")]);
     let mut one = Client::open(&e, "a", "u").expect("one");
     let mut two = Client::open(&e, "a", "u").expect("two");
     // No session named yet: nothing to reach.
@@ -246,7 +248,7 @@ fn session_state_is_the_sessions_own() {
 
 #[test]
 fn a_queues_bindings_need_read_on_it_and_are_its_own() {
-    let e = engine(&[("u", ".*", ".*", ".*"), ("w", ".*", ".*", "^$")]);
+    let (e, _) = engine(&[("u", ".*", ".*", ".*"), ("w", ".*", ".*", "^$")]);
     let mut u = Client::open(&e, "a", "u").expect("u");
     declare(&mut u, "q1", false, json!({}));
     declare(&mut u, "q2", false, json!({}));
@@ -304,7 +306,7 @@ fn a_queues_bindings_need_read_on_it_and_are_its_own() {
 /// 50,000 binding copies).
 #[test]
 fn a_queues_bindings_cost_its_own_not_the_exchanges() {
-    let e = engine(&[("u", ".*", ".*", ".*")]);
+    let (e, _) = engine(&[("u", ".*", ".*", ".*")]);
     let mut u = Client::open(&e, "a", "u").expect("u");
     declare(&mut u, "mine", false, json!({}));
     bind(&mut u, "mine", "mine.#");
@@ -338,7 +340,7 @@ fn a_queues_bindings_cost_its_own_not_the_exchanges() {
 
 #[test]
 fn admin_calls_are_for_management_clients_and_keep_the_permission_rules() {
-    let e = engine(&[
+    let (e, _) = engine(&[
         ("admin", ".*", ".*", ".*"),
         ("noconf", "^$", ".*", ".*"),
         ("noread", ".*", ".*", "^$"),
@@ -387,7 +389,7 @@ fn admin_calls_are_for_management_clients_and_keep_the_permission_rules() {
 
 #[test]
 fn dead_letters_move_back_to_the_queue_they_died_in() {
-    let e = engine(&[("admin", ".*", ".*", ".*"), ("nowrite", ".*", "^$", ".*")]);
+    let (e, clock) = engine(&[("admin", ".*", ".*", ".*"), ("nowrite", ".*", "^$", ".*")]);
     let mut c = Client::open(&e, "a", "admin").expect("client");
     declare(&mut c, "dlq", false, json!({}));
     declare(
@@ -397,7 +399,8 @@ fn dead_letters_move_back_to_the_queue_they_died_in() {
         json!({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}),
     );
     publish(&mut c, "src", "died", Some(1));
-    e.run_timers(now_ms() + 1_000);
+    clock.advance_ms(1_000);
+    e.run_timers();
     publish(&mut c, "dlq", "never died", None);
     assert_eq!(c.queue("dlq").expect("dlq").message_count(), 2);
     let now = Instant::now();
@@ -457,7 +460,7 @@ fn dead_letters_move_back_to_the_queue_they_died_in() {
 
 #[test]
 fn check_route_answers_as_a_publish_would_without_publishing() {
-    let e = engine(&[("u", ".*", "^amq\\.topic$", ".*")]);
+    let (e, _) = engine(&[("u", ".*", "^amq\\.topic$", ".*")]);
     let mut u = Client::open(&e, "a", "u").expect("u");
     let route = |x: &'static str| RouteInput {
         exchange: x,

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use weir_backend::log::{LogOptions, LogStore};
 use weir_backend::Store;
+use weir_engine::ManualClock;
 use weir_engine::{DurableWait, Engine, Tenant, DEFAULT_TENANT};
 
 fn durable(w: DurableWait) {
@@ -29,7 +30,7 @@ fn session_state_is_found_by_prefix_and_survives_a_restart_of_the_log_store() {
     };
     {
         let store = LogStore::open(dir.path(), opts.clone()).expect("store");
-        let e = Engine::open(store.clone()).expect("engine");
+        let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
         let t = tenant(&e, DEFAULT_TENANT);
         // Many generations: segments are reclaimed behind a metadata checkpoint.
         for round in 0..50u8 {
@@ -61,7 +62,7 @@ fn session_state_is_found_by_prefix_and_survives_a_restart_of_the_log_store() {
         store.close().expect("close");
     }
     let store = LogStore::open(dir.path(), opts).expect("reopen");
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let t = tenant(&e, DEFAULT_TENANT);
     assert_eq!(
         keys(&t, "mqtt\0"),

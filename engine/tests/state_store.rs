@@ -8,6 +8,7 @@ use std::sync::Arc;
 use weir_backend::testing::MemStore;
 use weir_backend::Store;
 use weir_engine::properties::{HeaderFormat, MessageHeader};
+use weir_engine::ManualClock;
 use weir_engine::{DurableWait, Engine, Tenant, DEFAULT_TENANT};
 
 const NOW: u64 = 1_000_000;
@@ -47,7 +48,7 @@ fn versions(store: &dyn Store, prefix: &[u8]) -> Vec<(Vec<u8>, u64)> {
 #[test]
 fn retained_and_session_state_are_versioned_per_key_outside_the_metadata() {
     let store = MemStore::new();
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     let meta_version = store.recovered_meta().expect("meta").version;
 
@@ -103,7 +104,7 @@ fn retained_and_session_state_are_versioned_per_key_outside_the_metadata() {
             .expect("update"),
     );
     let store = store.reopen();
-    let e = Engine::open(store.clone()).expect("engine");
+    let e = Engine::open(store.clone(), ManualClock::new()).expect("engine");
     let t = tenant(&e);
     let got = t.retained("#", NOW);
     assert_eq!(got.len(), 1);

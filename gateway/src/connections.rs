@@ -177,7 +177,7 @@ impl Connections {
             peer: c.peer,
             user: c.user.to_string(),
             vhost: c.vhost.to_string(),
-            connected_at_ms: weir_engine::message::now_ms(),
+            connected_at_ms: weir_engine::Clock::now_ms(&weir_engine::SystemClock),
             tls: c.tls,
             channels: AtomicU32::new(0),
             detail: Mutex::default(),
@@ -305,7 +305,7 @@ impl ConnInfo {
     /// connection's own; sessions never take it.
     pub fn rates(&self) -> (f64, f64) {
         let now = TrafficSample {
-            at_ms: weir_engine::message::now_ms(),
+            at_ms: weir_engine::Clock::now_ms(&weir_engine::SystemClock),
             recv_oct: self.traffic.recv_oct.load(Ordering::Relaxed),
             send_oct: self.traffic.send_oct.load(Ordering::Relaxed),
         };

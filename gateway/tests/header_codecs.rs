@@ -78,7 +78,8 @@ impl HeaderCodec for LinesCodec {
 /// An engine over `MemStore` with `codecs` installed, as the server's
 /// startup installs the composition root's, and a client with queue `q`.
 fn engine_with(codecs: HeaderCodecs) -> (Arc<Engine>, Client) {
-    let engine = Engine::open(MemStore::new()).expect("engine opens");
+    let engine =
+        Engine::open(MemStore::new(), weir_engine::ManualClock::new()).expect("engine opens");
     engine.set_codecs(Arc::new(codecs));
     let mut client = Client::open(&engine, DEFAULT_TENANT, "guest").expect("client opens");
     let (_, wait) = client

@@ -49,11 +49,7 @@ pub(crate) struct Checkpoint {
 
 fn corrupt(reason: impl Into<String>) -> StoreError {
     // Segment 0 never exists; the checkpoint is reported there.
-    StoreError::Corrupt {
-        segment: 0,
-        offset: 0,
-        reason: format!("meta.checkpoint: {}", reason.into()),
-    }
+    super::error::corrupt(0, 0, format!("meta.checkpoint: {}", reason.into()))
 }
 
 /// Encodes a checkpoint.

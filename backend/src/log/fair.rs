@@ -1,33 +1,33 @@
-//! Fair shares of the writer between owners (tenants, to the engine).
+//! Fair shares of the writer between share tags (tenants, to the engine).
 //!
 //! A commit round writes and syncs everything appended before it was taken,
 //! in log order: positions are assigned at append time, and durability is a
 //! prefix of the log. So a record cannot skip ahead of a backlog appended
-//! before it, and a flooding owner would make every round large and every
-//! other owner's confirm wait behind its data. Fairness is therefore decided
-//! at admission: [`Owners`] counts, per owner, the bytes appended and not yet
+//! before it, and a flooding tag would make every round large and every
+//! other tag's confirm wait behind its data. Fairness is therefore decided
+//! at admission: [`Shares`] counts, per tag, the bytes appended and not yet
 //! written (pending, then in the round being written). When more than
-//! [`ROUND_BUDGET`] bytes wait and several owners have some, an owner above
+//! [`ROUND_BUDGET`] bytes wait and several tags have some, a tag above
 //! an equal share of the budget is told so ([`Admission::over_share`]); its
 //! producer waits for its appends to be durable before appending more. The
-//! other owners' next appends then ride in the next round behind at most
-//! about a budget of its data. An owner stays counted for a few rounds after
+//! other tags' next appends then ride in the next round behind at most
+//! about a budget of its data. A tag stays counted for a few rounds after
 //! its last append, so a steady publisher's next record is protected too.
 //!
-//! A single owner is never held back (the single-tenant hot path stays as
-//! it was), and [`Owner::SHARED`] (the broker's own work) is neither held
+//! A single tag is never held back (the single-tenant hot path stays as
+//! it was), and [`ShareTag::BROKER`] (the broker's own work) is neither held
 //! back nor counted.
 
-use crate::{Admission, Owner};
+use crate::{Admission, ShareTag};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// Owners are small numbers the caller picks: a multiplicative hash is
+/// Share tags are small numbers the caller picks: a multiplicative hash is
 /// enough, and cheaper than SipHash on every append.
 #[derive(Default)]
-struct OwnerHasher(u64);
+struct TagHasher(u64);
 
-impl Hasher for OwnerHasher {
+impl Hasher for TagHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -43,19 +43,19 @@ impl Hasher for OwnerHasher {
     }
 }
 
-/// Bytes waiting for the writer above which owners are held to their
+/// Bytes waiting for the writer above which tags are held to their
 /// shares. A round this size is written in well under a millisecond; the
-/// fsync dominates. Large enough that a busy owner's confirms still
+/// fsync dominates. Large enough that a busy tag's confirms still
 /// pipeline several batches per round.
 pub(crate) const ROUND_BUDGET: u64 = 256 << 10;
 
-/// An owner counts as sharing the writer for this many rounds after its
+/// A tag counts as sharing the writer for this many rounds after its
 /// last append: a steady publisher (one confirm per millisecond, say) has
 /// nothing waiting between its appends, yet a flood must not build up a
 /// backlog in front of its next one.
 const PRESENT_ROUNDS: u64 = 64;
 
-/// Bytes one owner has waiting for the writer.
+/// Bytes one tag has waiting for the writer.
 #[derive(Default)]
 struct Waiting {
     /// In `pending`.
@@ -66,25 +66,25 @@ struct Waiting {
     seen: u64,
 }
 
-/// Per-owner bytes waiting for the writer.
+/// Per-tag bytes waiting for the writer.
 #[derive(Default)]
-pub(crate) struct Owners {
-    /// Owners that appended within [`PRESENT_ROUNDS`]: its length is the
-    /// number of owners sharing the writer.
-    waiting: HashMap<Owner, Waiting, BuildHasherDefault<OwnerHasher>>,
-    /// Bytes waiting, all owners.
+pub(crate) struct Shares {
+    /// Shares that appended within [`PRESENT_ROUNDS`]: its length is the
+    /// number of tags sharing the writer.
+    waiting: HashMap<ShareTag, Waiting, BuildHasherDefault<TagHasher>>,
+    /// Bytes waiting, all tags.
     total: u64,
     /// Rounds taken so far.
     round: u64,
 }
 
-impl Owners {
-    /// `bytes` were appended for `owner`. Returns what the owner is told.
-    pub(crate) fn appended(&mut self, owner: Owner, bytes: u64) -> Admission {
-        if owner == Owner::SHARED || bytes == 0 {
+impl Shares {
+    /// `bytes` were appended for `tag`. Returns what the tag is told.
+    pub(crate) fn appended(&mut self, tag: ShareTag, bytes: u64) -> Admission {
+        if tag == ShareTag::BROKER || bytes == 0 {
             return Admission::default();
         }
-        let e = self.waiting.entry(owner).or_default();
+        let e = self.waiting.entry(tag).or_default();
         e.pending += bytes;
         e.seen = self.round;
         let mine = e.pending + e.round;
@@ -104,7 +104,7 @@ impl Owners {
     }
 
     /// The round taken last is in the kernel (or failed): its bytes no
-    /// longer wait. Owners quiet for [`PRESENT_ROUNDS`] stop sharing.
+    /// longer wait. Tags quiet for [`PRESENT_ROUNDS`] stop sharing.
     pub(crate) fn round_done(&mut self) {
         let mut total = 0;
         let round = self.round;
@@ -116,13 +116,13 @@ impl Owners {
         self.total = total;
     }
 
-    /// Bytes of `owner` waiting for the writer.
+    /// Bytes of `tag` waiting for the writer.
     #[cfg(test)]
-    pub(crate) fn waiting(&self, owner: Owner) -> u64 {
-        self.waiting.get(&owner).map_or(0, |e| e.pending + e.round)
+    pub(crate) fn waiting(&self, tag: ShareTag) -> u64 {
+        self.waiting.get(&tag).map_or(0, |e| e.pending + e.round)
     }
 
-    /// Owners sharing the writer.
+    /// Tags sharing the writer.
     #[cfg(test)]
     pub(crate) fn present(&self) -> usize {
         self.waiting.len()
@@ -135,30 +135,30 @@ mod tests {
 
     #[test]
     fn one_owner_is_never_held_back() {
-        let mut o = Owners::default();
+        let mut o = Shares::default();
         for _ in 0..100 {
-            assert!(!o.appended(Owner(1), ROUND_BUDGET).over_share);
+            assert!(!o.appended(ShareTag(1), ROUND_BUDGET).over_share);
         }
         // The broker's own work does not make a second owner.
-        assert!(!o.appended(Owner::SHARED, 1).over_share);
-        assert!(!o.appended(Owner(1), 1).over_share);
+        assert!(!o.appended(ShareTag::BROKER, 1).over_share);
+        assert!(!o.appended(ShareTag(1), 1).over_share);
     }
 
     #[test]
     fn a_flooding_owner_is_over_its_share_and_a_quiet_one_is_not() {
-        let mut o = Owners::default();
-        assert!(!o.appended(Owner(1), ROUND_BUDGET).over_share);
-        assert!(!o.appended(Owner(2), 100).over_share);
-        assert!(o.appended(Owner(1), 1).over_share);
-        assert!(!o.appended(Owner(2), 100).over_share);
+        let mut o = Shares::default();
+        assert!(!o.appended(ShareTag(1), ROUND_BUDGET).over_share);
+        assert!(!o.appended(ShareTag(2), 100).over_share);
+        assert!(o.appended(ShareTag(1), 1).over_share);
+        assert!(!o.appended(ShareTag(2), 100).over_share);
         // Taken into a round, the flood still waits for the writer.
         o.take_round();
-        assert!(o.appended(Owner(1), 1).over_share);
+        assert!(o.appended(ShareTag(1), 1).over_share);
         // Written: nothing waits but what came after.
         o.round_done();
-        assert_eq!(o.waiting(Owner(1)), 1);
-        assert_eq!(o.waiting(Owner(2)), 0);
-        assert!(!o.appended(Owner(1), ROUND_BUDGET / 2).over_share);
+        assert_eq!(o.waiting(ShareTag(1)), 1);
+        assert_eq!(o.waiting(ShareTag(2)), 0);
+        assert!(!o.appended(ShareTag(1), ROUND_BUDGET / 2).over_share);
         // A steady owner stays present between its appends; gone quiet, it
         // no longer shares the writer.
         for _ in 0..PRESENT_ROUNDS {
@@ -166,6 +166,6 @@ mod tests {
             o.round_done();
         }
         assert_eq!(o.present(), 0);
-        assert!(!o.appended(Owner(1), 2 * ROUND_BUDGET).over_share);
+        assert!(!o.appended(ShareTag(1), 2 * ROUND_BUDGET).over_share);
     }
 }

@@ -24,7 +24,11 @@
 //! of the whole record).
 
 mod checkpoint;
+mod error;
 mod fair;
+mod feed;
+mod handle;
+mod partitions;
 mod receipts;
 mod record;
 mod recovery;
@@ -34,6 +38,8 @@ mod segment;
 mod spares;
 mod writer;
 
+pub use error::{Damage, LogError, LostRecord, SegmentId};
+pub use handle::LogHandle;
 pub use repair::{repair, RepairReport, QUARANTINE_DIR};
 
 /// Entry points for the fuzz targets (`fuzz/fuzz_targets/store_*.rs`): they
@@ -84,9 +90,10 @@ pub mod fuzzing {
 mod tests;
 
 use crate::{
-    Admission, LiveSet, Location, MessageData, MessageId, MetaChange, Op, Owner, PartitionId,
-    Receipt, RecoveredMessage, RecoveredMeta, Relocation, SegmentId, StateEntry, Store, StoreError,
-    StoreStats, StoredMessage, Waiter,
+    Admission, Epoch, LiveSet, Location, MessageData, MessageId, MessageRef, MetaChange, MetaFeed,
+    Op, PartitionId, RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta,
+    Relocation, ShareTag, StateEntry, Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter,
+    Wake,
 };
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
@@ -170,8 +177,13 @@ pub(crate) struct Chunk {
 pub(crate) struct State {
     /// Encoded, not yet taken by the writer. Contiguous, in log order.
     pending: Vec<Chunk>,
-    /// Waiters of the appends in `pending`, in order.
+    /// Waiters of tickets not yet durable, in order; the next round takes
+    /// them all (every ticket handed out is covered by it).
     waiters: Vec<Waiter>,
+    /// The last ticket handed out: tickets number the non-empty appends
+    /// (the log is one sequence, so a ticket covers every earlier append,
+    /// more than the contract asks).
+    next_ticket: u64,
     /// Taken by the writer, not yet handed to the kernel.
     inflight: Option<Arc<Vec<Chunk>>>,
     /// The segment appends go to.
@@ -183,6 +195,10 @@ pub(crate) struct State {
     /// Metadata as of the last append.
     meta: BTreeMap<Vec<u8>, Vec<u8>>,
     meta_version: u64,
+    /// Each key's version (`feed.rs`).
+    key_versions: BTreeMap<Vec<u8>, u64>,
+    /// Recent metadata changes and their watchers (`feed.rs`).
+    feed: feed::Feed,
     /// What the durable checkpoint covers.
     ckpt_version: u64,
     ckpt_next_id: u64,
@@ -218,8 +234,19 @@ pub(crate) struct State {
     /// checkpoint covers the records up to `ckpt_state_seq`.
     state_seq: u64,
     ckpt_state_seq: u64,
-    /// Bytes each owner has waiting for the writer (`fair.rs`).
-    owners: fair::Owners,
+    /// Bytes each share tag has waiting for the writer (`fair.rs`).
+    shares: fair::Shares,
+    /// Which handle holds which partition (`partitions.rs`).
+    owners: partitions::Owners,
+    /// What open found that is still exact: the partitions whose live
+    /// messages (receipts) open listed, not handed out and not appended to
+    /// since (`partitions.rs`).
+    fresh: partitions::Fresh,
+    /// The writer thread is gone: no ticket becomes durable any more.
+    writer_done: bool,
+    /// The writer took waiters and has not finished calling them: a new
+    /// waiter must not overtake them.
+    calling: bool,
 }
 
 /// What left its partitions while a compaction runs (see `State::compacting`).
@@ -263,6 +290,8 @@ pub(crate) struct Shared {
     /// `pack_pos(segment, end)` of the last byte handed to the kernel: every
     /// record before it can be read from disk.
     written: AtomicU64,
+    /// The last durable ticket: every append up to it is fsynced.
+    durable: AtomicU64,
     reads: ReadCache,
     /// Zeroed reclaimed segments the writer reuses.
     spares: Arc<spares::Spares>,
@@ -327,12 +356,11 @@ pub(crate) fn pack_pos(segment: SegmentId, end: u64) -> u64 {
 pub struct LogStore {
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    /// Live messages per partition found at open, each list handed out once.
-    recovered: Mutex<HashMap<PartitionId, Vec<RecoveredMessage>>>,
+    /// Live messages and unexpired receipts per partition found at open,
+    /// handed out during the startup window (`partitions.rs`).
+    open_lists: Mutex<partitions::OpenLists>,
     /// Every partition with live messages at open.
     recovered_partitions: Vec<PartitionId>,
-    /// Unexpired idempotency receipts found at open, each list handed out once.
-    recovered_receipts: Mutex<HashMap<PartitionId, Vec<Receipt>>>,
     /// The receipts files kept, and the number of the next one. Only
     /// compaction (one at a time) writes and deletes them.
     receipt_files: Mutex<(Vec<receipts::ReceiptFile>, u64)>,
@@ -357,7 +385,7 @@ impl LogStore {
     /// partition by [`Store::recover_partition`].
     ///
     /// Refuses a directory in another on-disk format
-    /// ([`StoreError::UnsupportedFormat`]) without changing it.
+    /// ([`LogError::UnsupportedFormat`]) without changing it.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<Arc<LogStore>, StoreError> {
         let invalid = |msg: &str| {
             StoreError::io(
@@ -446,10 +474,17 @@ impl LogStore {
             state: Mutex::new(State {
                 pending: Vec::new(),
                 waiters: Vec::new(),
+                next_ticket: 0,
                 inflight: None,
                 head,
                 head_size,
                 segments,
+                key_versions: rec
+                    .meta
+                    .keys()
+                    .map(|k| (k.clone(), rec.meta_version))
+                    .collect(),
+                feed: feed::Feed::new(rec.meta_version),
                 meta: rec.meta,
                 meta_version: rec.meta_version,
                 ckpt_version: rec.checkpoint.version,
@@ -465,11 +500,19 @@ impl LogStore {
                 spare: Vec::new(),
                 requeued: rec.requeued,
                 compacting: None,
-                owners: fair::Owners::default(),
+                shares: fair::Shares::default(),
+                owners: partitions::Owners::default(),
+                fresh: partitions::Fresh::new(
+                    rec.partitions.keys().copied(),
+                    recovered_receipts.keys().copied(),
+                ),
+                writer_done: false,
+                calling: false,
             }),
             wake: Condvar::new(),
             next_id: AtomicU64::new(rec.next_id),
             written: AtomicU64::new(pack_pos(head, head_size)),
+            durable: AtomicU64::new(0),
             reads: ReadCache::new(log_dir.clone()),
             spares: Arc::new(spares::Spares::open(&log_dir, opts_segment_size, opts_sync)),
             stats,
@@ -487,9 +530,12 @@ impl LogStore {
         Ok(Arc::new(LogStore {
             shared,
             writer: Mutex::new(Some(handle)),
-            recovered: Mutex::new(rec.partitions),
+            open_lists: Mutex::new(partitions::OpenLists {
+                messages: rec.partitions,
+                receipts: recovered_receipts,
+                ..Default::default()
+            }),
             recovered_partitions,
-            recovered_receipts: Mutex::new(recovered_receipts),
             receipt_files: Mutex::new((loaded.files, loaded.next_seq)),
             truncated_bytes: rec.truncated_bytes,
             lock: Mutex::new(Some(lock)),
@@ -501,6 +547,17 @@ impl LogStore {
     /// minus its header.
     fn max_record(&self) -> usize {
         self.shared.opts.segment_size as usize - segment::HEADER_LEN
+    }
+
+    /// Calls `waiter` after the next writer round, which writes (and
+    /// fsyncs) everything appended so far and then reclaims: for tests that
+    /// wait for a round, not for a ticket.
+    #[cfg(test)]
+    pub(crate) fn round_barrier(&self, waiter: Waiter) {
+        let mut st = self.shared.state.lock();
+        st.waiters.push(waiter);
+        drop(st);
+        self.shared.wake.notify_one();
     }
 
     /// Makes the next write round fail, to test the failure path.
@@ -547,11 +604,8 @@ impl LogStore {
     /// Reads and decodes the message record at `loc`.
     fn read_message(&self, loc: Location) -> Result<(Bytes, MessageIndex), StoreError> {
         let raw = Bytes::from(self.read_raw(loc)?);
-        let corrupt = |reason: String| StoreError::Corrupt {
-            segment: loc.segment(),
-            offset: u64::from(loc.offset()),
-            reason,
-        };
+        let corrupt =
+            |reason: String| error::corrupt(loc.segment(), u64::from(loc.offset()), reason);
         let (payload, total) = record::split_frame(&raw).map_err(|e| match e {
             record::FrameError::Truncated => StoreError::NotFound(loc),
             record::FrameError::Corrupt(r) => corrupt(r),
@@ -822,11 +876,11 @@ impl LogStore {
             Err(e) => return Err(e),
         };
         if idx.id != id {
-            return Err(StoreError::Corrupt {
-                segment: from.segment(),
-                offset: u64::from(from.offset()),
-                reason: format!("relocate of {id} found message {}", idx.id),
-            });
+            return Err(error::corrupt(
+                from.segment(),
+                u64::from(from.offset()),
+                format!("relocate of {id} found message {}", idx.id),
+            ));
         }
         let mut data = idx.data(&raw);
         let kind = match idx.kind {
@@ -901,39 +955,24 @@ impl Drop for CompactionDone<'_> {
     }
 }
 
-impl Store for LogStore {
-    fn allocate_ids(&self, n: u64) -> MessageId {
-        self.shared.next_id.fetch_add(n, Ordering::SeqCst)
-    }
+/// What an append under the lock leaves to do once the lock is released.
+struct Appended {
+    ticket: Ticket,
+    admission: Admission,
+    wakes: Vec<Wake>,
+    wake_writer: bool,
+}
 
-    fn append(
-        &self,
-        ops: &[Op<'_>],
-        locations: &mut Vec<Location>,
-        waiter: Option<Waiter>,
-    ) -> Result<(), StoreError> {
-        self.append_for(Owner::SHARED, ops, locations, waiter)
-            .map(|_| ())
-    }
-
-    fn append_for(
-        &self,
-        owner: Owner,
-        ops: &[Op<'_>],
-        locations: &mut Vec<Location>,
-        waiter: Option<Waiter>,
-    ) -> Result<Admission, StoreError> {
-        // Validate the whole batch first so a rejected op leaves nothing behind.
+impl LogStore {
+    /// Checks a batch before anything of it is appended; returns its
+    /// encoded size.
+    fn validate(&self, ops: &[Op<'_>]) -> Result<usize, StoreError> {
         let mut total = 0usize;
         for op in ops {
             if let Op::Publish { partitions, .. } | Op::Move { partitions, .. } = op {
                 if partitions.is_empty() || partitions.len() > u32::MAX as usize {
-                    return Err(StoreError::io(
-                        "append",
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidInput,
-                            "publish needs 1..=u32::MAX partitions",
-                        ),
+                    return Err(StoreError::Invalid(
+                        "a publish needs 1..=u32::MAX partitions".into(),
                     ));
                 }
             }
@@ -949,9 +988,20 @@ impl Store for LogStore {
             }
             total += len;
         }
+        Ok(total)
+    }
 
-        let segment_size = self.shared.opts.segment_size;
-        let mut st = self.shared.state.lock();
+    /// Appends a validated batch of `total` encoded bytes for `handle`,
+    /// with the append lock held.
+    fn append_locked(
+        &self,
+        st: &mut State,
+        handle: u64,
+        tag: ShareTag,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+        total: usize,
+    ) -> Result<Appended, StoreError> {
         if st.closing || st.failed {
             return Err(StoreError::Closed);
         }
@@ -962,7 +1012,23 @@ impl Store for LogStore {
         {
             return Err(StoreError::NoSpace);
         }
-        let had_waiters = !st.waiters.is_empty();
+        // Ownership, and what open found: both skipped on the hot path
+        // (one handle; recovery done).
+        if st.owners.multi {
+            for op in ops {
+                for_each_partition(op, |p| st.owners.check(handle, p))?;
+            }
+        }
+        if st.fresh.watching() {
+            for op in ops {
+                let _ = for_each_partition(op, |p| {
+                    st.fresh.appended(p);
+                    Ok(())
+                });
+            }
+        }
+        let segment_size = self.shared.opts.segment_size;
+        let mut meta_changed = false;
         for op in ops {
             match op {
                 Op::Publish {
@@ -1050,16 +1116,18 @@ impl Store for LogStore {
                     let (_, buf) = st.place(encoded_len(op), segment_size);
                     record::encode_put_meta(buf, version, key, value);
                     st.meta_version = version;
-                    st.meta.insert(key.to_vec(), value.to_vec());
+                    st.apply_meta(version, key, Some(value));
                     st.head_info().max_meta_version = version;
+                    meta_changed = true;
                 }
                 Op::DeleteMeta { key } => {
                     let version = st.meta_version + 1;
                     let (_, buf) = st.place(encoded_len(op), segment_size);
                     record::encode_del_meta(buf, version, key);
                     st.meta_version = version;
-                    st.meta.remove(*key);
+                    st.apply_meta(version, key, None);
                     st.head_info().max_meta_version = version;
+                    meta_changed = true;
                 }
                 Op::MetaBatch { changes } => {
                     // One version for the whole batch: recovery applies it
@@ -1071,14 +1139,13 @@ impl Store for LogStore {
                     for c in changes.iter() {
                         match c {
                             MetaChange::Put { key, value } => {
-                                st.meta.insert(key.to_vec(), value.to_vec());
+                                st.apply_meta(version, key, Some(value))
                             }
-                            MetaChange::Delete { key } => {
-                                st.meta.remove(*key);
-                            }
+                            MetaChange::Delete { key } => st.apply_meta(version, key, None),
                         }
                     }
                     st.head_info().max_meta_version = version;
+                    meta_changed = true;
                 }
                 Op::DropPartition { partition } => {
                     let (_, buf) = st.place(encoded_len(op), segment_size);
@@ -1109,78 +1176,150 @@ impl Store for LogStore {
                 }
             }
         }
-        let admission = st.owners.appended(owner, total as u64);
-        let waited = waiter.is_some();
-        if let Some(w) = waiter {
-            st.waiters.push(w);
-        }
-        // Appends nobody waits on (acks, unconfirmed publishes) do not wake
-        // the writer: they ride with the next waited round, or the writer's
-        // idle timer writes them. A waiter wakes it once per round; a large
-        // backlog wakes it too, so pending memory stays bounded.
+        let admission = st.shares.appended(tag, total as u64);
+        let ticket = if ops.is_empty() {
+            Ticket::NONE
+        } else {
+            st.next_ticket += 1;
+            Ticket::new(st.next_ticket)
+        };
+        // Appends do not wake the writer: they ride with the next round
+        // someone waits on ([`Store::when_durable`]), or the writer's idle
+        // timer writes them. A large backlog wakes it, so pending memory
+        // stays bounded.
         let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
-        let wake = (waited && !had_waiters) || pending_bytes >= WAKE_PENDING_BYTES;
-        drop(st);
+        Ok(Appended {
+            ticket,
+            admission,
+            wakes: if meta_changed {
+                st.feed.take_wakes()
+            } else {
+                Vec::new()
+            },
+            wake_writer: pending_bytes >= WAKE_PENDING_BYTES,
+        })
+    }
+
+    /// Finishes an append once the lock is released.
+    fn appended(&self, a: Appended, total: usize) -> (Ticket, Admission) {
         self.shared
             .stats
             .appended_bytes
             .fetch_add(total as u64, Ordering::Relaxed);
-        if wake {
+        if a.wake_writer {
             self.shared.wake.notify_one();
         }
-        Ok(admission)
-    }
-
-    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        if location.is_spilled() {
-            // The spill's: read through `Spill::read`.
-            return Err(StoreError::NotFound(location));
+        for w in a.wakes {
+            w();
         }
-        self.read_stored(location)
+        (a.ticket, a.admission)
     }
 
-    fn spill(&self) -> Option<&dyn crate::Spill> {
-        Some(self)
+    pub(crate) fn append_as(
+        &self,
+        handle: u64,
+        tag: ShareTag,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+    ) -> Result<(Ticket, Admission), StoreError> {
+        // Validate the whole batch first so a rejected op leaves nothing behind.
+        let total = self.validate(ops)?;
+        let mut st = self.shared.state.lock();
+        let a = self.append_locked(&mut st, handle, tag, ops, locations, total)?;
+        drop(st);
+        Ok(self.appended(a, total))
     }
 
-    fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
+    pub(crate) fn when_durable_now(&self, ticket: Ticket, waiter: Waiter) {
+        let mut st = self.shared.state.lock();
+        let durable = ticket.get() <= self.shared.durable.load(Ordering::Acquire);
+        // At once only when no earlier waiter is pending or being called:
+        // waiters are called in the order they were registered.
+        if durable && st.waiters.is_empty() && !st.calling {
+            drop(st);
+            writer::call_waiter(waiter, Ok(()));
+            return;
+        }
+        if st.failed || st.writer_done {
+            // No round will come: the writer's last one covered everything
+            // it could.
+            drop(st);
+            writer::call_waiter(
+                waiter,
+                if durable {
+                    Ok(())
+                } else {
+                    Err(StoreError::Closed)
+                },
+            );
+            return;
+        }
+        let first = st.waiters.is_empty();
+        st.waiters.push(waiter);
+        drop(st);
+        // Once per round: the writer takes every waiter when it wakes.
+        if first {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    pub(crate) fn meta_now(&self) -> RecoveredMeta {
         let st = self.shared.state.lock();
-        Ok(RecoveredMeta {
+        RecoveredMeta {
             meta: st.meta.clone(),
             version: st.meta_version,
+            key_versions: st.key_versions.clone(),
             truncated_bytes: self.truncated_bytes,
-        })
-    }
-
-    fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError> {
-        Ok(self.recovered_partitions.clone())
-    }
-
-    fn recover_partition(
-        &self,
-        partition: PartitionId,
-    ) -> Result<Vec<RecoveredMessage>, StoreError> {
-        Ok(self.recovered.lock().remove(&partition).unwrap_or_default())
-    }
-
-    fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError> {
-        Ok(self
-            .recovered_receipts
-            .lock()
-            .remove(&partition)
-            .unwrap_or_default())
-    }
-
-    fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
-        let _one = self.compaction.lock();
-        // Startup is over: receipts of partitions nobody recovered (their
-        // queues were deleted) are not kept in memory any longer.
-        {
-            let mut r = self.recovered_receipts.lock();
-            if !r.is_empty() {
-                *r = HashMap::new();
-            }
         }
+    }
+
+    pub(crate) fn put_if_as(
+        &self,
+        handle: u64,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: u64,
+    ) -> Result<(Ticket, u64), StoreError> {
+        let op = match value {
+            Some(value) => Op::PutMeta { key, value },
+            None => Op::DeleteMeta { key },
+        };
+        let ops = [op];
+        let total = self.validate(&ops)?;
+        let mut st = self.shared.state.lock();
+        let found = st.key_version(key);
+        if found != expected {
+            return Err(StoreError::Conflict { expected, found });
+        }
+        let a = self.append_locked(
+            &mut st,
+            handle,
+            ShareTag::BROKER,
+            &ops,
+            &mut Vec::new(),
+            total,
+        )?;
+        let version = st.meta_version;
+        drop(st);
+        let (ticket, _) = self.appended(a, total);
+        Ok((ticket, version))
+    }
+
+    pub(crate) fn watch_now(&self, since: u64, wake: Wake) -> Result<MetaFeed, StoreError> {
+        let mut st = self.shared.state.lock();
+        if st.closing || st.failed {
+            return Err(StoreError::Closed);
+        }
+        let current = st.meta_version;
+        Ok(st.feed.watch(since, current, wake))
+    }
+
+    pub(crate) fn compact_now(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
+        let _one = self.compaction.lock();
+        // Startup is over: what open found for partitions nobody
+        // recovered (their queues were deleted) is not kept in memory any
+        // longer, and appends stop noting the partitions they touch.
+        self.end_startup_window();
         let moved = self.compact_messages(live);
         if let Ok(n) = &moved {
             crate::metrics::compacted(*n);
@@ -1208,7 +1347,7 @@ impl Store for LogStore {
         }
         moved
     }
-    fn stats(&self) -> StoreStats {
+    pub(crate) fn stats_now(&self) -> StoreStats {
         let s = &self.shared.stats;
         StoreStats {
             appended_bytes: s.appended_bytes.load(Ordering::Relaxed),
@@ -1219,21 +1358,7 @@ impl Store for LogStore {
         }
     }
 
-    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
-        let st = self.shared.state.lock();
-        Ok(st
-            .state_map
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, (version, value))| StateEntry {
-                key: k.clone(),
-                value: value.clone(),
-                version: *version,
-            })
-            .collect())
-    }
-
-    fn close(&self) -> Result<(), StoreError> {
+    pub(crate) fn close_now(&self) -> Result<(), StoreError> {
         self.stop_writer();
         // The writer is gone: nothing of ours touches the directory any more.
         self.lock.lock().take();
@@ -1242,6 +1367,137 @@ impl Store for LogStore {
         } else {
             Ok(())
         }
+    }
+}
+
+/// Calls `f` for every partition `op` names (its targets, and the source of
+/// a move), stopping at the first error.
+fn for_each_partition(
+    op: &Op<'_>,
+    mut f: impl FnMut(PartitionId) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    match op {
+        Op::Publish { partitions, .. } => partitions.iter().try_for_each(|p| f(*p)),
+        Op::Move {
+            partitions, from, ..
+        } => {
+            partitions.iter().try_for_each(|p| f(*p))?;
+            f(*from)
+        }
+        Op::Settle { partition, .. }
+        | Op::Requeue { partition, .. }
+        | Op::Receipt { partition, .. }
+        | Op::DropPartition { partition }
+        | Op::Truncate { partition, .. } => f(*partition),
+        Op::PutMeta { .. }
+        | Op::DeleteMeta { .. }
+        | Op::MetaBatch { .. }
+        | Op::PutState { .. }
+        | Op::DeleteState { .. } => Ok(()),
+    }
+}
+
+/// The store's trait, for its first handle (`handle.rs` for the others).
+impl Store for LogStore {
+    fn allocate_ids(&self, n: u64) -> MessageId {
+        self.shared.next_id.fetch_add(n, Ordering::SeqCst)
+    }
+
+    fn append(&self, ops: &[Op<'_>], locations: &mut Vec<Location>) -> Result<Ticket, StoreError> {
+        self.append_as(partitions::FIRST_HANDLE, ShareTag::BROKER, ops, locations)
+            .map(|(t, _)| t)
+    }
+
+    fn append_for(
+        &self,
+        tag: ShareTag,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+    ) -> Result<(Ticket, Admission), StoreError> {
+        self.append_as(partitions::FIRST_HANDLE, tag, ops, locations)
+    }
+
+    fn when_durable(&self, ticket: Ticket, waiter: Waiter) {
+        self.when_durable_now(ticket, waiter)
+    }
+
+    fn read_many(&self, refs: &[MessageRef]) -> ReadFuture<Vec<Result<StoredMessage, StoreError>>> {
+        // From the page cache or disk while building: the log has no
+        // network round trip to overlap.
+        crate::ready(refs.iter().map(|r| self.read_now(r.location)).collect())
+    }
+
+    fn read_range(
+        &self,
+        partition: PartitionId,
+        from: MessageId,
+        max: usize,
+    ) -> ReadFuture<Result<Vec<RangeMessage>, StoreError>> {
+        crate::ready(self.read_range_now(partition, from, max))
+    }
+
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        self.read_now(location)
+    }
+
+    fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
+        Ok(self.meta_now())
+    }
+
+    fn put_if(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: u64,
+    ) -> Result<(Ticket, u64), StoreError> {
+        self.put_if_as(partitions::FIRST_HANDLE, key, value, expected)
+    }
+
+    fn watch(&self, since: u64, wake: Wake) -> Result<MetaFeed, StoreError> {
+        self.watch_now(since, wake)
+    }
+
+    fn acquire(&self, partition: PartitionId) -> Result<Epoch, StoreError> {
+        self.acquire_as(partitions::FIRST_HANDLE, partition)
+    }
+
+    fn try_acquire(&self, partition: PartitionId) -> Result<Option<Epoch>, StoreError> {
+        self.try_acquire_as(partitions::FIRST_HANDLE, partition)
+    }
+
+    fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError> {
+        Ok(self.recovered_partitions.clone())
+    }
+
+    fn recover_partition(
+        &self,
+        partition: PartitionId,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.recover_partition_as(partitions::FIRST_HANDLE, partition)
+    }
+
+    fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError> {
+        self.recover_receipts_as(partitions::FIRST_HANDLE, partition)
+    }
+
+    fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
+        self.compact_now(live)
+    }
+
+    fn stats(&self) -> StoreStats {
+        self.stats_now()
+    }
+
+    fn close(&self) -> Result<(), StoreError> {
+        self.close_now()
+    }
+
+    fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
+        Ok(self.scan_state_now(prefix))
+    }
+
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(self)
     }
 }
 
@@ -1433,9 +1689,31 @@ impl LogStore {
 }
 
 impl LogStore {
+    /// [`Store::read`]: a stored message (a spilled copy is the spill's).
+    pub(crate) fn read_now(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        if location.is_spilled() {
+            return Err(StoreError::NotFound(location));
+        }
+        self.read_stored(location)
+    }
+
+    /// The state store's keys under `prefix`.
+    pub(crate) fn scan_state_now(&self, prefix: &[u8]) -> Vec<StateEntry> {
+        let st = self.shared.state.lock();
+        st.state_map
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (version, value))| StateEntry {
+                key: k.clone(),
+                value: value.clone(),
+                version: *version,
+            })
+            .collect()
+    }
+
     /// Reads the message record at `location` (a spilled one at its log
     /// position) and copies out its fields.
-    fn read_stored(&self, location: Location) -> Result<StoredMessage, StoreError> {
+    pub(crate) fn read_stored(&self, location: Location) -> Result<StoredMessage, StoreError> {
         let (raw, idx) = self.read_message(location)?;
         let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&raw[r]).into_owned();
         Ok(StoredMessage {
@@ -1458,18 +1736,14 @@ impl LogStore {
 impl crate::Spill for LogStore {
     fn spill(
         &self,
-        owner: Owner,
+        tag: ShareTag,
         id: MessageId,
         partitions: &[PartitionId],
         data: MessageData<'_>,
     ) -> Result<(Location, Admission), StoreError> {
         if partitions.is_empty() || partitions.len() > u32::MAX as usize {
-            return Err(StoreError::io(
-                "spill",
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "a spilled message needs 1..=u32::MAX partitions",
-                ),
+            return Err(StoreError::Invalid(
+                "a spilled message needs 1..=u32::MAX partitions".into(),
             ));
         }
         let len = FRAME_HEADER
@@ -1495,7 +1769,7 @@ impl crate::Spill for LogStore {
         info.max_id = info.max_id.max(id);
         // Its id must never be handed out again, even across a restart.
         self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
-        let admission = st.owners.appended(owner, len as u64);
+        let admission = st.shares.appended(tag, len as u64);
         let pending_bytes: usize = st.pending.iter().map(|c| c.buf.len()).sum();
         drop(st);
         self.shared

@@ -2,10 +2,11 @@
 //! retained segment in order.
 
 use super::checkpoint::{self, Checkpoint};
+use super::error::{LogError, SegmentId};
 use super::record::{self, MessageKind, Record};
 use super::scan;
 use super::segment::{self, SegmentInfo};
-use crate::{Location, MessageId, PartitionId, RecoveredMessage, SegmentId, StoreError};
+use crate::{Location, MessageId, PartitionId, RecoveredMessage, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::path::Path;
@@ -21,14 +22,14 @@ fn damage(
 ) -> StoreError {
     let mut d = damage_info(path, seg, buf, off, end);
     extend_to_recorded_end(&mut d, buf.len(), recorded_end);
-    StoreError::Damaged(Box::new(d))
+    LogError::Damaged(Box::new(d)).into()
 }
 
 /// A damaged range reaching the end of a file shorter than its recorded end
 /// also covers the missing bytes: one damage, not two. Returns whether it
 /// did.
 pub(crate) fn extend_to_recorded_end(
-    d: &mut crate::Damage,
+    d: &mut super::error::Damage,
     file_len: usize,
     recorded_end: u64,
 ) -> bool {
@@ -37,7 +38,7 @@ pub(crate) fn extend_to_recorded_end(
         return false;
     }
     d.len = recorded_end - d.offset;
-    d.lost.push(crate::LostRecord::Unreadable {
+    d.lost.push(super::error::LostRecord::Unreadable {
         offset: file_len,
         len: recorded_end - file_len,
     });
@@ -51,8 +52,8 @@ pub(crate) fn damage_info(
     buf: &[u8],
     off: usize,
     end: usize,
-) -> crate::Damage {
-    crate::Damage {
+) -> super::error::Damage {
+    super::error::Damage {
         file: path.to_path_buf(),
         segment: seg,
         offset: off as u64,
@@ -71,9 +72,9 @@ pub(crate) fn missing_tail(
     seg: SegmentId,
     end: usize,
     recorded_end: u64,
-) -> Option<crate::Damage> {
+) -> Option<super::error::Damage> {
     let end = end as u64;
-    (end < recorded_end).then(|| crate::Damage {
+    (end < recorded_end).then(|| super::error::Damage {
         file: path.to_path_buf(),
         segment: seg,
         offset: end,
@@ -81,7 +82,7 @@ pub(crate) fn missing_tail(
         reason: format!(
             "the segment ends at byte {end}, before the durable end {recorded_end} its header records"
         ),
-        lost: vec![crate::LostRecord::Unreadable {
+        lost: vec![super::error::LostRecord::Unreadable {
             offset: end,
             len: recorded_end - end,
         }],
@@ -142,11 +143,11 @@ pub(crate) fn recover(
     // (a settle could be lost and its message resurrected, or worse).
     for w in ids.windows(2) {
         if w[1] != w[0] + 1 {
-            return Err(StoreError::Corrupt {
-                segment: w[0] + 1,
-                offset: 0,
-                reason: format!("segment file missing between {} and {}", w[0], w[1]),
-            });
+            return Err(super::error::corrupt(
+                w[0] + 1,
+                0,
+                format!("segment file missing between {} and {}", w[0], w[1]),
+            ));
         }
     }
 
@@ -345,7 +346,7 @@ pub(crate) fn recover(
             off += len;
         }
         if let Some(d) = missing_tail(&path, seg, off, recorded_end) {
-            return Err(StoreError::Damaged(Box::new(d)));
+            return Err(LogError::Damaged(Box::new(d)).into());
         }
         if zero_tail && keep_zero_tail {
             // Disk full and no reserve: the preallocated rest of the last
@@ -478,8 +479,8 @@ pub(crate) fn format_error(
     check: segment::HeaderCheck,
 ) -> StoreError {
     let expected = segment::FORMAT_VERSION;
-    match check {
-        segment::HeaderCheck::Legacy => StoreError::UnsupportedFormat {
+    let e = match check {
+        segment::HeaderCheck::Legacy => LogError::UnsupportedFormat {
             dir: dir.to_path_buf(),
             file: path.to_path_buf(),
             found: 0,
@@ -490,14 +491,14 @@ pub(crate) fn format_error(
                 Or move the directory aside (keep it as a backup) and start with an empty one."
                 .into(),
         },
-        segment::HeaderCheck::Version(found) => StoreError::UnsupportedFormat {
+        segment::HeaderCheck::Version(found) => LogError::UnsupportedFormat {
             dir: dir.to_path_buf(),
             file: path.to_path_buf(),
             found,
             expected,
             advice: "It was written by a newer Weir version: run that version (downgrades are not supported).".into(),
         },
-        segment::HeaderCheck::Torn => StoreError::Corrupt {
+        segment::HeaderCheck::Torn => LogError::Corrupt {
             segment: seg,
             offset: 0,
             reason: format!(
@@ -505,10 +506,11 @@ pub(crate) fn format_error(
                 path.display()
             ),
         },
-        segment::HeaderCheck::Valid | segment::HeaderCheck::Bad => StoreError::Corrupt {
+        segment::HeaderCheck::Valid | segment::HeaderCheck::Bad => LogError::Corrupt {
             segment: seg,
             offset: 0,
             reason: format!("{}: not a Weir log segment (bad header)", path.display()),
         },
-    }
+    };
+    e.into()
 }

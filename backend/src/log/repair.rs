@@ -7,8 +7,9 @@
 
 use super::scan::{self, Item};
 use super::segment::{self, sync_dir};
+use super::Damage;
 use crate::lock::DirLock;
-use crate::{Damage, StoreError};
+use crate::StoreError;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

@@ -13,7 +13,8 @@
 //! truncated silently.
 
 use super::record::{self, Record};
-use crate::{LostRecord, MessageId};
+use super::LostRecord;
+use crate::MessageId;
 
 /// What starts at a given offset of a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

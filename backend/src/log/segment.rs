@@ -20,7 +20,8 @@
 //! Format 0 (before versions) had no header: its first record started at
 //! offset 0. Recovery refuses segments in any format but [`FORMAT_VERSION`].
 
-use crate::{Location, MessageId, PartitionId, SegmentId, StoreError};
+use super::SegmentId;
+use crate::{Location, MessageId, PartitionId, StoreError};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};

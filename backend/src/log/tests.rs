@@ -4,6 +4,35 @@
 use super::*;
 use crate::{MessageAttrs, PartitionId, RecoveredMessage};
 
+/// Appends as before tickets: with an optional waiter, called once the
+/// batch is durable; an empty batch with a waiter waits for the next
+/// writer round (everything appended before it is then durable).
+trait AppendCb {
+    fn append_cb(
+        &self,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+        waiter: Option<Waiter>,
+    ) -> Result<(), StoreError>;
+}
+
+impl AppendCb for LogStore {
+    fn append_cb(
+        &self,
+        ops: &[Op<'_>],
+        locations: &mut Vec<Location>,
+        waiter: Option<Waiter>,
+    ) -> Result<(), StoreError> {
+        let t = self.append(ops, locations)?;
+        match waiter {
+            Some(w) if ops.is_empty() => self.round_barrier(w),
+            Some(w) => self.when_durable(t, w),
+            None => {}
+        }
+        Ok(())
+    }
+}
+
 /// What a restart found, gathered through the per-partition API.
 #[derive(Debug, Default)]
 struct Recovered {
@@ -59,12 +88,23 @@ fn data(body: &[u8]) -> MessageData<'_> {
     }
 }
 
+/// The damage a refused open reports, or what it did instead.
+fn damaged<T: std::fmt::Debug>(r: Result<T, StoreError>) -> Result<Box<Damage>, String> {
+    match r {
+        Err(e) => match LogError::of(&e) {
+            Some(LogError::Damaged(d)) => Ok(d.clone()),
+            _ => Err(format!("{e:?}")),
+        },
+        Ok(v) => Err(format!("opened: {v:?}")),
+    }
+}
+
 /// Appends and waits until durable.
 fn append_sync(store: &LogStore, ops: &[Op<'_>]) -> Vec<Location> {
     let (tx, rx) = mpsc::channel();
     let mut locs = Vec::new();
     store
-        .append(
+        .append_cb(
             ops,
             &mut locs,
             Some(Box::new(move |r| {
@@ -132,7 +172,7 @@ fn append_read_roundtrip_pending_and_on_disk() {
     let id1 = store.allocate_ids(1);
     let mut locs = Vec::new();
     store
-        .append(
+        .append_cb(
             &[Op::Publish {
                 id: id1,
                 partitions: &[P1],
@@ -150,7 +190,7 @@ fn append_read_roundtrip_pending_and_on_disk() {
     let id2 = store.allocate_ids(1);
     assert!(id2 > id1);
     store
-        .append(
+        .append_cb(
             &[Op::Publish {
                 id: id2,
                 partitions: &[P1, P2],
@@ -185,7 +225,7 @@ fn append_read_roundtrip_pending_and_on_disk() {
     assert!(store.read(misaligned).is_err());
     store.close().unwrap();
     assert!(matches!(
-        store.append(&[], &mut Vec::new(), None),
+        store.append_cb(&[], &mut Vec::new(), None),
         Err(StoreError::Closed)
     ));
 }
@@ -200,7 +240,7 @@ fn waiter_fires_only_after_sync() {
     let s2 = store.clone();
     let seg_path = segment::segment_path(&dir.path().join("log"), 1);
     store
-        .append(
+        .append_cb(
             &[Op::Publish {
                 id,
                 partitions: &[P1],
@@ -231,7 +271,7 @@ fn failed_write_fails_waiters_and_closes_the_store() {
     let (tx, rx) = mpsc::channel();
     let id = store.allocate_ids(1);
     store
-        .append(
+        .append_cb(
             &[Op::Publish {
                 id,
                 partitions: &[P1],
@@ -243,7 +283,7 @@ fn failed_write_fails_waiters_and_closes_the_store() {
         .unwrap();
     assert!(!rx.recv_timeout(Duration::from_secs(20)).unwrap());
     assert!(matches!(
-        store.append(&[], &mut Vec::new(), None),
+        store.append_cb(&[], &mut Vec::new(), None),
         Err(StoreError::Closed)
     ));
     assert!(store.close().is_err());
@@ -276,7 +316,7 @@ fn restart_recovers_meta_and_live_messages() {
         settle(&store, P3, c.0, c.1);
         // Appended without a waiter: close must still make it durable.
         store
-            .append(
+            .append_cb(
                 &[Op::PutMeta {
                     key: b"q3",
                     value: b"v3",
@@ -315,8 +355,13 @@ fn restart_recovers_meta_and_live_messages() {
     );
     assert_eq!(&store.read(c.1).unwrap().body[..], b"c");
     assert_eq!(rec.truncated_bytes, 0);
-    // Handed over once.
-    assert!(take_recovered(&store).partitions.is_empty());
+    // Asked again (after the startup window: by a scan), the same.
+    let again = take_recovered(&store);
+    assert_eq!(again.partitions, rec.partitions);
+    // Compaction ends the startup window; nothing is worth moving here
+    // (and the live set shown is empty, so nothing could be).
+    store.compact(&Live(Default::default())).unwrap();
+    assert_eq!(take_recovered(&store).partitions, rec.partitions);
     assert!(store.allocate_ids(1) > c.0);
 }
 
@@ -616,9 +661,10 @@ fn receipts_pin_segments_until_compaction_copies_them_out() {
     store.close().unwrap();
     let store = LogStore::open(dir.path(), small()).unwrap();
     assert_eq!(receipts_of(&store, P2), want);
-    assert!(
-        store.recover_receipts(P2).unwrap().is_empty(),
-        "handed out once"
+    assert_eq!(
+        receipts_of(&store, P2),
+        want,
+        "asked again, the same (by a scan of segments and receipts files)"
     );
     // The old head is sealed now: the next compaction copies its receipts
     // out too, into a second file; both are read at the next open.
@@ -875,18 +921,22 @@ fn corruption_in_an_older_segment_is_an_error() {
     bytes[first.offset() as usize + 20] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
     match LogStore::open(dir.path(), small()) {
-        Err(StoreError::Damaged(d)) => {
-            assert_eq!(d.segment, first.segment());
-            assert_eq!(d.offset, u64::from(first.offset()));
-        }
-        other => panic!("expected corruption, got {other:?}"),
+        Err(e) => match LogError::of(&e) {
+            Some(LogError::Damaged(d)) => {
+                assert_eq!(d.segment, first.segment());
+                assert_eq!(d.offset, u64::from(first.offset()));
+            }
+            _ => panic!("expected corruption, got {e:?}"),
+        },
+        Ok(_) => panic!("expected corruption"),
     }
     // A missing middle segment is refused as well.
     std::fs::write(&path, std::fs::read(&path).unwrap()).unwrap();
     std::fs::remove_file(segment::segment_path(&dir.path().join("log"), 2)).unwrap();
     assert!(matches!(
-        LogStore::open(dir.path(), small()),
-        Err(StoreError::Corrupt { .. })
+        LogStore::open(dir.path(), small())
+            .map_err(|e| LogError::of(&e).map(|l| matches!(l, LogError::Corrupt { .. }))),
+        Err(Some(true))
     ));
 }
 
@@ -1090,7 +1140,7 @@ fn oversized_and_invalid_ops_are_rejected_whole() {
     let store = LogStore::open(dir.path(), small()).unwrap();
     let big = vec![0u8; 5000];
     let mut locs = Vec::new();
-    let r = store.append(
+    let r = store.append_cb(
         &[
             Op::PutMeta {
                 key: b"k",
@@ -1106,7 +1156,7 @@ fn oversized_and_invalid_ops_are_rejected_whole() {
         None,
     );
     assert!(matches!(r, Err(StoreError::TooLarge(_))));
-    let r = store.append(
+    let r = store.append_cb(
         &[Op::Publish {
             id: 1,
             partitions: &[],
@@ -1128,12 +1178,14 @@ fn oversized_and_invalid_ops_are_rejected_whole() {
 fn log_store_passes_the_store_contract() {
     struct LogHarness {
         dirs: Vec<tempfile::TempDir>,
+        current: Option<Arc<LogStore>>,
     }
     impl crate::testing::contract::Harness for LogHarness {
         fn create(&mut self) -> Arc<dyn Store> {
             let dir = tempfile::tempdir().unwrap();
             let store = LogStore::open(dir.path(), contract_opts()).unwrap();
             self.dirs.push(dir);
+            self.current = Some(store.clone());
             store
         }
         fn persists(&self) -> bool {
@@ -1143,11 +1195,55 @@ fn log_store_passes_the_store_contract() {
             let _no_spawn = SPAWNING.lock();
             store.close().unwrap();
             drop(store);
+            self.current = None;
             let dir = self.dirs.last().expect("created first").path();
-            LogStore::open(dir, contract_opts()).unwrap()
+            let store = LogStore::open(dir, contract_opts()).unwrap();
+            self.current = Some(store.clone());
+            store
+        }
+        fn second_handle(&mut self, _store: &Arc<dyn Store>) -> Option<Arc<dyn Store>> {
+            Some(self.current.as_ref().expect("created first").handle())
+        }
+        /// A process crash: what the writer handed to the kernel survives
+        /// (everything appended so far, once flushed), copied as the files
+        /// are while the store is still open, then opened without a clean
+        /// close.
+        fn crash(&mut self, store: Arc<dyn Store>) -> Option<Arc<dyn Store>> {
+            let _no_spawn = SPAWNING.lock();
+            let current = self.current.take().expect("created first");
+            current.flush().unwrap();
+            let from = self
+                .dirs
+                .last()
+                .expect("created first")
+                .path()
+                .to_path_buf();
+            let to = tempfile::tempdir().unwrap();
+            copy_dir(&from, to.path());
+            store.close().unwrap();
+            drop((store, current));
+            let store = LogStore::open(to.path(), contract_opts()).unwrap();
+            self.dirs.push(to);
+            self.current = Some(store.clone());
+            Some(store)
         }
     }
-    let mut h = LogHarness { dirs: Vec::new() };
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &target);
+            } else if e.file_name() != crate::lock::LOCK_FILE {
+                std::fs::copy(e.path(), &target).unwrap();
+            }
+        }
+    }
+    let mut h = LogHarness {
+        dirs: Vec::new(),
+        current: None,
+    };
     crate::testing::contract::run_all(&mut h);
     // The randomized runs were long enough that reclamation took part.
     let reclaimed = h
@@ -1233,7 +1329,7 @@ fn bench_group_commit_throughput() {
     for _ in 0..total {
         let id = store.allocate_ids(1);
         store
-            .append(
+            .append_cb(
                 &[Op::Publish {
                     id,
                     partitions: &[P1],
@@ -1319,7 +1415,7 @@ fn unwaited_appends_are_synced_when_idle() {
     let before = store.stats().syncs;
     let id = store.allocate_ids(1);
     store
-        .append(
+        .append_cb(
             &[Op::Publish {
                 id,
                 partitions: &[P1],
@@ -1360,13 +1456,13 @@ fn flipped_bit_mid_head_segment_refuses_then_repair_keeps_the_rest() {
 
     let err = LogStore::open(dir.path(), LogOptions::default()).unwrap_err();
     let text = err.to_string();
-    match &err {
-        StoreError::Damaged(d) => {
+    match LogError::of(&err) {
+        Some(LogError::Damaged(d)) => {
             assert_eq!(d.offset, u64::from(victim.offset()));
             assert_eq!(d.len, u64::from(victim.len()));
             assert_eq!(
                 d.lost,
-                vec![crate::LostRecord::Message {
+                vec![super::LostRecord::Message {
                     id: ids[9],
                     partitions: vec![P1]
                 }]
@@ -1404,12 +1500,18 @@ fn second_open_of_a_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = LogStore::open(dir.path(), small()).unwrap();
     match LogStore::open(dir.path(), small()) {
-        Err(StoreError::Locked { holder, .. }) => assert_eq!(holder, Some(std::process::id())),
-        other => panic!("expected the lock to be refused, got {other:?}"),
+        Err(e) => match LogError::of(&e) {
+            Some(LogError::Locked { holder, .. }) => {
+                assert_eq!(*holder, Some(std::process::id()))
+            }
+            _ => panic!("expected the lock to be refused, got {e:?}"),
+        },
+        Ok(_) => panic!("expected the lock to be refused"),
     }
     assert!(matches!(
-        super::repair(dir.path()),
-        Err(StoreError::Locked { .. })
+        super::repair(dir.path())
+            .map_err(|e| matches!(LogError::of(&e), Some(LogError::Locked { .. }))),
+        Err(true)
     ));
     store.close().unwrap();
     LogStore::open(dir.path(), small()).unwrap();
@@ -1423,7 +1525,8 @@ fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
     {
         let store = LogStore::open(dir.path(), small()).unwrap();
         let id = store.allocate_ids(1);
-        let (loc, _) = Spill::spill(&*store, Owner::SHARED, id, &[P2], data(b"transient")).unwrap();
+        let (loc, _) =
+            Spill::spill(&*store, ShareTag::BROKER, id, &[P2], data(b"transient")).unwrap();
         paged = (id, loc);
         assert!(Spill::holds(&*store, loc));
         assert_eq!(
@@ -1441,7 +1544,8 @@ fn paged_messages_are_readable_settleable_and_dropped_at_restart() {
         assert!(Spill::holds(&*store, moved));
         assert_eq!(&Spill::read(&*store, moved).unwrap().body[..], b"transient");
         let id2 = store.allocate_ids(1);
-        let (loc2, _) = Spill::spill(&*store, Owner::SHARED, id2, &[P3], data(b"settled")).unwrap();
+        let (loc2, _) =
+            Spill::spill(&*store, ShareTag::BROKER, id2, &[P3], data(b"settled")).unwrap();
         Spill::release(&*store, P3, id2, loc2);
         store.close().unwrap();
     }
@@ -1508,7 +1612,7 @@ fn fill_fs(path: &Path) {
 fn try_publish(store: &LogStore, body: &[u8]) -> Result<(MessageId, bool), StoreError> {
     let id = store.allocate_ids(1);
     let (tx, rx) = mpsc::channel();
-    store.append(
+    store.append_cb(
         &[Op::Publish {
             id,
             partitions: &[P1],
@@ -1550,7 +1654,7 @@ fn out_of_space_write_fails_waiters_without_failing_the_store_and_recovers() {
     assert_eq!(failed, 1, "exactly the round that hit the full disk fails");
     // Settles are still accepted (kept in memory until there is room).
     store
-        .append(
+        .append_cb(
             &[Op::Settle {
                 partition: P1,
                 id: first,
@@ -1601,10 +1705,10 @@ fn directory_in_format_0_is_refused_untouched() {
     let path = segment::segment_path(&log, 1);
     std::fs::write(&path, &old).unwrap();
     let err = LogStore::open(dir.path(), small()).unwrap_err();
-    match &err {
-        StoreError::UnsupportedFormat {
+    match LogError::of(&err) {
+        Some(LogError::UnsupportedFormat {
             found, expected, ..
-        } => assert_eq!((*found, *expected), (0, segment::FORMAT_VERSION)),
+        }) => assert_eq!((*found, *expected), (0, segment::FORMAT_VERSION)),
         other => panic!("expected a format refusal, got {other:?}"),
     }
     let text = err.to_string();
@@ -1623,8 +1727,9 @@ fn directory_in_format_0_is_refused_untouched() {
         "refusal changed the log"
     );
     assert!(matches!(
-        super::repair(dir.path()),
-        Err(StoreError::UnsupportedFormat { .. })
+        super::repair(dir.path())
+            .map_err(|e| matches!(LogError::of(&e), Some(LogError::UnsupportedFormat { .. }))),
+        Err(true)
     ));
 
     // A newer format is refused the same way.
@@ -1632,7 +1737,11 @@ fn directory_in_format_0_is_refused_untouched() {
     newer[8] = 9;
     std::fs::write(&path, &newer).unwrap();
     match LogStore::open(dir.path(), small()) {
-        Err(StoreError::UnsupportedFormat { found: 9, .. }) => {}
+        Err(e)
+            if matches!(
+                LogError::of(&e),
+                Some(LogError::UnsupportedFormat { found: 9, .. })
+            ) => {}
         other => panic!("expected a format refusal, got {other:?}"),
     }
 }
@@ -1744,16 +1853,14 @@ fn spares_of_another_size_are_deleted_at_open() {
 }
 
 /// Appends one unwaited publish of `body` for `owner`.
-fn publish_for(store: &LogStore, owner: Owner, body: &[u8]) -> Admission {
+fn publish_for(store: &LogStore, owner: ShareTag, body: &[u8]) -> Admission {
     let id = store.allocate_ids(1);
     let ops = [Op::Publish {
         id,
         partitions: &[P1],
         data: data(body),
     }];
-    store
-        .append_for(owner, &ops, &mut Vec::new(), None)
-        .unwrap()
+    store.append_for(owner, &ops, &mut Vec::new()).unwrap().1
 }
 
 /// Bytes appended and not yet taken by the writer.
@@ -1766,7 +1873,7 @@ fn pending_bytes(store: &LogStore) -> usize {
 fn a_flooding_owner_is_held_to_its_share_so_a_quiet_owners_record_is_not_behind_its_backlog() {
     let dir = tempfile::tempdir().unwrap();
     let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    let (hot, quiet) = (Owner(1), Owner(2));
+    let (hot, quiet) = (ShareTag(1), ShareTag(2));
     let body = vec![7u8; 16 << 10];
 
     // Alone, an owner is never held back, however much it has waiting.
@@ -1788,7 +1895,7 @@ fn a_flooding_owner_is_held_to_its_share_so_a_quiet_owners_record_is_not_behind_
         }
     }
     assert!(flagged, "the flooding owner was never held back");
-    let waiting = store.shared.state.lock().owners.waiting(hot);
+    let waiting = store.shared.state.lock().shares.waiting(hot);
     assert!(
         waiting <= fair::ROUND_BUDGET + body.len() as u64,
         "{waiting} bytes of the flood wait"
@@ -1814,10 +1921,15 @@ fn a_flooding_owner_is_held_to_its_share_so_a_quiet_owners_record_is_not_behind_
                 data: data(b"quiet"),
             }],
             &mut Vec::new(),
-            Some(Box::new(move |r| {
-                let _ = tx.send(r);
-            })),
         )
+        .map(|(t, _)| {
+            store.when_durable(
+                t,
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            )
+        })
         .unwrap();
     rx.recv_timeout(Duration::from_secs(20))
         .expect("waiter called")
@@ -1825,11 +1937,11 @@ fn a_flooding_owner_is_held_to_its_share_so_a_quiet_owners_record_is_not_behind_
 
     // Once its appends are durable (the barrier its producer waits on), the
     // flooding owner is admitted again.
-    assert_eq!(store.shared.state.lock().owners.waiting(hot), 0);
+    assert_eq!(store.shared.state.lock().shares.waiting(hot), 0);
     assert!(!publish_for(&store, hot, &body).over_share);
     // Broker work is never held back.
     for _ in 0..(2 * fair::ROUND_BUDGET as usize / body.len()) {
-        assert!(!publish_for(&store, Owner::SHARED, &body).over_share);
+        assert!(!publish_for(&store, ShareTag::BROKER, &body).over_share);
     }
     store.close().unwrap();
 }
@@ -1866,19 +1978,19 @@ fn clean_close_then_flipped_bit_in_last_record_is_damage() {
     bytes[last.offset() as usize + last.len() as usize - 2] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
 
-    match LogStore::open(dir.path(), LogOptions::default()) {
-        Err(StoreError::Damaged(d)) => {
+    match damaged(LogStore::open(dir.path(), LogOptions::default())) {
+        Ok(d) => {
             assert_eq!(d.segment, last.segment());
             assert_eq!(d.offset, u64::from(last.offset()));
             assert_eq!(d.len, u64::from(last.len()));
             assert_eq!(
                 d.lost,
-                vec![crate::LostRecord::Message {
+                vec![super::LostRecord::Message {
                     id,
                     partitions: vec![P1]
                 }]
             );
-            let text = StoreError::Damaged(d).to_string();
+            let text = LogError::Damaged(d).to_string();
             assert!(text.contains("not a torn tail"), "{text}");
         }
         other => panic!("expected damage, got {other:?}"),
@@ -1924,8 +2036,8 @@ fn segment_shorter_than_its_recorded_end_is_damage() {
             .unwrap()
             .set_len(cut)
             .unwrap();
-        match LogStore::open(dir.path(), LogOptions::default()) {
-            Err(StoreError::Damaged(d)) => {
+        match damaged(LogStore::open(dir.path(), LogOptions::default())) {
+            Ok(d) => {
                 assert_eq!(d.offset, u64::from(last.offset()), "inside {inside}");
                 // The cut-off part of the record included.
                 assert_eq!(d.len, u64::from(last.len()), "inside {inside}");
@@ -2001,8 +2113,8 @@ fn after_a_crash_only_a_tail_past_the_recorded_end_is_torn() {
     let mut flipped = image.clone();
     flipped[last.offset() as usize + 12] ^= 0x40;
     let d = crashed(&flipped);
-    match LogStore::open(d.path(), opts.clone()) {
-        Err(StoreError::Damaged(dmg)) => assert_eq!(dmg.offset, u64::from(last.offset())),
+    match damaged(LogStore::open(d.path(), opts.clone())) {
+        Ok(dmg) => assert_eq!(dmg.offset, u64::from(last.offset())),
         other => panic!("expected damage, got {other:?}"),
     }
     // The same flip when the crash came before the end was recorded: an

@@ -9,8 +9,9 @@
 
 use super::checkpoint;
 use super::segment::{segment_path, sync_dir, trash_path};
+use super::SegmentId;
 use super::{pack_pos, Chunk, Shared};
-use crate::{SegmentId, StoreError, Waiter};
+use crate::{StoreError, Waiter};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -62,6 +63,9 @@ const RECORD_END_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// What one round does.
 struct Round {
     chunks: Arc<Vec<Chunk>>,
+    /// The last ticket handed out when the round was taken: every append
+    /// it covers is in `chunks` or an earlier round.
+    ticket: u64,
     waiters: Vec<Waiter>,
     reclaim: Option<Reclaim>,
     /// Fsync at the end of the round. Only rounds that someone waits on (a
@@ -115,6 +119,27 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 tracing::warn!(error = %e, segment = c.id, "fsync of the recorded end at close");
             }
         }
+    }
+    // Everything written is durable now (unless the store failed): tickets
+    // asked about from now on are answered without a writer.
+    let waiters = {
+        let mut st = shared.state.lock();
+        if !st.failed {
+            shared.durable.fetch_max(st.next_ticket, Ordering::Release);
+        }
+        st.writer_done = true;
+        std::mem::take(&mut st.waiters)
+    };
+    let failed = shared.state.lock().failed;
+    for w in waiters {
+        call_waiter(
+            w,
+            if failed {
+                Err(StoreError::Closed)
+            } else {
+                Ok(())
+            },
+        );
     }
 }
 
@@ -297,7 +322,7 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
             // so), so readers no longer need the in-memory copy.
             let mut st = shared.state.lock();
             st.inflight = None;
-            st.owners.round_done();
+            st.shares.round_done();
             if let Ok(chunks) = Arc::try_unwrap(round.chunks) {
                 for mut c in chunks {
                     if st.spare.len() < 4 && c.buf.capacity() <= 4 << 20 {
@@ -307,8 +332,20 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
                 }
             }
         }
+        let had_waiters = !round.waiters.is_empty();
         for w in round.waiters {
             call_waiter(w, Ok(()));
+        }
+        // Synced (or the store does not sync): every ticket handed out when
+        // the round was taken is durable. Said after its waiters were
+        // called, so that a later waiter cannot overtake them.
+        let synced = round.sync || !shared.opts.sync;
+        if synced || had_waiters {
+            let mut st = shared.state.lock();
+            if synced {
+                shared.durable.fetch_max(round.ticket, Ordering::Release);
+            }
+            st.calling = false;
         }
         // After the waiters: off their latency. `started` is this round's
         // clock read, so this adds none.
@@ -336,7 +373,7 @@ fn run_rounds(shared: &Shared, cur: &mut Option<Current>) {
     }
 }
 
-fn call_waiter(w: Waiter, result: Result<(), StoreError>) {
+pub(crate) fn call_waiter(w: Waiter, result: Result<(), StoreError>) {
     // A panicking waiter must not take the writer down with it: every later
     // append would then hang unacknowledged.
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w(result))).is_err() {
@@ -376,12 +413,14 @@ fn next_round(shared: &Shared, dirty: bool, unrecorded: bool) -> Option<Round> {
     }
     st.reclaim_hint = false;
     let chunks = Arc::new(std::mem::take(&mut st.pending));
-    st.owners.take_round();
+    st.shares.take_round();
     if !chunks.is_empty() {
         debug_assert!(st.inflight.is_none());
         st.inflight = Some(chunks.clone());
     }
     let waiters = std::mem::take(&mut st.waiters);
+    st.calling = !waiters.is_empty();
+    let ticket = st.next_ticket;
 
     // Reclaimable: the oldest sealed segments with nothing live. Every settle
     // or relocate that emptied them is in this round or an earlier one, so it
@@ -425,6 +464,7 @@ fn next_round(shared: &Shared, dirty: bool, unrecorded: bool) -> Option<Round> {
     let sync = !waiters.is_empty() || reclaim.is_some() || idle_timeout;
     Some(Round {
         chunks,
+        ticket,
         waiters,
         reclaim,
         sync,
@@ -643,7 +683,7 @@ fn requeue(
     {
         let mut st = shared.state.lock();
         st.inflight = None;
-        st.owners.round_done();
+        st.shares.round_done();
         st.no_space = true;
         let chunks: Vec<Chunk> = match Arc::try_unwrap(chunks) {
             Ok(c) => c,
@@ -663,12 +703,12 @@ fn requeue(
     for w in waiters {
         call_waiter(
             w,
-            Err(StoreError::io(
-                "log write",
-                std::io::Error::other(msg.clone()),
-            )),
+            Err(StoreError::Retryable(format!(
+                "log write ran out of space: {msg}"
+            ))),
         );
     }
+    shared.state.lock().calling = false;
     // Do not spin: the next round comes with new work or the idle timer.
     std::thread::sleep(IDLE_SYNC);
 }
@@ -683,7 +723,7 @@ fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
         let mut st = shared.state.lock();
         st.failed = true;
         st.inflight = None;
-        st.owners = Default::default();
+        st.shares = Default::default();
         st.pending.clear();
         waiters.append(&mut st.waiters);
     }
@@ -701,14 +741,15 @@ fn fail(shared: &Shared, mut waiters: Vec<Waiter>, err: StoreError) {
 fn reclaim(shared: &Shared, r: Reclaim) {
     if let Some((version, next_id, state_seq, encoded)) = r.checkpoint {
         let mut stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
-        if let Err(StoreError::Io { source, .. }) = &stored {
-            // Disk full: give up the checkpoint reserve so reclamation (which
-            // frees far more) can proceed; it is recreated with the space.
-            if is_no_space(source)
-                && std::fs::remove_file(meta_reserve_path(&shared.log_dir)).is_ok()
-            {
-                stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
-            }
+        let full = stored
+            .as_ref()
+            .err()
+            .and_then(|e| e.backend::<crate::IoContext>())
+            .is_some_and(|io| is_no_space(&io.source));
+        // Disk full: give up the checkpoint reserve so reclamation (which
+        // frees far more) can proceed; it is recreated with the space.
+        if full && std::fs::remove_file(meta_reserve_path(&shared.log_dir)).is_ok() {
+            stored = checkpoint::store(&shared.dir, &encoded, shared.opts.sync);
         }
         if let Err(e) = stored {
             // Without a durable checkpoint the segments' metadata is still

@@ -1,44 +1,79 @@
 //! [`MemStore`]: everything in memory, durability on a manual switch.
 
 use crate::{
-    Admission, LiveSet, Location, MessageData, MessageId, Op, Owner, PartitionId, Receipt,
-    RecoveredMessage, RecoveredMeta, Relocation, StateEntry, Store, StoreError, StoreStats,
-    StoredMessage, Waiter,
+    Admission, Epoch, LiveSet, Location, MessageData, MessageId, MessageRef, MetaChange, MetaEvent,
+    MetaFeed, Op, PartitionId, RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta,
+    Relocation, ShareTag, StateEntry, Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter,
+    Wake,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 /// Marks MemStore positions (third word), so a position from another store
 /// is never mistaken for one of ours.
 const MEM_TAG: u32 = 0x4d45_4d00;
-/// Marks the positions of MemStore's [`Spill`] (third word).
+/// Marks the positions of MemStore's [`crate::Spill`] (third word).
 const MEM_SPILL_TAG: u32 = 0x4d45_4d01;
+
+/// The ticket domain of metadata changes (they are one more partition of
+/// their own, see [`Ticket`]).
+const META: Domain = Domain::Meta;
 
 /// An in-memory [`Store`] for in-process tests.
 ///
 /// * Positions are slots in a map; [`Store::compact`] moves *every* live
 ///   position it is shown, so callers' handling of moved positions is
 ///   exercised on every call.
-/// * Waiters complete as soon as their append returns, unless
-///   [`MemStore::hold_durability`] is on: then they stay pending until
-///   [`MemStore::release`] (or switching the hold off), which lets a test
-///   prove that nothing waits on an fsync it should not wait on.
-/// * [`MemStore::reopen`] gives a new store over the same data, as a clean
-///   restart would (paged messages are dropped, everything else survives;
-///   idempotency receipts survive until they expire by the wall clock, as
-///   in the log store).
+/// * Tickets are durable as soon as their append returns, unless
+///   [`MemStore::hold_durability`] is on: then appends stay pending until
+///   [`MemStore::release`] (everything) or [`MemStore::release_ticket`]
+///   (one ticket and what it covers, per partition), which lets a test
+///   prove that nothing waits on an fsync it should not wait on, and that
+///   nothing relies on durability across partitions.
+/// * [`MemStore::crash`] gives a new store over what was durable: only what
+///   completed tickets covered (a prefix per partition).
+///   [`MemStore::reopen`] is a clean restart: everything survives except
+///   paged messages, and idempotency receipts expired by the wall clock.
+/// * [`MemStore::handle`] gives another handle on the same data, as a
+///   second process would have: ownership ([`Store::acquire`]) is per
+///   handle, metadata and its change feed are shared.
+/// * [`MemStore::defer_reads`] makes reads answer on the second poll, so
+///   callers cannot assume a ready future.
 pub struct MemStore {
-    state: Mutex<State>,
-    next_id: AtomicU64,
+    shared: Arc<Shared>,
+    handle: u64,
 }
 
-#[derive(Default)]
-struct State {
+struct Shared {
+    state: Mutex<State>,
+    /// Held while waiters are called, so that one called at once never
+    /// overtakes one being called by another thread (reentrant: a waiter
+    /// may register another).
+    calls: parking_lot::ReentrantMutex<()>,
+    next_id: AtomicU64,
+    next_handle: AtomicU64,
+    defer_reads: AtomicBool,
+}
+
+/// The ordering domains of tickets: a partition, the metadata map, or the
+/// state store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Domain {
+    Part(PartitionId),
+    Meta,
+    State,
+}
+
+/// Everything a store holds, as of some point of its append sequence.
+#[derive(Default, Clone)]
+struct Data {
     records: HashMap<u64, Record>,
-    next_slot: u64,
     /// Current slot of every live (partition, id).
     live: HashMap<PartitionId, BTreeMap<MessageId, u64>>,
     /// Last requeue (attempts, deliver_at_ms) of every live (partition, id)
@@ -46,17 +81,11 @@ struct State {
     requeued: HashMap<(PartitionId, MessageId), (u32, u64)>,
     meta: BTreeMap<Vec<u8>, Vec<u8>>,
     meta_version: u64,
+    key_versions: BTreeMap<Vec<u8>, u64>,
     /// The latest expiry of every (partition, key hash) receipt appended.
     receipts: HashMap<(PartitionId, u64), u64>,
-    recovered: HashMap<PartitionId, Vec<RecoveredMessage>>,
-    recovered_receipts: HashMap<PartitionId, Vec<Receipt>>,
-    recovered_partitions: Vec<PartitionId>,
-    hold: bool,
-    held: Vec<Waiter>,
     /// The state store: per key, its version and value.
-    state_map: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
-    closed: bool,
-    appended_bytes: u64,
+    state: BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
 }
 
 #[derive(Clone)]
@@ -67,66 +96,258 @@ struct Record {
     live: u32,
 }
 
-/// The slot of one of our positions, stored or spilled.
-fn slot_of(loc: Location) -> Option<u64> {
-    let [hi, lo, tag] = loc.words();
-    (tag == MEM_TAG || tag == MEM_SPILL_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+/// An op with everything it needs to be applied again later (to the
+/// durable copy), positions included.
+#[derive(Clone)]
+enum Owned {
+    Publish {
+        slot: u64,
+        partitions: Vec<PartitionId>,
+        msg: StoredMessage,
+        paged: bool,
+        /// A move: the message leaves this (partition, id) in the same step.
+        from: Option<(PartitionId, MessageId)>,
+    },
+    Settle(PartitionId, MessageId),
+    Requeue(PartitionId, MessageId, u32, u64),
+    Receipt(PartitionId, u64, u64),
+    Meta(Vec<(Vec<u8>, Option<Vec<u8>>)>),
+    /// Every message of the partition below the id leaves it
+    /// (`MessageId::MAX`: a drop).
+    Cut(PartitionId, MessageId),
+    /// A state-store key set (`Some`) or removed.
+    State(Vec<u8>, Option<Vec<u8>>),
+    /// A compaction copy of (partition, id) from one slot to another.
+    Relocate {
+        partition: PartitionId,
+        id: MessageId,
+        from: u64,
+        to: u64,
+    },
 }
 
-fn is_spilled(loc: Location) -> bool {
-    loc.words()[2] == MEM_SPILL_TAG
+/// An append not yet durable.
+struct Pending {
+    ticket: u64,
+    domains: Vec<Domain>,
+    ops: Vec<Owned>,
 }
 
-fn location_of(slot: u64) -> Location {
-    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_TAG])
-}
-
-fn spill_location_of(slot: u64) -> Location {
-    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_SPILL_TAG])
+struct State {
+    /// As appended.
+    now: Data,
+    /// What a crash keeps.
+    durable: Data,
+    /// Appends not yet durable, in append order.
+    journal: Vec<Pending>,
+    next_slot: u64,
+    next_ticket: u64,
+    /// Waiters of tickets not yet durable.
+    waiting: Vec<(u64, Waiter)>,
+    hold: bool,
+    closed: bool,
+    appended_bytes: u64,
+    /// Every partition with live stored messages when this store opened.
+    opened_partitions: Vec<PartitionId>,
+    /// Current holder (handle) and epoch of every acquired partition.
+    holders: HashMap<PartitionId, (u64, Epoch)>,
+    /// The last epoch given for each partition (kept across restarts).
+    epochs: HashMap<PartitionId, u64>,
+    /// Every metadata change since `history_base`.
+    history: Vec<MetaEvent>,
+    history_base: u64,
+    /// Armed by `watch`; called at the next metadata change.
+    wakes: Vec<Wake>,
 }
 
 impl State {
-    fn insert(&mut self, rec: Record) -> u64 {
-        let slot = self.next_slot;
-        self.next_slot += 1;
-        self.records.insert(slot, rec);
-        slot
+    fn new(now: Data) -> State {
+        State {
+            durable: now.clone(),
+            history_base: now.meta_version,
+            now,
+            journal: Vec::new(),
+            next_slot: 0,
+            next_ticket: 1,
+            waiting: Vec::new(),
+            hold: false,
+            closed: false,
+            appended_bytes: 0,
+            opened_partitions: Vec::new(),
+            holders: HashMap::new(),
+            epochs: HashMap::new(),
+            history: Vec::new(),
+            wakes: Vec::new(),
+        }
     }
 
-    /// Stores a new message record live in `partitions`; returns its slot.
-    fn publish(
-        &mut self,
-        id: MessageId,
-        partitions: &[PartitionId],
-        data: &MessageData<'_>,
-        paged: bool,
-    ) -> u64 {
-        let msg = StoredMessage {
-            id,
-            exchange: data.exchange.to_string(),
-            routing_key: data.routing_key.to_string(),
-            header_format: data.header_format,
-            header: Bytes::copy_from_slice(data.header),
-            body: Bytes::copy_from_slice(data.body),
-            attrs: data.attrs,
-        };
-        self.appended_bytes += (data.header.len() + data.body.len()) as u64;
-        let slot = self.insert(Record {
-            msg,
-            paged,
-            live: 0,
-        });
-        for p in partitions {
-            let old = self.live.entry(*p).or_default().insert(id, slot);
-            if let Some(old) = old {
-                self.unlive(old);
-            }
-            self.requeued.remove(&(*p, id));
-            if let Some(r) = self.records.get_mut(&slot) {
-                r.live += 1;
+    /// Makes the journal entry at `idx`, and every earlier one sharing a
+    /// domain with what is made durable, durable (a prefix per partition).
+    fn make_durable(&mut self, idx: usize) {
+        let mut domains: BTreeSet<Domain> = self.journal[idx].domains.iter().copied().collect();
+        let mut take = vec![false; idx + 1];
+        take[idx] = true;
+        for i in (0..idx).rev() {
+            if self.journal[i].domains.iter().any(|d| domains.contains(d)) {
+                take[i] = true;
+                domains.extend(self.journal[i].domains.iter().copied());
             }
         }
-        slot
+        let mut kept = Vec::with_capacity(self.journal.len());
+        for (i, p) in std::mem::take(&mut self.journal).into_iter().enumerate() {
+            if take.get(i).copied().unwrap_or(false) {
+                for op in &p.ops {
+                    self.durable.apply(op);
+                }
+            } else {
+                kept.push(p);
+            }
+        }
+        self.journal = kept;
+    }
+
+    fn make_all_durable(&mut self) {
+        for p in std::mem::take(&mut self.journal) {
+            for op in &p.ops {
+                self.durable.apply(op);
+            }
+        }
+    }
+
+    fn is_durable(&self, ticket: u64) -> bool {
+        !self.journal.iter().any(|p| p.ticket == ticket)
+    }
+
+    /// Takes the waiters that can be called now: the longest run, in
+    /// registration order, of waiters whose tickets are durable (a waiter
+    /// never overtakes an earlier one).
+    fn completed(&mut self) -> Vec<Waiter> {
+        let n = self
+            .waiting
+            .iter()
+            .take_while(|(t, _)| self.is_durable(*t))
+            .count();
+        self.waiting.drain(..n).map(|(_, w)| w).collect()
+    }
+
+    /// Fails with `Fenced` when another handle than `handle` holds `p`.
+    fn check_holder(&self, handle: u64, p: PartitionId) -> Result<(), StoreError> {
+        match self.holders.get(&p) {
+            Some((h, _)) if *h != handle => Err(StoreError::Fenced(p)),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new store's state over `data`, as a restart of this one.
+    fn restarted(&self, data: Data) -> State {
+        let mut next = State::new(data);
+        next.next_slot = self.next_slot;
+        next.epochs = self.epochs.clone();
+        let parts: BTreeSet<PartitionId> = next
+            .now
+            .live
+            .iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(p, _)| *p)
+            .collect();
+        next.opened_partitions = parts.into_iter().collect();
+        next
+    }
+}
+
+impl Data {
+    fn apply(&mut self, op: &Owned) {
+        match op {
+            Owned::Publish {
+                slot,
+                partitions,
+                msg,
+                paged,
+                from,
+            } => {
+                if let Some((p, id)) = from {
+                    self.settle(*p, *id);
+                }
+                self.records.insert(
+                    *slot,
+                    Record {
+                        msg: msg.clone(),
+                        paged: *paged,
+                        live: 0,
+                    },
+                );
+                for p in partitions {
+                    let old = self.live.entry(*p).or_default().insert(msg.id, *slot);
+                    if let Some(old) = old {
+                        self.unlive(old);
+                    }
+                    self.requeued.remove(&(*p, msg.id));
+                    if let Some(r) = self.records.get_mut(slot) {
+                        r.live += 1;
+                    }
+                }
+                if self.records.get(slot).is_some_and(|r| r.live == 0) {
+                    self.records.remove(slot);
+                }
+            }
+            Owned::Settle(p, id) => self.settle(*p, *id),
+            Owned::Requeue(p, id, attempts, deliver_at) => {
+                // Only a live message has a delivery state to keep.
+                if self.live.get(p).is_some_and(|m| m.contains_key(id)) {
+                    self.requeued.insert((*p, *id), (*attempts, *deliver_at));
+                }
+            }
+            Owned::Receipt(p, key_hash, expires) => {
+                let e = self.receipts.entry((*p, *key_hash)).or_default();
+                *e = (*e).max(*expires);
+            }
+            Owned::Meta(changes) => {
+                self.meta_version += 1;
+                for (key, value) in changes {
+                    match value {
+                        Some(v) => {
+                            self.meta.insert(key.clone(), v.clone());
+                            self.key_versions.insert(key.clone(), self.meta_version);
+                        }
+                        None => {
+                            self.meta.remove(key);
+                            self.key_versions.remove(key);
+                        }
+                    }
+                }
+            }
+            Owned::Cut(p, before) => self.cut(*p, *before),
+            Owned::State(key, value) => match value {
+                Some(v) => {
+                    let version = self.state.get(key).map_or(1, |(n, _)| n + 1);
+                    self.state.insert(key.clone(), (version, v.clone()));
+                }
+                None => {
+                    self.state.remove(key);
+                }
+            },
+            Owned::Relocate {
+                partition,
+                id,
+                from,
+                to,
+            } => {
+                let Some(slot) = self.live.get(partition).and_then(|m| m.get(id)).copied() else {
+                    return;
+                };
+                if slot != *from {
+                    return;
+                }
+                let Some(rec) = self.records.get(&slot).cloned() else {
+                    return;
+                };
+                self.records.insert(*to, Record { live: 1, ..rec });
+                self.unlive(slot);
+                if let Some(m) = self.live.get_mut(partition) {
+                    m.insert(*id, *to);
+                }
+            }
+        }
     }
 
     /// The message `id` leaves `partition` (settled or moved away).
@@ -160,6 +381,13 @@ impl State {
         }
     }
 
+    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
+        slot_of(location)
+            .and_then(|s| self.records.get(&s))
+            .map(|r| r.msg.clone())
+            .ok_or(StoreError::NotFound(location))
+    }
+
     /// One partition stops living at `slot`; drops the record when none does.
     fn unlive(&mut self, slot: u64) {
         if let Some(r) = self.records.get_mut(&slot) {
@@ -169,6 +397,81 @@ impl State {
             }
         }
     }
+
+    /// What survives a restart: no paged records, no expired receipts.
+    fn restart(&self, now_ms: u64) -> Data {
+        let mut next = Data {
+            meta: self.meta.clone(),
+            meta_version: self.meta_version,
+            key_versions: self.key_versions.clone(),
+            state: self.state.clone(),
+            ..Data::default()
+        };
+        for (&(p, key_hash), &expires_at_ms) in &self.receipts {
+            if expires_at_ms > now_ms {
+                next.receipts.insert((p, key_hash), expires_at_ms);
+            }
+        }
+        for (p, ids) in &self.live {
+            for (&id, &slot) in ids {
+                let Some(r) = self.records.get(&slot).filter(|r| !r.paged) else {
+                    continue;
+                };
+                let kept = next.records.entry(slot).or_insert_with(|| Record {
+                    live: 0,
+                    ..r.clone()
+                });
+                kept.live += 1;
+                next.live.entry(*p).or_default().insert(id, slot);
+                if let Some(&rq) = self.requeued.get(&(*p, id)) {
+                    next.requeued.insert((*p, id), rq);
+                }
+            }
+        }
+        next
+    }
+
+    /// The live stored messages of `p`, in id order.
+    fn recovered(&self, p: PartitionId) -> Vec<RecoveredMessage> {
+        let Some(ids) = self.live.get(&p) else {
+            return Vec::new();
+        };
+        ids.iter()
+            .filter_map(|(&id, &slot)| {
+                let r = self.records.get(&slot).filter(|r| !r.paged)?;
+                let mut attrs = r.msg.attrs;
+                let mut attempts = 0;
+                if let Some(&(a, d)) = self.requeued.get(&(p, id)) {
+                    (attempts, attrs.deliver_at_ms) = (a, d);
+                }
+                Some(RecoveredMessage {
+                    id,
+                    location: location_of(slot),
+                    size: r.msg.body.len() as u32,
+                    attempts,
+                    attrs,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The slot of one of our positions, stored or spilled.
+fn slot_of(loc: Location) -> Option<u64> {
+    let [hi, lo, tag] = loc.words();
+    (tag == MEM_TAG || tag == MEM_SPILL_TAG).then_some((u64::from(hi) << 32) | u64::from(lo))
+}
+
+fn is_spilled(loc: Location) -> bool {
+    loc.words()[2] == MEM_SPILL_TAG
+}
+
+fn location_of(slot: u64) -> Location {
+    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_TAG])
+}
+
+fn spill_location_of(slot: u64) -> Location {
+    Location::from_words([(slot >> 32) as u32, slot as u32, MEM_SPILL_TAG])
 }
 
 /// What an op other than a message adds to `appended_bytes` (a message
@@ -184,8 +487,8 @@ fn record_bytes(op: &Op<'_>) -> u64 {
             16 + changes
                 .iter()
                 .map(|c| match c {
-                    crate::MetaChange::Put { key, value } => var(key) + var(value),
-                    crate::MetaChange::Delete { key } => var(key),
+                    MetaChange::Put { key, value } => var(key) + var(value),
+                    MetaChange::Delete { key } => var(key),
                 })
                 .sum::<u64>()
         }
@@ -193,40 +496,47 @@ fn record_bytes(op: &Op<'_>) -> u64 {
     }
 }
 
-impl State {
-    fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
-        slot_of(location)
-            .and_then(|s| self.records.get(&s))
-            .map(|r| r.msg.clone())
-            .ok_or(StoreError::NotFound(location))
+fn owned_message(id: MessageId, data: &MessageData<'_>) -> StoredMessage {
+    StoredMessage {
+        id,
+        exchange: data.exchange.to_string(),
+        routing_key: data.routing_key.to_string(),
+        header_format: data.header_format,
+        header: Bytes::copy_from_slice(data.header),
+        body: Bytes::copy_from_slice(data.body),
+        attrs: data.attrs,
     }
 }
 
-/// The spill: records like published ones, marked paged (dropped by
-/// [`MemStore::reopen`]), with positions of their own tag.
+/// The spill: records like published ones, marked paged (dropped by a
+/// restart), with positions of their own tag; local, so never journaled
+/// (nothing of it is durable).
 impl crate::Spill for MemStore {
     fn spill(
         &self,
-        _owner: Owner,
+        _tag: ShareTag,
         id: MessageId,
         partitions: &[PartitionId],
         data: MessageData<'_>,
     ) -> Result<(Location, Admission), StoreError> {
         if partitions.is_empty() {
-            return Err(StoreError::io(
-                "spill",
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "a spilled message needs at least one partition",
-                ),
-            ));
+            return Err(invalid("a spilled message needs at least one partition"));
         }
-        let mut st = self.state.lock();
+        let mut st = self.shared.state.lock();
         if st.closed {
             return Err(StoreError::Closed);
         }
-        let slot = st.publish(id, partitions, &data, true);
-        self.next_id.fetch_max(id + 1, Ordering::SeqCst);
+        let slot = st.next_slot;
+        st.next_slot += 1;
+        st.appended_bytes += (data.header.len() + data.body.len()) as u64;
+        st.now.apply(&Owned::Publish {
+            slot,
+            partitions: partitions.to_vec(),
+            msg: owned_message(id, &data),
+            paged: true,
+            from: None,
+        });
+        self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
         Ok((spill_location_of(slot), Admission::default()))
     }
 
@@ -234,7 +544,7 @@ impl crate::Spill for MemStore {
         if !is_spilled(location) {
             return Err(StoreError::NotFound(location));
         }
-        self.state.lock().read(location)
+        self.shared.state.lock().now.read(location)
     }
 
     fn holds(&self, location: Location) -> bool {
@@ -243,165 +553,338 @@ impl crate::Spill for MemStore {
 
     fn release(&self, partition: PartitionId, id: MessageId, location: Location) {
         if is_spilled(location) {
-            self.state.lock().settle(partition, id);
+            self.shared.state.lock().now.settle(partition, id);
         }
     }
 
     fn release_partition(&self, partition: PartitionId) {
-        self.state.lock().cut(partition, MessageId::MAX);
+        self.shared.state.lock().now.cut(partition, MessageId::MAX);
     }
 }
 
 impl std::fmt::Debug for MemStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemStore").finish_non_exhaustive()
+        f.debug_struct("MemStore")
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
     }
 }
 
 impl Default for MemStore {
     fn default() -> Self {
-        MemStore {
-            state: Mutex::new(State::default()),
-            next_id: AtomicU64::new(1),
+        MemStore::over(State::new(Data::default()), 1)
+    }
+}
+
+/// A read that answers on its second poll (see [`MemStore::defer_reads`]).
+struct Deferred<T> {
+    value: Option<T>,
+    polled: bool,
+}
+
+impl<T: Unpin> Future for Deferred<T> {
+    type Output = T;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        if !self.polled {
+            self.polled = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        match self.value.take() {
+            Some(v) => Poll::Ready(v),
+            None => Poll::Pending,
         }
     }
 }
 
 impl MemStore {
+    fn over(state: State, next_id: u64) -> MemStore {
+        MemStore {
+            shared: Arc::new(Shared {
+                state: Mutex::new(state),
+                calls: parking_lot::ReentrantMutex::new(()),
+                next_id: AtomicU64::new(next_id),
+                next_handle: AtomicU64::new(2),
+                defer_reads: AtomicBool::new(false),
+            }),
+            handle: 1,
+        }
+    }
+
     /// An empty store.
     pub fn new() -> Arc<MemStore> {
         Arc::new(MemStore::default())
     }
 
-    /// While `hold` is on, waiters stay pending; switching it off completes
-    /// every pending waiter (successfully), in append order.
+    /// Another handle on this store's data, as a second process sharing
+    /// the store would have: its own ownership of partitions, the same
+    /// messages, metadata and change feed.
+    pub fn handle(&self) -> Arc<MemStore> {
+        Arc::new(MemStore {
+            shared: self.shared.clone(),
+            handle: self.shared.next_handle.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// While `hold` is on, appends stay pending (not durable); switching it
+    /// off makes everything durable and completes every waiter
+    /// (successfully), in append order.
     pub fn hold_durability(&self, hold: bool) {
-        self.state.lock().hold = hold;
+        self.shared.state.lock().hold = hold;
         if !hold {
             self.release();
         }
     }
 
-    /// Completes every pending waiter (successfully), in append order. The
-    /// hold stays as it is.
+    /// Makes everything appended so far durable and completes every
+    /// waiter (successfully), in append order. The hold stays as it is.
     pub fn release(&self) {
-        let held = std::mem::take(&mut self.state.lock().held);
-        for w in held {
+        let _calls = self.shared.calls.lock();
+        let done = {
+            let mut st = self.shared.state.lock();
+            st.make_all_durable();
+            st.completed()
+        };
+        for w in done {
+            w(Ok(()));
+        }
+    }
+
+    /// Makes `ticket` durable, with what it covers and nothing else: the
+    /// earlier appends sharing a partition with it (transitively, so that
+    /// every partition keeps a prefix). Completes the waiters of the
+    /// tickets that are durable now.
+    pub fn release_ticket(&self, ticket: Ticket) {
+        let _calls = self.shared.calls.lock();
+        let done = {
+            let mut st = self.shared.state.lock();
+            if let Some(i) = st.journal.iter().position(|p| p.ticket == ticket.get()) {
+                st.make_durable(i);
+            }
+            st.completed()
+        };
+        for w in done {
+            w(Ok(()));
+        }
+    }
+
+    /// Whether everything `ticket` covers is durable.
+    pub fn ticket_durable(&self, ticket: Ticket) -> bool {
+        ticket == Ticket::NONE || self.shared.state.lock().is_durable(ticket.get())
+    }
+
+    /// Breaks the contract on purpose, for the contract suite's own tests:
+    /// makes the append of `ticket` durable *without* the earlier appends
+    /// of its partitions.
+    #[doc(hidden)]
+    pub fn release_only(&self, ticket: Ticket) {
+        let _calls = self.shared.calls.lock();
+        let done = {
+            let mut st = self.shared.state.lock();
+            if let Some(i) = st.journal.iter().position(|p| p.ticket == ticket.get()) {
+                let p = st.journal.remove(i);
+                for op in &p.ops {
+                    st.durable.apply(op);
+                }
+            }
+            st.completed()
+        };
+        for w in done {
             w(Ok(()));
         }
     }
 
     /// Waiters pending under the hold.
     pub fn held_waiters(&self) -> usize {
-        self.state.lock().held.len()
+        self.shared.state.lock().waiting.len()
+    }
+
+    /// The tickets of the appends not yet durable, in append order.
+    pub fn pending_tickets(&self) -> Vec<Ticket> {
+        self.shared
+            .state
+            .lock()
+            .journal
+            .iter()
+            .map(|p| Ticket::new(p.ticket))
+            .collect()
+    }
+
+    /// Appends not yet durable (under the hold).
+    pub fn pending_appends(&self) -> usize {
+        self.shared.state.lock().journal.len()
     }
 
     /// Live (partition, message) pairs, paged ones included.
     pub fn live_count(&self) -> usize {
-        self.state.lock().live.values().map(|m| m.len()).sum()
+        self.shared
+            .state
+            .lock()
+            .now
+            .live
+            .values()
+            .map(|m| m.len())
+            .sum()
+    }
+
+    /// While on, every read's future answers on its second poll instead of
+    /// being ready at once.
+    pub fn defer_reads(&self, on: bool) {
+        self.shared.defer_reads.store(on, Ordering::Relaxed);
     }
 
     /// A new store over this one's data, as a clean restart would see it:
     /// metadata and ids kept, every live published message recovered per
-    /// partition, paged messages dropped. This store is closed.
+    /// partition, paged messages dropped. This store is closed (every
+    /// append made durable first, as a clean close does).
     pub fn reopen(&self) -> Arc<MemStore> {
-        let mut st = self.state.lock();
-        st.closed = true;
-        let mut next = State {
-            meta: st.meta.clone(),
-            meta_version: st.meta_version,
-            state_map: st.state_map.clone(),
-            ..State::default()
-        };
-        next.next_slot = st.next_slot;
-        let now = crate::log::now_ms();
-        for (&(p, key_hash), &expires_at_ms) in &st.receipts {
-            if expires_at_ms > now {
-                next.receipts.insert((p, key_hash), expires_at_ms);
-                next.recovered_receipts.entry(p).or_default().push(Receipt {
-                    key_hash,
-                    expires_at_ms,
-                });
-            }
-        }
-        for (p, ids) in &st.live {
-            let mut msgs = Vec::new();
-            for (&id, &slot) in ids {
-                let Some(r) = st.records.get(&slot).filter(|r| !r.paged) else {
-                    continue;
-                };
-                let kept = next.records.entry(slot).or_insert_with(|| Record {
-                    live: 0,
-                    ..r.clone()
-                });
-                kept.live += 1;
-                next.live.entry(*p).or_default().insert(id, slot);
-                let mut attrs = r.msg.attrs;
-                let mut attempts = 0;
-                if let Some(&(a, d)) = st.requeued.get(&(*p, id)) {
-                    (attempts, attrs.deliver_at_ms) = (a, d);
-                    next.requeued.insert((*p, id), (a, d));
-                }
-                msgs.push(RecoveredMessage {
-                    id,
-                    location: location_of(slot),
-                    size: r.msg.body.len() as u32,
-                    attempts,
-                    attrs,
-                });
-            }
-            if !msgs.is_empty() {
-                next.recovered_partitions.push(*p);
-                next.recovered.insert(*p, msgs);
-            }
-        }
-        next.recovered_partitions.sort_unstable();
-        Arc::new(MemStore {
-            state: Mutex::new(next),
-            next_id: AtomicU64::new(self.next_id.load(Ordering::SeqCst)),
-        })
+        self.release();
+        self.restart(false)
     }
+
+    /// A new store over what was durable here, as after a power cut: only
+    /// what completed tickets covered survives (a prefix of each
+    /// partition), paged messages are dropped, pending waiters are dropped
+    /// uncalled (the process that waited is gone). This store is closed.
+    pub fn crash(&self) -> Arc<MemStore> {
+        self.restart(true)
+    }
+
+    fn restart(&self, crashed: bool) -> Arc<MemStore> {
+        let mut st = self.shared.state.lock();
+        st.closed = true;
+        let base = if crashed { &st.durable } else { &st.now };
+        let data = base.restart(crate::log::now_ms());
+        let next = st.restarted(data);
+        st.waiting.clear();
+        st.wakes.clear();
+        Arc::new(MemStore::over(
+            next,
+            self.shared.next_id.load(Ordering::SeqCst),
+        ))
+    }
+
+    /// Records `ops` (already validated) at the end of the journal, in
+    /// `now`, and in `durable` unless held. Returns the ticket.
+    fn record(&self, st: &mut State, ops: Vec<Owned>, domains: Vec<Domain>) -> (Ticket, Vec<Wake>) {
+        let meta_changed = ops.iter().any(|o| matches!(o, Owned::Meta(_)));
+        let mut wakes = Vec::new();
+        for op in &ops {
+            st.now.apply(op);
+            if let Owned::Meta(changes) = op {
+                let version = st.now.meta_version;
+                for (key, value) in changes {
+                    st.history.push(MetaEvent {
+                        version,
+                        key: key.clone(),
+                        value: value.clone(),
+                    });
+                }
+            }
+        }
+        if meta_changed {
+            wakes = std::mem::take(&mut st.wakes);
+        }
+        if domains.is_empty() {
+            // Touches nothing: covers nothing.
+            for op in &ops {
+                st.durable.apply(op);
+            }
+            return (Ticket::NONE, wakes);
+        }
+        let ticket = st.next_ticket;
+        st.next_ticket += 1;
+        if st.hold {
+            st.journal.push(Pending {
+                ticket,
+                domains,
+                ops,
+            });
+        } else {
+            // Durable at once, so everything before is too.
+            st.make_all_durable();
+            for op in &ops {
+                st.durable.apply(op);
+            }
+        }
+        (Ticket::new(ticket), wakes)
+    }
+}
+
+fn invalid(what: &str) -> StoreError {
+    StoreError::Invalid(what.to_string())
 }
 
 impl Store for MemStore {
     fn allocate_ids(&self, n: u64) -> MessageId {
-        self.next_id.fetch_add(n, Ordering::SeqCst)
+        self.shared.next_id.fetch_add(n, Ordering::SeqCst)
     }
 
-    fn append(
-        &self,
-        ops: &[Op<'_>],
-        locations: &mut Vec<Location>,
-        waiter: Option<Waiter>,
-    ) -> Result<(), StoreError> {
+    fn append(&self, ops: &[Op<'_>], locations: &mut Vec<Location>) -> Result<Ticket, StoreError> {
         for op in ops {
             if let Op::Publish { partitions, .. } | Op::Move { partitions, .. } = op {
                 if partitions.is_empty() {
-                    return Err(StoreError::io(
-                        "append",
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidInput,
-                            "publish needs at least one partition",
-                        ),
-                    ));
+                    return Err(invalid("a publish needs at least one partition"));
                 }
             }
         }
-        let mut st = self.state.lock();
+        let mut st = self.shared.state.lock();
         if st.closed {
             return Err(StoreError::Closed);
         }
+        // Ownership first: a fenced batch leaves nothing behind.
+        let mut domains: Vec<Domain> = Vec::new();
+        for op in ops {
+            let mut add = |d: Domain| {
+                if !domains.contains(&d) {
+                    domains.push(d);
+                }
+            };
+            match op {
+                Op::Publish { partitions, .. } => {
+                    partitions.iter().for_each(|p| add(Domain::Part(*p)))
+                }
+                Op::Move {
+                    partitions, from, ..
+                } => {
+                    partitions.iter().for_each(|p| add(Domain::Part(*p)));
+                    add(Domain::Part(*from));
+                }
+                Op::Settle { partition, .. }
+                | Op::Requeue { partition, .. }
+                | Op::Receipt { partition, .. }
+                | Op::DropPartition { partition }
+                | Op::Truncate { partition, .. } => add(Domain::Part(*partition)),
+                Op::PutMeta { .. } | Op::DeleteMeta { .. } | Op::MetaBatch { .. } => add(META),
+                Op::PutState { .. } | Op::DeleteState { .. } => add(Domain::State),
+            }
+        }
+        for d in &domains {
+            if let Domain::Part(p) = d {
+                st.check_holder(self.handle, *p)?;
+            }
+        }
+        let mut owned = Vec::with_capacity(ops.len());
         for op in ops {
             st.appended_bytes += record_bytes(op);
-            match op {
+            owned.push(match op {
                 Op::Publish {
                     id,
                     partitions,
                     data,
                 } => {
-                    let slot = st.publish(*id, partitions, data, false);
-                    self.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    let slot = st.next_slot;
+                    st.next_slot += 1;
+                    st.appended_bytes += (data.header.len() + data.body.len()) as u64;
+                    self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(location_of(slot));
+                    Owned::Publish {
+                        slot,
+                        partitions: partitions.to_vec(),
+                        msg: owned_message(*id, data),
+                        paged: false,
+                        from: None,
+                    }
                 }
                 Op::Move {
                     id,
@@ -411,125 +894,236 @@ impl Store for MemStore {
                     from_id,
                     ..
                 } => {
-                    // One step under the lock: atomic, as the contract asks.
-                    st.settle(*from, *from_id);
-                    let slot = st.publish(*id, partitions, data, false);
-                    self.next_id.fetch_max(id + 1, Ordering::SeqCst);
+                    // One step: atomic, as the contract asks.
+                    let slot = st.next_slot;
+                    st.next_slot += 1;
+                    st.appended_bytes += (data.header.len() + data.body.len()) as u64;
+                    self.shared.next_id.fetch_max(id + 1, Ordering::SeqCst);
                     locations.push(location_of(slot));
+                    Owned::Publish {
+                        slot,
+                        partitions: partitions.to_vec(),
+                        msg: owned_message(*id, data),
+                        paged: false,
+                        from: Some((*from, *from_id)),
+                    }
                 }
-                Op::Settle { partition, id, .. } => st.settle(*partition, *id),
+                Op::Settle { partition, id, .. } => Owned::Settle(*partition, *id),
                 Op::Requeue {
                     partition,
                     id,
                     attempts,
                     deliver_at_ms,
                     ..
-                } => {
-                    // Only a live message has a delivery state to keep.
-                    if st.live.get(partition).is_some_and(|m| m.contains_key(id)) {
-                        st.requeued
-                            .insert((*partition, *id), (*attempts, *deliver_at_ms));
-                    }
-                }
+                } => Owned::Requeue(*partition, *id, *attempts, *deliver_at_ms),
                 Op::Receipt {
                     partition,
                     key_hash,
                     expires_at_ms,
-                } => {
-                    let e = st.receipts.entry((*partition, *key_hash)).or_default();
-                    *e = (*e).max(*expires_at_ms);
-                }
+                } => Owned::Receipt(*partition, *key_hash, *expires_at_ms),
                 Op::PutMeta { key, value } => {
-                    st.meta_version += 1;
-                    st.meta.insert(key.to_vec(), value.to_vec());
+                    Owned::Meta(vec![(key.to_vec(), Some(value.to_vec()))])
                 }
-                Op::DeleteMeta { key } => {
-                    st.meta_version += 1;
-                    st.meta.remove(*key);
-                }
-                Op::DropPartition { partition } => st.cut(*partition, MessageId::MAX),
-                Op::Truncate { partition, before } => st.cut(*partition, *before),
-                Op::PutState { key, value } => {
-                    let version = st.state_map.get(*key).map_or(1, |(v, _)| v + 1);
-                    st.state_map.insert(key.to_vec(), (version, value.to_vec()));
-                }
-                Op::DeleteState { key } => {
-                    st.state_map.remove(*key);
-                }
-                Op::MetaBatch { changes } => {
-                    st.meta_version += 1;
-                    for c in changes.iter() {
-                        match c {
-                            crate::MetaChange::Put { key, value } => {
-                                st.meta.insert(key.to_vec(), value.to_vec());
-                            }
-                            crate::MetaChange::Delete { key } => {
-                                st.meta.remove(*key);
-                            }
-                        }
-                    }
-                }
-            }
+                Op::DeleteMeta { key } => Owned::Meta(vec![(key.to_vec(), None)]),
+                Op::DropPartition { partition } => Owned::Cut(*partition, MessageId::MAX),
+                Op::Truncate { partition, before } => Owned::Cut(*partition, *before),
+                Op::PutState { key, value } => Owned::State(key.to_vec(), Some(value.to_vec())),
+                Op::DeleteState { key } => Owned::State(key.to_vec(), None),
+                Op::MetaBatch { changes } => Owned::Meta(
+                    changes
+                        .iter()
+                        .map(|c| match c {
+                            MetaChange::Put { key, value } => (key.to_vec(), Some(value.to_vec())),
+                            MetaChange::Delete { key } => (key.to_vec(), None),
+                        })
+                        .collect(),
+                ),
+            });
         }
-        let Some(w) = waiter else { return Ok(()) };
-        if st.hold || !st.held.is_empty() {
-            // Behind earlier pending waiters: durability completes in order.
-            st.held.push(w);
-            let hold = st.hold;
+        let (ticket, wakes) = self.record(&mut st, owned, domains);
+        drop(st);
+        for w in wakes {
+            w();
+        }
+        Ok(ticket)
+    }
+
+    fn when_durable(&self, ticket: Ticket, waiter: Waiter) {
+        let _calls = self.shared.calls.lock();
+        let mut st = self.shared.state.lock();
+        let durable = ticket == Ticket::NONE || st.is_durable(ticket.get());
+        if durable && st.waiting.is_empty() {
             drop(st);
-            if !hold {
-                self.release();
-            }
+            waiter(Ok(()));
+            return;
+        }
+        st.waiting.push((ticket.get(), waiter));
+    }
+
+    fn read_many(&self, refs: &[MessageRef]) -> ReadFuture<Vec<Result<StoredMessage, StoreError>>> {
+        let out: Vec<_> = refs.iter().map(|r| self.read(r.location)).collect();
+        if self.shared.defer_reads.load(Ordering::Relaxed) {
+            Box::pin(Deferred {
+                value: Some(out),
+                polled: false,
+            })
         } else {
-            drop(st);
-            w(Ok(()));
+            crate::ready(out)
         }
-        Ok(())
+    }
+
+    fn read_range(
+        &self,
+        partition: PartitionId,
+        from: MessageId,
+        max: usize,
+    ) -> ReadFuture<Result<Vec<RangeMessage>, StoreError>> {
+        let out = {
+            let st = self.shared.state.lock();
+            let mut out = Vec::new();
+            if let Some(ids) = st.now.live.get(&partition) {
+                for (&id, &slot) in ids.range(from..) {
+                    if out.len() >= max {
+                        break;
+                    }
+                    let Some(r) = st.now.records.get(&slot).filter(|r| !r.paged) else {
+                        continue;
+                    };
+                    let mut message = r.msg.clone();
+                    let mut attempts = 0;
+                    if let Some(&(a, d)) = st.now.requeued.get(&(partition, id)) {
+                        (attempts, message.attrs.deliver_at_ms) = (a, d);
+                    }
+                    out.push(RangeMessage {
+                        at: MessageRef::new(partition, id, location_of(slot)),
+                        attempts,
+                        message,
+                    });
+                }
+            }
+            Ok(out)
+        };
+        if self.shared.defer_reads.load(Ordering::Relaxed) {
+            Box::pin(Deferred {
+                value: Some(out),
+                polled: false,
+            })
+        } else {
+            crate::ready(out)
+        }
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {
         if is_spilled(location) {
+            // The spill's: read through `Spill::read`.
             return Err(StoreError::NotFound(location));
         }
-        self.state.lock().read(location)
-    }
-
-    fn spill(&self) -> Option<&dyn crate::Spill> {
-        Some(self)
+        self.shared.state.lock().now.read(location)
     }
 
     fn recovered_meta(&self) -> Result<RecoveredMeta, StoreError> {
-        let st = self.state.lock();
+        let st = self.shared.state.lock();
         Ok(RecoveredMeta {
-            meta: st.meta.clone(),
-            version: st.meta_version,
+            meta: st.now.meta.clone(),
+            version: st.now.meta_version,
+            key_versions: st.now.key_versions.clone(),
             truncated_bytes: 0,
         })
     }
 
+    fn put_if(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: u64,
+    ) -> Result<(Ticket, u64), StoreError> {
+        let mut st = self.shared.state.lock();
+        if st.closed {
+            return Err(StoreError::Closed);
+        }
+        let found = st.now.key_versions.get(key).copied().unwrap_or(0);
+        if found != expected {
+            return Err(StoreError::Conflict { expected, found });
+        }
+        let op = Owned::Meta(vec![(key.to_vec(), value.map(<[u8]>::to_vec))]);
+        let (ticket, wakes) = self.record(&mut st, vec![op], vec![META]);
+        let version = st.now.meta_version;
+        drop(st);
+        for w in wakes {
+            w();
+        }
+        Ok((ticket, version))
+    }
+
+    fn watch(&self, since: u64, wake: Wake) -> Result<MetaFeed, StoreError> {
+        let mut st = self.shared.state.lock();
+        if st.closed {
+            return Err(StoreError::Closed);
+        }
+        if since < st.history_base {
+            return Ok(MetaFeed::Reload);
+        }
+        let changes: Vec<MetaEvent> = st
+            .history
+            .iter()
+            .filter(|e| e.version > since)
+            .cloned()
+            .collect();
+        if changes.is_empty() {
+            st.wakes.push(wake);
+        }
+        Ok(MetaFeed::Changes(changes))
+    }
+
+    fn acquire(&self, partition: PartitionId) -> Result<Epoch, StoreError> {
+        let mut st = self.shared.state.lock();
+        if st.closed {
+            return Err(StoreError::Closed);
+        }
+        let e = st.epochs.entry(partition).or_default();
+        *e += 1;
+        let epoch = Epoch(*e);
+        st.holders.insert(partition, (self.handle, epoch));
+        Ok(epoch)
+    }
+
+    fn try_acquire(&self, partition: PartitionId) -> Result<Option<Epoch>, StoreError> {
+        {
+            let st = self.shared.state.lock();
+            if let Some((h, e)) = st.holders.get(&partition) {
+                return Ok((*h == self.handle).then_some(*e));
+            }
+        }
+        self.acquire(partition).map(Some)
+    }
+
     fn recovered_partitions(&self) -> Result<Vec<PartitionId>, StoreError> {
-        Ok(self.state.lock().recovered_partitions.clone())
+        Ok(self.shared.state.lock().opened_partitions.clone())
     }
 
     fn recover_partition(
         &self,
         partition: PartitionId,
     ) -> Result<Vec<RecoveredMessage>, StoreError> {
-        Ok(self
-            .state
-            .lock()
-            .recovered
-            .remove(&partition)
-            .unwrap_or_default())
+        let st = self.shared.state.lock();
+        st.check_holder(self.handle, partition)?;
+        Ok(st.now.recovered(partition))
     }
 
     fn recover_receipts(&self, partition: PartitionId) -> Result<Vec<Receipt>, StoreError> {
-        Ok(self
-            .state
-            .lock()
-            .recovered_receipts
-            .remove(&partition)
-            .unwrap_or_default())
+        let st = self.shared.state.lock();
+        st.check_holder(self.handle, partition)?;
+        let now = crate::log::now_ms();
+        Ok(st
+            .now
+            .receipts
+            .iter()
+            .filter(|((p, _), e)| *p == partition && **e > now)
+            .map(|((_, key_hash), e)| Receipt {
+                key_hash: *key_hash,
+                expires_at_ms: *e,
+            })
+            .collect())
     }
 
     fn compact(&self, live: &dyn LiveSet) -> Result<usize, StoreError> {
@@ -537,9 +1131,8 @@ impl Store for MemStore {
         // are forgotten here as the log store forgets them.
         let now = crate::log::now_ms();
         {
-            let mut st = self.state.lock();
-            st.receipts.retain(|_, e| *e > now);
-            st.recovered_receipts.clear();
+            let mut st = self.shared.state.lock();
+            st.now.receipts.retain(|_, e| *e > now);
         }
         // Collect first, with no lock of ours held: the caller's locks are
         // held around `visit`, and its appends take ours.
@@ -547,26 +1140,37 @@ impl Store for MemStore {
         live.for_each_live(&mut |partition, id, location| todo.push((partition, id, location)));
         let mut copies = Vec::new();
         {
-            let mut st = self.state.lock();
+            let mut st = self.shared.state.lock();
             if st.closed {
                 return Err(StoreError::Closed);
             }
+            let mut ops = Vec::new();
+            let mut domains = Vec::new();
             for (partition, id, old) in todo {
                 // Only what is still live where the caller saw it: a settle
                 // since then wins.
-                let Some(slot) = st.live.get(&partition).and_then(|m| m.get(&id)).copied() else {
+                let Some(slot) = st
+                    .now
+                    .live
+                    .get(&partition)
+                    .and_then(|m| m.get(&id))
+                    .copied()
+                else {
                     continue;
                 };
                 if slot_of(old) != Some(slot) {
                     continue;
                 }
-                let Some(rec) = st.records.get(&slot).cloned() else {
-                    continue;
-                };
-                let new = st.insert(Record { live: 1, ..rec });
-                st.unlive(slot);
-                if let Some(m) = st.live.get_mut(&partition) {
-                    m.insert(id, new);
+                let new = st.next_slot;
+                st.next_slot += 1;
+                ops.push(Owned::Relocate {
+                    partition,
+                    id,
+                    from: slot,
+                    to: new,
+                });
+                if !domains.contains(&Domain::Part(partition)) {
+                    domains.push(Domain::Part(partition));
                 }
                 copies.push(Relocation {
                     partition,
@@ -580,6 +1184,9 @@ impl Store for MemStore {
                     },
                 });
             }
+            if !ops.is_empty() {
+                self.record(&mut st, ops, domains);
+            }
         }
         if copies.is_empty() {
             return Ok(0);
@@ -592,12 +1199,13 @@ impl Store for MemStore {
     }
 
     fn stats(&self) -> StoreStats {
-        let st = self.state.lock();
+        let st = self.shared.state.lock();
         StoreStats {
             appended_bytes: st.appended_bytes,
             // What the records still held take: the space a drop,
             // truncation or settle gives back shows here at once.
             disk_bytes: st
+                .now
                 .records
                 .values()
                 .map(|r| (r.msg.header.len() + r.msg.body.len()) as u64)
@@ -607,9 +1215,10 @@ impl Store for MemStore {
     }
 
     fn scan_state(&self, prefix: &[u8]) -> Result<Vec<StateEntry>, StoreError> {
-        let st = self.state.lock();
+        let st = self.shared.state.lock();
         Ok(st
-            .state_map
+            .now
+            .state
             .range(prefix.to_vec()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, (version, value))| StateEntry {
@@ -620,8 +1229,12 @@ impl Store for MemStore {
             .collect())
     }
 
+    fn spill(&self) -> Option<&dyn crate::Spill> {
+        Some(self)
+    }
+
     fn close(&self) -> Result<(), StoreError> {
-        self.state.lock().closed = true;
+        self.shared.state.lock().closed = true;
         // Closing makes everything durable.
         self.release();
         Ok(())
@@ -633,14 +1246,14 @@ mod tests {
     use super::*;
     use crate::{MessageAttrs, MessageData};
 
-    fn publish(store: &MemStore, waiter: Option<Waiter>) -> Location {
+    fn publish_to(store: &MemStore, p: PartitionId) -> (Location, Ticket) {
         let id = store.allocate_ids(1);
         let mut locs = Vec::new();
-        store
+        let t = store
             .append(
                 &[Op::Publish {
                     id,
-                    partitions: &[PartitionId(1)],
+                    partitions: &[p],
                     data: MessageData {
                         exchange: "",
                         routing_key: "q",
@@ -651,10 +1264,17 @@ mod tests {
                     },
                 }],
                 &mut locs,
-                waiter,
             )
             .unwrap();
-        locs[0]
+        (locs[0], t)
+    }
+
+    fn publish(store: &MemStore, waiter: Option<Waiter>) -> Location {
+        let (loc, t) = publish_to(store, PartitionId(1));
+        if let Some(w) = waiter {
+            store.when_durable(t, w);
+        }
+        loc
     }
 
     #[test]
@@ -681,6 +1301,29 @@ mod tests {
         assert_eq!(store.held_waiters(), 1, "still holding after release");
         store.hold_durability(false);
         assert_eq!(*done.lock(), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_released_ticket_covers_its_partitions_only() {
+        let store = MemStore::new();
+        store.hold_durability(true);
+        let (a, _) = publish_to(&store, PartitionId(1));
+        let (_, tb) = publish_to(&store, PartitionId(2));
+        let (_, tc) = publish_to(&store, PartitionId(1));
+        store.release_ticket(tc);
+        assert_eq!(store.pending_appends(), 1, "P2's append is still pending");
+        let crashed = store.crash();
+        let p1 = crashed.recover_partition(PartitionId(1)).unwrap();
+        assert_eq!(p1.len(), 2, "P1's prefix up to the ticket survived");
+        assert_eq!(p1[0].location, a);
+        assert!(
+            crashed
+                .recover_partition(PartitionId(2))
+                .unwrap()
+                .is_empty(),
+            "P2 was never durable"
+        );
+        let _ = tb;
     }
 
     #[test]
@@ -714,6 +1357,29 @@ mod tests {
             let s = old.reopen();
             self.current = Some(s.clone());
             s
+        }
+        fn second_handle(&mut self, _store: &Arc<dyn Store>) -> Option<Arc<dyn Store>> {
+            Some(self.current.as_ref().expect("created first").handle())
+        }
+        fn crash(&mut self, store: Arc<dyn Store>) -> Option<Arc<dyn Store>> {
+            drop(store);
+            let old = self.current.take().expect("created first");
+            let s = old.crash();
+            self.current = Some(s.clone());
+            Some(s)
+        }
+        fn hold(&mut self, _store: &Arc<dyn Store>) -> bool {
+            self.current
+                .as_ref()
+                .expect("created first")
+                .hold_durability(true);
+            true
+        }
+        fn release(&mut self, _store: &Arc<dyn Store>, ticket: Ticket) {
+            self.current
+                .as_ref()
+                .expect("created first")
+                .release_ticket(ticket);
         }
     }
 

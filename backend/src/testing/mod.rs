@@ -4,6 +4,7 @@
 
 pub mod contract;
 pub mod contract_lifecycle;
+pub mod contract_v2;
 mod mem;
 
 pub use mem::MemStore;

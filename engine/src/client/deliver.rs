@@ -232,7 +232,8 @@ impl Client {
         let remaining = q.message_count();
         let message = match &entry.message {
             Some(m) => m.clone(),
-            None => match self.read_back(&partition, &entry) {
+            // A pull answers at once: read on this thread.
+            None => match crate::readback::read_blocking(&*self.store, &partition, &entry) {
                 Some(m) => m,
                 None => {
                     // Unreadable (the store said why): drop it rather than
@@ -252,7 +253,7 @@ impl Client {
                     partition,
                     consumer: None,
                     entry,
-                    since: Instant::now(),
+                    since: self.tenant.clock().now(),
                 },
                 Settle::Ack,
                 Return::Failed,
@@ -279,9 +280,14 @@ impl Client {
     /// Takes what partitions pushed to this client. Notices about
     /// subscriptions the client has since replaced or cancelled are
     /// dropped; the rest are appended to `notices`.
+    /// Cold deliveries (bodies in the store) start their reads here, in one
+    /// batch; [`Self::next_delivery`] holds back one whose read has not
+    /// completed, and the connection's task is woken when it has.
     pub fn drain(&mut self, notices: &mut Vec<Notice>) {
+        let before = self.pending.len();
         self.handle
             .drain_into(&mut self.pending, &mut self.raw_notices);
+        self.prefetch(before);
         for n in self.raw_notices.drain(..) {
             match n {
                 Notice::ConsumerCancelled { consumer } => {
@@ -305,11 +311,61 @@ impl Client {
         }
     }
 
+    /// Polls the reads in flight, then starts one batch of reads for the
+    /// cold deliveries from `pending[from..]` on (those just drained).
+    fn prefetch(&mut self, from: usize) {
+        let mut i = 0;
+        while i < self.reads.len() {
+            match self.reads[i].poll(&self.read_waker) {
+                Some(done) => {
+                    self.prefetched.extend(done);
+                    self.reads.swap_remove(i);
+                }
+                None => i += 1,
+            }
+        }
+        let mut cold = Vec::new();
+        for d in self.pending.range(from..) {
+            if d.entry.message.is_some() {
+                continue;
+            }
+            if let Some(at) = d.partition.leased_location(&d.entry) {
+                match crate::readback::read_spilled(&*self.store, at) {
+                    Some(m) => {
+                        self.prefetched.insert((d.partition.id, d.entry.id), m);
+                    }
+                    None => cold.push((d.partition.id, d.entry.id, at)),
+                }
+            }
+        }
+        if cold.is_empty() {
+            return;
+        }
+        let mut reads = crate::readback::Reads::start(&*self.store, cold);
+        match reads.poll(&self.read_waker) {
+            // Answered at once (the embedded log): nothing waits.
+            Some(done) => self.prefetched.extend(done),
+            None => self.reads.push(reads),
+        }
+    }
+
     /// The next drained delivery. Hand each back with exactly one of
     /// [`Self::lease`] (written), [`Self::unsend`] (cannot be written),
     /// [`Self::discard`] (unreadable) or [`Self::defer`] (not now), then
-    /// call [`Self::finish_deliveries`] once for the batch.
+    /// call [`Self::finish_deliveries`] once for the batch. `None` also
+    /// while the next one's message is still being read from the store
+    /// (the connection's task is woken when it is).
     pub fn next_delivery(&mut self) -> Option<Delivery> {
+        if !self.reads.is_empty() {
+            let front = self.pending.front()?;
+            let key = (front.partition.id, front.entry.id);
+            if front.entry.message.is_none()
+                && !self.prefetched.contains_key(&key)
+                && self.reads.iter().any(|r| r.covers(key))
+            {
+                return None;
+            }
+        }
         let d = self.pending.pop_front()?;
         self.taken += 1;
         Some(d)
@@ -330,17 +386,22 @@ impl Client {
     /// The delivery cannot be written (its scope or consumer is gone): it
     /// goes back to its queue, not marked redelivered, at the batch's end.
     pub fn unsend(&mut self, d: Delivery) {
+        self.prefetched.remove(&(d.partition.id, d.entry.id));
         d.consumer.release(d.entry.size);
         self.unsend.push((d.partition, d.entry));
     }
 
-    /// The message of a delivery: in memory, or read back from the store
-    /// (retrying while compaction moves its record). None if unreadable:
+    /// The message of a delivery: in memory, read ahead by
+    /// [`Self::drain`], or (when that read failed) read back from the store
+    /// now, retrying while compaction moves its record. None if unreadable:
     /// then [`Self::discard`] it.
-    pub fn message_of(&self, d: &Delivery) -> Option<Arc<Message>> {
+    pub fn message_of(&mut self, d: &Delivery) -> Option<Arc<Message>> {
         let m = match &d.entry.message {
             Some(m) => m.clone(),
-            None => self.read_back(&d.partition, &d.entry)?,
+            None => match self.prefetched.remove(&(d.partition.id, d.entry.id)) {
+                Some(m) => m,
+                None => crate::readback::read_blocking(&*self.store, &d.partition, &d.entry)?,
+            },
         };
         Some(self.with_delivery_count(&d.partition, &d.entry, m))
     }
@@ -395,6 +456,7 @@ impl Client {
     /// Drops a delivery whose message is unreadable, freeing its record,
     /// rather than looping on it forever.
     pub fn discard(&mut self, d: Delivery) {
+        self.prefetched.remove(&(d.partition.id, d.entry.id));
         d.consumer.release(d.entry.size);
         if let Some(l) = d.partition.settled(&d.entry, false) {
             self.push_settle(d.partition.id, d.entry.id, l);
@@ -457,51 +519,5 @@ impl Client {
             self.settle_refused(&p, refused);
         }
         self.unsend = unsend;
-    }
-
-    pub(super) fn read_back(&self, p: &Partition, e: &Entry) -> Option<Arc<Message>> {
-        // Compaction may have moved the record since the entry was handed
-        // out, and may move it again (and reclaim the old segment) between
-        // the lookup and the read: retry while the location keeps changing.
-        let mut loc = p.leased_location(e)?;
-        let mut read = crate::spill::read(&*self.store, loc);
-        for _ in 0..3 {
-            if read.is_ok() {
-                break;
-            }
-            match p.leased_location(e) {
-                Some(now) if now != loc => {
-                    loc = now;
-                    read = crate::spill::read(&*self.store, loc);
-                }
-                _ => break,
-            }
-        }
-        let read = read.map_err(|err| err.to_string()).and_then(|m| {
-            // 0 is no format (a damaged record): refused like an unreadable
-            // one. Any other number reads back, with or without a codec
-            // here: only a conversion needs one, and fails clearly.
-            let f = HeaderFormat::from_u8(m.header_format).map_err(|err| err.to_string())?;
-            Ok((m, f))
-        });
-        match read {
-            Ok((m, header_format)) => Some(Arc::new(Message {
-                id: m.id,
-                exchange: Bytes::from(m.exchange.into_bytes()),
-                routing_key: Bytes::from(m.routing_key.into_bytes()),
-                properties: m.header,
-                body: m.body,
-                header_format,
-                persistent: true,
-                priority: m.attrs.priority,
-                // A read-back only serves a delivery: its expiry is the
-                // entry's (`expires_at_ms`), fixed at enqueue.
-                ttl_ms: None,
-            })),
-            Err(err) => {
-                tracing::error!(error = %err, id = e.id, "cannot read a queued message back from the store");
-                None
-            }
-        }
     }
 }

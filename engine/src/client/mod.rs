@@ -32,10 +32,10 @@
 use crate::consumer::{ConnHandle, Consumer, Credit, Delivery, Notice, Scope, NO_ACK_WINDOW};
 use crate::error::{ClientError, EngineError, Result};
 use crate::lease::{Lease, Leases, Settle};
-use crate::message::{now_ms, Entry, Message};
+use crate::message::{Entry, Message};
 use crate::meta::DestinationKind;
 use crate::permissions::{is_topic, Authz, Permission, Resource};
-use crate::properties::{HeaderFormat, Value};
+use crate::properties::Value;
 use crate::queue::{AttachError, Enqueued, Partition, Queue, Return, HOT_ENTRIES};
 use crate::reply_to::{Reply, ReplyBox, REPLY_TO, REPLY_TO_PREFIX};
 use crate::tenant::{QueueDeclare, QueueDeclared, RouteInput, Routed};
@@ -48,13 +48,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_backend::{
-    Location, MessageAttrs, MessageData, MessageId, Op, Owner, PartitionId, Store, StoreError,
+    Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, ShareTag, Store, StoreError,
     Waiter,
 };
 
 mod admin;
 mod definitions;
 mod deliver;
+mod durable;
 mod publish;
 mod settle;
 mod state;
@@ -213,6 +214,12 @@ pub struct Client {
     scopes: ScopeMap<ScopeState>,
     /// Deliveries drained from the outbox and not yet handed out.
     pending: VecDeque<Delivery>,
+    /// Reads of cold deliveries in flight (`readback.rs`).
+    reads: Vec<crate::readback::Reads>,
+    /// Messages of cold deliveries read ahead, until handed out.
+    prefetched: HashMap<crate::readback::ReadKey, Arc<Message>>,
+    /// Wakes this connection's task when a read completes.
+    read_waker: std::task::Waker,
     /// Handed out by [`Self::next_delivery`] since the last
     /// [`Self::finish_deliveries`].
     taken: u32,
@@ -238,7 +245,9 @@ pub struct Client {
     /// The principal's permissions in the tenant, with cached decisions.
     authz: Authz,
     /// The tenant, to the store's fairness.
-    owner: Owner,
+    share: ShareTag,
+    /// Tickets of this client's appends a durability barrier waits for.
+    unconfirmed: durable::Unconfirmed,
     /// The store said the tenant is over its share of the writer since
     /// [`Self::take_store_pressure`] was last asked.
     over_share: bool,
@@ -297,18 +306,25 @@ impl Client {
                 }
             }
         }
+        let handle = ConnHandle::new(engine.next_connection_id());
+        let read_waker =
+            std::task::Waker::from(Arc::new(crate::readback::WakeConn(handle.clone())));
         Ok(Client {
             counted,
             authz,
-            owner: Owner(t.quota().tag()),
+            share: ShareTag(t.quota().tag()),
+            unconfirmed: Default::default(),
             over_share: false,
             store: engine.store().clone(),
             tenant: t,
             principal,
-            handle: ConnHandle::new(engine.next_connection_id()),
+            handle,
             codecs: engine.codecs(),
             scopes: ScopeMap::default(),
             pending: VecDeque::new(),
+            reads: Vec::new(),
+            prefetched: HashMap::new(),
+            read_waker,
             taken: 0,
             raw_notices: Vec::new(),
             unsend: Vec::new(),
@@ -341,6 +357,12 @@ impl Client {
     /// session's flow gate watches. Read-only use; it grants nothing.
     pub fn tenant_quota(&self) -> &Arc<weir_quota::TenantQuota> {
         self.tenant.quota()
+    }
+
+    /// The engine's clock: what a session reads, once per batch, for the
+    /// times it passes in (lease times, a publish's expiry).
+    pub fn clock(&self) -> &crate::clock::SharedClock {
+        self.tenant.clock()
     }
 
     /// Refuses a message of `size` bytes over the tenant's
@@ -435,6 +457,8 @@ impl Client {
         self.handle
             .drain_into(&mut self.pending, &mut self.raw_notices);
         self.raw_notices.clear();
+        self.reads.clear();
+        self.prefetched.clear();
         while let Some(d) = self.pending.pop_front() {
             self.handle.unsent_done(1);
             d.consumer.release(d.entry.size);

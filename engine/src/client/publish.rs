@@ -57,21 +57,26 @@ impl Client {
         let message = Arc::new(message(id));
         debug_assert_eq!(message.id, id, "a message keeps the id it was given");
         let size = message.size();
-        let now = now_ms();
+        let now = self.tenant.clock().now_ms();
         // Idempotent publish: the queues that already hold the message's key
         // drop it; the others record it. Their receipts stay locked until
         // the end of this call (after the store append and the enqueue), so
         // of two publishers racing with one key exactly one enqueues.
         let mut dedup =
             crate::queue::dedup::Check::new(route.headers, &message, &self.codecs, queues, now);
-        // A duplicate is confirmed like the original: after everything
-        // appended so far (the original's record among it) is durable.
-        let dup_barrier = dedup.as_ref().is_some_and(|d| {
-            d.any_duplicate()
-                && queues.iter().enumerate().any(|(i, q)| {
-                    d.is_duplicate(i) && message.persistent && q.partitions[0].durable
-                })
-        });
+        // A duplicate is confirmed like the original: once the original's
+        // record is durable (the latest ticket of its queue's partitions).
+        let mut dup_barrier = false;
+        if let Some(d) = dedup.as_ref().filter(|d| d.any_duplicate()) {
+            for (i, q) in queues.iter().enumerate() {
+                if d.is_duplicate(i) && message.persistent && q.partitions[0].durable {
+                    dup_barrier = true;
+                    for (p, t) in d.original_tickets(i) {
+                        self.unconfirmed.note(p, t);
+                    }
+                }
+            }
+        }
         // Pick each queue's partition, and store once for all durable ones.
         let mut targets = std::mem::take(&mut self.publish_targets);
         let mut durable_parts = std::mem::take(&mut self.publish_durable);
@@ -198,13 +203,31 @@ impl Client {
             };
             let res = if with_publish.is_empty() {
                 self.store
-                    .append_for(self.owner, &[publish], &mut self.locs, None)
+                    .append_for(self.share, &[publish], &mut self.locs)
             } else {
                 with_publish.insert(0, publish);
                 self.store
-                    .append_for(self.owner, &with_publish, &mut self.locs, None)
+                    .append_for(self.share, &with_publish, &mut self.locs)
             };
-            let res = res.map(|a| self.over_share |= a.over_share);
+            let res = res.map(|(ticket, a)| {
+                self.over_share |= a.over_share;
+                for p in &durable_parts[..n_durable] {
+                    self.unconfirmed.note(*p, ticket);
+                }
+                for op in with_publish.iter().skip(1) {
+                    if let Op::Receipt { partition, .. } = op {
+                        self.unconfirmed.note(*partition, ticket);
+                    }
+                }
+                if let Some(d) = dedup.as_mut() {
+                    // A later duplicate is confirmed after this ticket.
+                    for (part, kept, qi) in &targets {
+                        if *kept == Kept::Stored {
+                            d.note_ticket(*qi, part.id, ticket);
+                        }
+                    }
+                }
+            });
             if let Err(e) = res {
                 // Nothing enqueued: no receipt either.
                 if let Some(d) = dedup.as_mut() {
@@ -231,7 +254,7 @@ impl Client {
             let res = self
                 .store
                 .spill()
-                .map(|s| s.spill(self.owner, id, &durable_parts[n_durable..], data));
+                .map(|s| s.spill(self.share, id, &durable_parts[n_durable..], data));
             match res {
                 Some(Ok((loc, a))) => {
                     self.over_share |= a.over_share;
@@ -334,11 +357,18 @@ impl Client {
         }
         if !after.is_empty() {
             self.locs.clear();
-            // A cancellation wakes the writer at once (the publisher's nack
-            // does not wait for the store).
-            let wake: Option<Waiter> = cancelled.then(|| Box::new(|_| {}) as Waiter);
-            if let Err(e) = self.store.append(&after, &mut self.locs, wake) {
-                tracing::warn!(error = %e, "idempotency receipt not stored: a duplicate may be accepted after a restart");
+            match self.store.append(&after, &mut self.locs) {
+                Ok(ticket) => {
+                    self.unconfirmed.note_ops(&after, ticket);
+                    if cancelled {
+                        // A cancellation wakes the writer at once (the
+                        // publisher's nack does not wait for the store).
+                        self.store.when_durable(ticket, Box::new(|_| {}));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "idempotency receipt not stored: a duplicate may be accepted after a restart")
+                }
             }
         }
         drop(dedup);

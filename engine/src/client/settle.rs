@@ -208,9 +208,12 @@ impl Client {
             self.locs.clear();
             match self
                 .store
-                .append_for(self.owner, &self.settles, &mut self.locs, None)
+                .append_for(self.share, &self.settles, &mut self.locs)
             {
-                Ok(a) => self.over_share |= a.over_share,
+                Ok((ticket, a)) => {
+                    self.over_share |= a.over_share;
+                    self.unconfirmed.note_ops(&self.settles, ticket);
+                }
                 Err(e) => tracing::error!(error = %e, "store refused settles"),
             }
             self.settles.clear();
@@ -236,9 +239,19 @@ impl Client {
         self.over_share
     }
 
-    /// Calls `waiter` once everything appended so far is durable (a
-    /// publisher's confirmation).
-    pub fn durability_barrier(&self, waiter: Waiter) -> Result<(), StoreError> {
-        self.store.append(&[], &mut Vec::new(), Some(waiter))
+    /// Calls `waiter` once everything this client appended so far is
+    /// durable (a publisher's confirmation): the store's tickets of its
+    /// publishes, receipts and settles since its last barrier, of the
+    /// originals of duplicates it published, and of the metadata and state
+    /// store changed so far (declares, MQTT session state and retained
+    /// messages are written through the tenant). Barriers complete in the
+    /// order they were asked for.
+    pub fn durability_barrier(&mut self, waiter: Waiter) -> Result<(), StoreError> {
+        if let Ok(engine) = self.tenant.engine() {
+            self.unconfirmed
+                .note_side(engine.meta_ticket(), engine.state_ticket());
+        }
+        self.unconfirmed.barrier(&*self.store, waiter);
+        Ok(())
     }
 }

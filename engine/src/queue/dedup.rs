@@ -54,7 +54,7 @@ use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use weir_backend::{PartitionId, Receipt};
+use weir_backend::{PartitionId, Receipt, Ticket};
 
 /// The header that carries a message's idempotency key.
 pub const IDEMPOTENCY_KEY: &str = "x-idempotency-key";
@@ -109,6 +109,10 @@ struct Receipts {
     /// the map's is stale (the key was received again after expiring) and
     /// only leaves the FIFO.
     fifo: VecDeque<(u64, u64)>,
+    /// Per partition of the queue, the store's latest ticket of a keyed
+    /// publish into it: a duplicate is confirmed once these are durable
+    /// (its original is among them).
+    tickets: Vec<(PartitionId, Ticket)>,
 }
 
 impl Receipts {
@@ -422,6 +426,30 @@ impl<'q> Check<'q> {
             let q = self.targets[i].queue;
             self.undo(q);
         }
+    }
+
+    /// The store's `ticket` covers this publish's record in `partition` of
+    /// `queues[queue]`: a later duplicate there is confirmed after it.
+    pub fn note_ticket(&mut self, queue: usize, partition: PartitionId, ticket: Ticket) {
+        let Some(guard) = self.target(queue).map(|t| t.guard) else {
+            return;
+        };
+        if let Some(table) = self.guards[guard].1.as_mut() {
+            match table.tickets.iter_mut().find(|(p, _)| *p == partition) {
+                Some((_, t)) => *t = (*t).max(ticket),
+                None => table.tickets.push((partition, ticket)),
+            }
+        }
+    }
+
+    /// For a duplicate in `queues[queue]`: the tickets its original's
+    /// confirmation waits for there (per partition of the queue, the latest
+    /// keyed publish's).
+    pub fn original_tickets(&self, queue: usize) -> Vec<(PartitionId, Ticket)> {
+        self.target(queue)
+            .and_then(|t| self.guards[t.guard].1.as_ref())
+            .map(|table| table.tickets.clone())
+            .unwrap_or_default()
     }
 
     /// The receipt recorded for `queues[queue]`, if one was: (the queue's

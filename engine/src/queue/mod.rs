@@ -150,6 +150,11 @@ impl Queue {
         let dedup = dedup::Dedup::new(args.dedup_on_message_id, args.dedup_window_ms);
         let delayed = args.delayed;
         let message_ttl = args.message_ttl.unwrap_or(u64::MAX);
+        // Without timers (tests of a bare queue), on the system clock.
+        let now_ms = timers.as_ref().map_or_else(
+            || crate::clock::Clock::now_ms(&crate::clock::SystemClock),
+            |t| t.clock().now_ms(),
+        );
         Arc::new_cyclic(|me| Queue {
             partitions: def
                 .partitions
@@ -171,7 +176,7 @@ impl Queue {
             args: RwLock::new(args),
             deleted: AtomicBool::new(false),
             attached: Mutex::new(Attached::default()),
-            last_used_ms: AtomicU64::new(crate::message::now_ms()),
+            last_used_ms: AtomicU64::new(now_ms),
             next_partition: AtomicU64::new(0),
             sources: Default::default(),
             dedup,
@@ -261,7 +266,7 @@ impl Queue {
     /// a declare, a get, a consumer attaching or the last one leaving) and,
     /// for a queue with `x-expires`, schedules the idle check.
     pub fn touch(&self) {
-        let now = crate::message::now_ms();
+        let now = self.partitions[0].now_ms();
         self.last_used_ms.store(now, Ordering::Relaxed);
         if let Some(ms) = self.args().expires {
             self.partitions[0].schedule_at(now.saturating_add(ms));

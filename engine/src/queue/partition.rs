@@ -5,7 +5,7 @@ use super::ready::ReadyList;
 use crate::args::{Overflow, QueueArgs, RetryType};
 use crate::consumer::{Consumer, Delivery};
 use crate::deadletter::DeadReason;
-use crate::message::{now_ms, Entry};
+use crate::message::Entry;
 use crate::timers::Timers;
 use parking_lot::{Mutex, MutexGuard};
 use std::cmp::Reverse;
@@ -376,6 +376,17 @@ impl Partition {
         (consumers, entries)
     }
 
+    /// Now, on the engine's clock (ms since epoch): the one its timers
+    /// are on (no field of its own: a queue costs no more memory), the
+    /// system clock for a partition without timers (unit tests).
+    #[inline]
+    pub(crate) fn now_ms(&self) -> u64 {
+        match &self.timers {
+            Some(t) => t.clock().now_ms(),
+            None => crate::clock::Clock::now_ms(&crate::clock::SystemClock),
+        }
+    }
+
     /// Whether its queue was deleted.
     pub fn is_deleted(&self) -> bool {
         self.deleted.load(Ordering::Acquire)
@@ -392,7 +403,7 @@ impl Partition {
     /// without a stored deadline get the queue's TTL from now (a restart
     /// does not make them immortal).
     pub fn restore(self: &Arc<Self>, entries: impl IntoIterator<Item = (Entry, u64)>) {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut st = self.lock();
         let mut next_due = None::<u64>;
         for (mut e, deliver_at) in entries {
@@ -762,7 +773,7 @@ impl Partition {
         let counts = self.counts_deliveries();
         {
             let mut st = self.lock();
-            let now = now_ms();
+            let now = self.now_ms();
             for mut e in entries {
                 if let Some(l) = st.leased.remove(&e.id) {
                     e.location = Some(l);
@@ -1016,7 +1027,7 @@ impl Partition {
             return false;
         };
         if *now == 0 {
-            *now = now_ms();
+            *now = self.now_ms();
         }
         // Deliverable up to and including its deadline's millisecond: a
         // message with TTL 0 still reaches a consumer waiting for it at
@@ -1052,13 +1063,17 @@ impl Partition {
                 break;
             }
         }
-        let mut e = st.ready.pop_front()?;
+        let Some(mut e) = st.ready.pop_front() else {
+            // Expired heads may have just left: the counter follows.
+            self.ready_len.store(0, Ordering::Relaxed);
+            return None;
+        };
         if let Some(l) = e.location {
             st.leased.insert(e.id, l);
         }
         e.attempts = e.attempts.saturating_add(1);
         if now == 0 {
-            now = now_ms();
+            now = self.now_ms();
         }
         self.counters
             .waited_ms
@@ -1131,7 +1146,7 @@ impl Partition {
             oldest_age_ms: st
                 .ready
                 .front()
-                .map(|e| now_ms().saturating_sub(e.enqueued_ms))
+                .map(|e| self.now_ms().saturating_sub(e.enqueued_ms))
                 .unwrap_or(0),
             consumers: st.consumers.len() as u32,
         }
@@ -1320,7 +1335,7 @@ mod tests {
             redelivered: false,
             attempts: 0,
             priority: 0,
-            enqueued_ms: now_ms(),
+            enqueued_ms: 0,
             expires_at_ms: 0,
             message: None,
         }

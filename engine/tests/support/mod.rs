@@ -12,6 +12,7 @@ use weir_backend::testing::MemStore;
 use weir_engine::exchange::{ExchangeDef, ExchangeKind, HeaderLookup};
 use weir_engine::meta::DestinationKind;
 use weir_engine::tenant::{QueueDeclare, QueueDeclared, RouteInput};
+use weir_engine::ManualClock;
 use weir_engine::{Engine, EngineError, Tenant, DEFAULT_TENANT};
 
 /// The connection id most tests act as.
@@ -24,6 +25,8 @@ pub const OTHER: u64 = 2;
 pub struct TestEngine {
     /// The engine.
     pub engine: Arc<Engine>,
+    /// Its clock: time moves only when a test advances it.
+    pub clock: Arc<ManualClock>,
     _dir: TempDir,
 }
 
@@ -41,9 +44,11 @@ impl TestEngine {
 /// the one line marked below.
 pub fn engine() -> TestEngine {
     let store = MemStore::new(); // ← the store
-    let engine = Engine::open(store).expect("opening the engine");
+    let clock = ManualClock::new();
+    let engine = Engine::open(store, clock.clone()).expect("opening the engine");
     TestEngine {
         engine,
+        clock,
         _dir: TempDir::new(),
     }
 }

@@ -308,7 +308,7 @@ fn queues(out: &mut String, shared: &Services, per_queue: bool) {
     // (tenant, queue name or None when aggregated, figures)
     let mut rows: Vec<(String, Option<String>, QueueFigures)> = Vec::new();
     let tenants = shared.engine.tenants();
-    let now_ms = weir_engine::message::now_ms();
+    let now_ms = shared.engine.clock().now_ms();
     let mut per_tenant: Vec<(String, u64, u64, u64)> = Vec::with_capacity(tenants.len());
     for t in &tenants {
         let vhost = escaped(&t.name).into_owned();

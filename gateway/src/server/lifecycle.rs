@@ -99,7 +99,7 @@ impl Broker {
         let started = std::time::Instant::now();
         // Before any session or the store records a figure.
         crate::metrics::install();
-        let engine = Engine::open(store.clone())?;
+        let engine = Engine::open(store.clone(), crate::engine::SystemClock::shared())?;
         engine.set_codecs(Arc::new(crate::header_codecs::registry()));
         for t in &cfg.tenants {
             let (tenant, wait) = engine
@@ -266,7 +266,7 @@ impl Broker {
                 next = Duration::from_secs(5);
                 // Expired retained messages go too (else only the next
                 // retained publish of their tenant or a restart drops them).
-                engine.sweep_retained(crate::engine::message::now_ms());
+                engine.sweep_retained();
                 match tokio::task::spawn_blocking(move || e.compact()).await {
                     Ok(Ok(n)) if n > 0 => {
                         tracing::info!(relocated = n, "compacted sparse segments");
@@ -463,12 +463,13 @@ pub async fn shutdown_signal() {
 /// round on a blocking thread (it may read the store), sleeping until the
 /// next deadline or until an earlier one is scheduled.
 async fn run_timers(engine: Arc<Engine>) {
-    use crate::engine::message::now_ms;
+    // Deadlines are on the engine's clock (the system clock here): the
+    // engine decides what is due; this task only sleeps until then.
+    let now_ms = || engine.clock().now_ms();
     loop {
-        let now = now_ms();
         let e = engine.clone();
         let started = std::time::Instant::now();
-        let next = tokio::task::spawn_blocking(move || e.run_timers(now))
+        let next = tokio::task::spawn_blocking(move || e.run_timers())
             .await
             .unwrap_or(None);
         let took = started.elapsed();

@@ -7,18 +7,19 @@
 //! session (or request) when the change is made, and goes out once
 //! [`Durability::status`] says the ticket is [`Status::Durable`].
 //!
-//! How tickets complete is this module's business alone: today a ticket is
-//! the number of the store barrier (an empty append with a waiter, which
-//! the store calls once everything appended before it is durable) that the
-//! session asks for when it closes the batch that handed the ticket out.
+//! How tickets complete is this module's business alone: a ticket is the
+//! number of the client's durability barrier (the engine waits for the
+//! store's tickets of the client's appends, and of the metadata and state
+//! changes made so far) that the session asks for when it closes the batch
+//! that handed the ticket out.
 //! Every answer of a batch shares that one barrier, whatever the number of
 //! channels, confirms and declares in it; the barrier's waiter moves two
 //! counters and wakes the session through its engine handle (which the
 //! session waits on anyway), so there is no channel, no oneshot and no
 //! allocation per answer. An engine change that hands back its own
 //! [`DurableWait`] (declares, binds, deletes) is covered by the same
-//! barrier, which is appended after it. When the store gives a ticket per
-//! append instead of a store-wide barrier, only this file changes.
+//! barrier, which covers the engine's metadata and state changes made
+//! before it.
 //!
 //! Invariants: tickets of one [`Durability`] are handed out in increasing
 //! order; a ticket is durable once a barrier at or after it completed
@@ -117,7 +118,7 @@ impl Durability {
     /// since the last, whose completion wakes `client`'s task. A barrier
     /// the store refuses fails its tickets (seen through
     /// [`Self::status`]); the error is returned for the log.
-    pub fn end_batch(&mut self, client: Option<&Client>) -> Result<(), StoreError> {
+    pub fn end_batch(&mut self, client: Option<&mut Client>) -> Result<(), StoreError> {
         if !self.open {
             return Ok(());
         }
@@ -185,29 +186,24 @@ impl Durability {
 }
 
 /// Waits until an engine change is durable: the answer of a request (the
-/// HTTP API, startup), which has no session loop. The same tickets as a
-/// session's, over a barrier asked of `engine`'s store.
-pub async fn settled(engine: &Engine, wait: Option<DurableWait>) -> Result<(), NotDurable> {
-    let mut d = Durability::default();
-    let t = d.after(wait);
-    if t.is_none() {
-        return Ok(());
+/// HTTP API, startup), which has no session loop. The change's own wait
+/// resolves on the store's ticket of its append.
+pub async fn settled(_engine: &Engine, wait: Option<DurableWait>) -> Result<(), NotDurable> {
+    match wait {
+        None => Ok(()),
+        Some(w) => match w.await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(NotDurable),
+        },
     }
-    let store = engine.store();
-    let woken = Arc::new(tokio::sync::Notify::new());
-    let wake = woken.clone();
-    // A refused barrier is a failed ticket.
-    let _ = d.request(
-        |w| store.append(&[], &mut Vec::new(), Some(w)),
-        move || wake.notify_one(),
-    );
-    request_wait(d, t, woken).await
 }
 
 /// The answer of a request that published through `client` (the HTTP
 /// API's publish): resolves once everything `client` appended so far is
 /// durable. The barrier is asked for now; the future holds no borrow.
-pub fn appended(client: &Client) -> impl Future<Output = Result<(), NotDurable>> + Send + 'static {
+pub fn appended(
+    client: &mut Client,
+) -> impl Future<Output = Result<(), NotDurable>> + Send + 'static {
     let mut d = Durability::default();
     let t = d.ticket();
     let woken = Arc::new(tokio::sync::Notify::new());

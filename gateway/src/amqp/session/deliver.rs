@@ -63,7 +63,7 @@ impl Session {
         let codecs = self.engine.codecs();
         // One clock read per batch, not per delivery.
         let batch_time = Instant::now();
-        let batch_ms = crate::engine::message::now_ms();
+        let batch_ms = client.clock().now_ms();
         while self.conn.out().len() < DELIVERY_HIGH_WATER {
             let Some(d) = client.next_delivery() else {
                 break;

@@ -725,7 +725,7 @@ impl Session {
             c.commit();
         }
         self.send_confirms();
-        if let Err(e) = self.durability.end_batch(self.client.as_ref()) {
+        if let Err(e) = self.durability.end_batch(self.client.as_mut()) {
             tracing::error!(error = %e, "store refused a durability barrier");
         }
         self.send_durable();

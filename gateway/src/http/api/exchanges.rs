@@ -394,7 +394,7 @@ async fn publish(
                 ))
             }
             weir_engine::client::Published::Routed { needs_barrier, .. } => {
-                let wait = needs_barrier.then(|| crate::session::durable::appended(&c));
+                let wait = needs_barrier.then(|| crate::session::durable::appended(&mut c));
                 c.commit();
                 (true, wait)
             }

@@ -14,7 +14,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use weir_engine::client::{DeadLetterMove, GetAck};
 use weir_engine::lease::Settle;
-use weir_engine::message::now_ms;
 use weir_engine::policy::Policy;
 use weir_engine::queue::Queue;
 use weir_engine::stats::{QueueStats, ATTEMPT_BUCKETS};
@@ -76,7 +75,7 @@ impl Ctx {
         Ctx {
             sampler: state.rates().clone(),
             policies,
-            now: now_ms(),
+            now: e.clock().now_ms(),
         }
     }
 

@@ -155,7 +155,7 @@ impl Session {
             format!(
                 "weir-{}-{}",
                 client.id(),
-                crate::engine::message::now_ms() % 1_000_000
+                client.clock().now_ms() % 1_000_000
             )
         });
         let client_id = assigned.clone().unwrap_or_else(|| c.client_id.clone());
@@ -509,7 +509,7 @@ fn publish_will(
         tracing::debug!(error = %e, %client_id, "will message not published");
     }
     if w.retain && !matches!(routed, Err(EngineError::AccessRefused(_))) {
-        let now = crate::engine::message::now_ms();
+        let now = client.clock().now_ms();
         let i = crate::mqtt::message_format::inbound(&p, None, now);
         let _ = client.retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now);
     }

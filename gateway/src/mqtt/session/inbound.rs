@@ -6,7 +6,7 @@
 use super::connect::TOPIC_EXCHANGE;
 use super::{state_key, AckKind, PendingAck, Session};
 use crate::engine::client::Published;
-use crate::engine::message::{now_ms, Message};
+use crate::engine::message::Message;
 // MQTT messages route by topic only: no header is looked at.
 use crate::engine::properties::NoHeaders;
 use crate::engine::tenant::RouteInput;
@@ -29,7 +29,7 @@ pub(super) fn route(
     p: &Publish,
     publisher: Option<&str>,
 ) -> Result<Published, EngineError> {
-    let i = message_format::inbound(p, publisher, now_ms());
+    let i = message_format::inbound(p, publisher, client.clock().now_ms());
     let route = RouteInput {
         exchange: TOPIC_EXCHANGE,
         routing_key: &i.routing_key,
@@ -189,7 +189,7 @@ impl Session {
         let Some(client) = self.client.as_mut() else {
             return true;
         };
-        let now = now_ms();
+        let now = client.clock().now_ms();
         let i = message_format::inbound(p, None, now);
         // Checked as the publish carrying it (a cached decision by now).
         match client.retain(&p.topic, i.header, p.payload.clone(), i.expires_at_ms, now) {

@@ -417,7 +417,7 @@ impl Session {
     /// One store barrier for everything the batch appended that an answer
     /// waits for.
     fn request_barrier(&mut self) {
-        if let Err(e) = self.durability.end_batch(self.client.as_ref()) {
+        if let Err(e) = self.durability.end_batch(self.client.as_mut()) {
             tracing::warn!(peer = %self.peer, error = %e, "MQTT store barrier refused");
             self.store_failed();
         }

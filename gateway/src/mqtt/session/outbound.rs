@@ -6,7 +6,6 @@
 
 use super::{state_key, InFlight, Session, SCOPE};
 use crate::engine::lease::Settle;
-use crate::engine::message::now_ms;
 use crate::engine::topic;
 use crate::mqtt::message_format;
 use crate::session::DELIVERY_HIGH_WATER;
@@ -23,7 +22,7 @@ impl Session {
         client.drain(&mut notices);
         let codecs = self.engine.codecs();
         let batch_time = Instant::now();
-        let now = now_ms();
+        let now = self.engine.clock().now_ms();
         while self.conn.out.len() < DELIVERY_HIGH_WATER {
             let Some(d) = client.next_delivery() else {
                 break;
@@ -265,7 +264,7 @@ impl Session {
             return;
         }
         let codecs = self.engine.codecs();
-        let now = now_ms();
+        let now = self.engine.clock().now_ms();
         let mut steps = 0;
         while let Some(r) = self.retained_out.front_mut() {
             if self.conn.out.len() >= DELIVERY_HIGH_WATER {
