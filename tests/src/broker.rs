@@ -241,6 +241,29 @@ impl Broker {
         self.port
     }
 
+    /// The port the current run's listener `name` (as the broker logs it:
+    /// "AMQPS", "MQTTS", "MQTT WebSocket", ...) bound. Tests pass
+    /// `127.0.0.1:0` for the listeners they add and read the port here: a
+    /// port picked before the broker binds it can be taken meanwhile by
+    /// another test running in parallel.
+    pub fn listener_port(&self, name: &str) -> u16 {
+        let needle = format!(" {name} listener ready addr=");
+        // Readiness is "AMQP listener ready", the first of the lines.
+        self.wait_for_log(&needle, START_TIMEOUT);
+        let logs = self.run_logs();
+        let rest = logs
+            .split_once(&needle)
+            .unwrap_or_else(|| panic!("no `{name} listener ready` in the log:\n{logs}"))
+            .1;
+        let addr: String = rest
+            .chars()
+            .take_while(|c| !c.is_whitespace())
+            .collect();
+        addr.parse::<SocketAddr>()
+            .unwrap_or_else(|e| panic!("`{addr}` logged for {name}: {e}"))
+            .port()
+    }
+
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }

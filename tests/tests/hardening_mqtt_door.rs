@@ -273,9 +273,8 @@ async fn ws_read(s: &mut (impl AsyncReadExt + Unpin), wait: Duration) -> Option<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_16_mib_message_before_login_is_refused_over_websocket() {
-    let ws_port = free_port();
-    let listen = format!("127.0.0.1:{ws_port}");
-    let mut broker = Broker::start_mqtt_with(&["--mqtt-ws-listen", &listen]);
+    let mut broker = Broker::start_mqtt_with(&["--mqtt-ws-listen", "127.0.0.1:0"]);
+    let ws_port = broker.listener_port("MQTT WebSocket");
     let before = broker_rss(&broker);
     // Eight clients each send one binary message of 16 MiB (a CONNECT
     // announcing as much) but its last byte: tungstenite would hold it all.
@@ -420,9 +419,8 @@ async fn user_properties_in_a_will_and_a_publish_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pongs_for_a_websocket_client_that_never_reads_are_bounded() {
-    let ws_port = free_port();
-    let listen = format!("127.0.0.1:{ws_port}");
-    let mut broker = Broker::start_mqtt_with(&["--mqtt-ws-listen", &listen]);
+    let mut broker = Broker::start_mqtt_with(&["--mqtt-ws-listen", "127.0.0.1:0"]);
+    let ws_port = broker.listener_port("MQTT WebSocket");
     // Logged in, so the pre-login bound plays no part.
     let mut s = ws_connect(ws_port).await;
     let connect = connect5("pinger", None);

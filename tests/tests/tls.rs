@@ -101,17 +101,19 @@ impl TlsBroker {
             ),
         )
         .unwrap();
-        let (amqps, mqtts) = (free_port(), free_port());
+        // Port 0: the broker picks its ports and logs them (see
+        // `Broker::listener_port`).
         let broker = Broker::start_with(&[
             "--config",
             config.to_str().unwrap(),
             "--amqps-listen",
-            &format!("127.0.0.1:{amqps}"),
+            "127.0.0.1:0",
             "--mqtts-listen",
-            &format!("127.0.0.1:{mqtts}"),
+            "127.0.0.1:0",
             "--mqtt-wss-listen",
-            &format!("127.0.0.1:{}", free_port()),
+            "127.0.0.1:0",
         ]);
+        let (amqps, mqtts) = (broker.listener_port("AMQPS"), broker.listener_port("MQTTS"));
         TlsBroker {
             broker,
             amqps,
