@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use weir_backend::{RangeMessage, ReadFuture, Store, StoreError};
 
+type RangeRead = ReadFuture<Result<Vec<RangeMessage>, StoreError>>;
+
 /// Events read from the store per read.
 const READ_BATCH: usize = 256;
 
@@ -33,8 +35,9 @@ struct Cursor {
     min_ms: u64,
     /// Events read ahead, from `next` on, in order.
     buf: VecDeque<Event>,
-    /// A store read in flight, and the offset of its first event.
-    read: Option<(u64, ReadFuture<Result<Vec<RangeMessage>, StoreError>>)>,
+    /// A store read in flight, and the offset of its first event (in a
+    /// mutex only so the client stays `Sync`; polled through `get_mut`).
+    read: Option<(u64, parking_lot::Mutex<RangeRead>)>,
 }
 
 /// How a pump ended for a subscription.
@@ -144,7 +147,10 @@ impl Cursor {
                 Plan::Lost(r) => return Err(r),
                 Plan::Store { from, from_offset } => {
                     let skip = (self.next - from_offset) as usize;
-                    self.read = Some((from_offset, store.read_from(from, skip + READ_BATCH)));
+                    self.read = Some((
+                        from_offset,
+                        parking_lot::Mutex::new(store.read_from(from, skip + READ_BATCH)),
+                    ));
                 }
             }
         }
@@ -152,7 +158,7 @@ impl Cursor {
             return Ok(false);
         };
         let mut cx = Context::from_waker(waker);
-        let Poll::Ready(res) = fut.as_mut().poll(&mut cx) else {
+        let Poll::Ready(res) = fut.get_mut().as_mut().poll(&mut cx) else {
             return Ok(false);
         };
         let from_offset = *from_offset;
