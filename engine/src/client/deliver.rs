@@ -248,6 +248,14 @@ impl Client {
     pub fn get(&mut self, queue: &str, ack: GetAck) -> Result<Option<Got>, ClientError> {
         self.authorize(Permission::Read, Resource::Queue(queue))?;
         let q = self.queue(queue)?;
+        if q.partitions[0].stream.is_some() {
+            return Err(EngineError::NotImplemented(format!(
+                "basic.get not supported by stream queues queue '{}' in vhost '{}'",
+                q.name(),
+                self.tenant.name
+            ))
+            .into());
+        }
         let got = q
             .partitions
             .iter()

@@ -144,6 +144,9 @@ struct Inner {
     max_age_ms: Option<u64>,
     max_bytes: Option<u64>,
     chunk_bytes: u64,
+    /// A chunk closes once it spans this long (a quarter of `x-max-age`),
+    /// so age retention can drop old events of a slow stream.
+    chunk_span_ms: u64,
 }
 
 impl StreamLog {
@@ -163,6 +166,7 @@ impl StreamLog {
                 max_age_ms: None,
                 max_bytes: None,
                 chunk_bytes: CHUNK_BYTES,
+                chunk_span_ms: u64::MAX,
             }),
         };
         log.set_args(args);
@@ -187,6 +191,7 @@ impl StreamLog {
             chunk = chunk.min((m / 4).max(1));
         }
         st.chunk_bytes = chunk;
+        st.chunk_span_ms = args.max_age_ms.map_or(u64::MAX, |a| (a / 4).max(1));
     }
 
     /// Appends the event stored at `at`, published at `ms`; returns its
@@ -351,9 +356,13 @@ impl StreamLog {
 impl Inner {
     fn push_indexed(&mut self, offset: u64, at: MessageRef, ms: u64, size: u64) {
         self.bytes += size;
-        let chunk_bytes = self.chunk_bytes;
+        let (chunk_bytes, span) = (self.chunk_bytes, self.chunk_span_ms);
         match self.chunks.back_mut() {
-            Some(c) if c.count < CHUNK_EVENTS && c.bytes < chunk_bytes => {
+            Some(c)
+                if c.count < CHUNK_EVENTS
+                    && c.bytes < chunk_bytes
+                    && ms.saturating_sub(c.first_ms) < span =>
+            {
                 c.count += 1;
                 c.bytes += size;
                 c.last_ms = c.last_ms.max(ms);
