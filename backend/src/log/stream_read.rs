@@ -28,12 +28,22 @@ impl LogStore {
             u64::from(first.location.offset()),
         );
         let mut flushed = false;
+        let mut sealed_len: Option<(SegmentId, u64)> = None;
         let seg_size = self.shared.opts.segment_size;
         while out.len() < max {
             let w = self.shared.written.load(Ordering::Acquire);
             let (wseg, wend) = ((w >> 32) as SegmentId, w & u64::from(u32::MAX));
             let end = match seg.cmp(&wseg) {
-                std::cmp::Ordering::Less => seg_size,
+                // A sealed segment may be shorter than its nominal size.
+                std::cmp::Ordering::Less => match sealed_len {
+                    Some((s, len)) if s == seg => len,
+                    _ => {
+                        let path = segment::segment_path(&self.shared.log_dir, seg);
+                        let len = std::fs::metadata(&path).map_or(0, |m| m.len()).min(seg_size);
+                        sealed_len = Some((seg, len));
+                        len
+                    }
+                },
                 std::cmp::Ordering::Equal => wend,
                 std::cmp::Ordering::Greater => 0,
             };
