@@ -838,9 +838,7 @@ impl Tenant {
             }
             // Leased entries are not among `entries`: their records go too
             // (and a stream's events, which are never entries).
-            if p.stream.is_some()
-                || p.has_leases()
-                || entries.iter().any(|e| e.location.is_some())
+            if p.stream.is_some() || p.has_leases() || entries.iter().any(|e| e.location.is_some())
             {
                 dropped.push(p);
             }

@@ -15,8 +15,8 @@ use weir_engine::message::Message;
 use weir_engine::properties::{HeaderFormat, Properties, Value};
 use weir_engine::stream::OffsetSpec;
 use weir_engine::tenant::{QueueDeclare, RouteInput};
-use weir_engine::{Clock, ManualClock};
 use weir_engine::{Client, ClientError, Engine, EngineError, DEFAULT_TENANT};
+use weir_engine::{Clock, ManualClock};
 
 const SCOPE: u32 = 1;
 
@@ -158,7 +158,9 @@ fn every_offset_form_starts_where_rabbitmq_starts() {
         let tag = format!("c{i}");
         c.subscribe_at("s", opts(&tag, 100), Some(spec))
             .expect("subscribe");
-        let mut r = Reader { tag: 1000 * (i as u64 + 1) };
+        let mut r = Reader {
+            tag: 1000 * (i as u64 + 1),
+        };
         // Tags increase within a scope across consumers.
         let got = r.take(&e, &mut c);
         assert_eq!(offsets(&got), want, "{spec:?}");
@@ -205,7 +207,11 @@ fn acks_only_return_credit_and_events_stay() {
 fn rabbitmq_refusals_auto_ack_no_prefetch_get_and_arguments() {
     let (store, clock) = (MemStore::new(), ManualClock::new());
     let (_e, mut c) = open(&store, &clock);
-    stream(&mut c, "s", json!({"x-max-age": "7D", "x-max-length-bytes": 1_000_000, "x-stream-max-segment-size-bytes": 500_000}));
+    stream(
+        &mut c,
+        "s",
+        json!({"x-max-age": "7D", "x-max-length-bytes": 1_000_000, "x-stream-max-segment-size-bytes": 500_000}),
+    );
     let mut no_ack = opts("x", 10);
     no_ack.no_ack = true;
     match c.subscribe("s", no_ack) {
@@ -226,14 +232,24 @@ fn rabbitmq_refusals_auto_ack_no_prefetch_get_and_arguments() {
         Err(ClientError::Engine(EngineError::NotImplemented(_)))
     ));
     for (args, arg) in [
-        (json!({"x-queue-type": "stream", "x-max-length": 5}), "x-max-length"),
-        (json!({"x-queue-type": "stream", "x-message-ttl": 5}), "x-message-ttl"),
+        (
+            json!({"x-queue-type": "stream", "x-max-length": 5}),
+            "x-max-length",
+        ),
+        (
+            json!({"x-queue-type": "stream", "x-message-ttl": 5}),
+            "x-message-ttl",
+        ),
     ] {
         let err = declare(&mut c, "bad", args).expect_err("refused");
         assert!(err.to_string().contains(arg), "{err}");
     }
-    let err = declare(&mut c, "bad", json!({"x-queue-type": "stream", "x-max-age": "7 days"}))
-        .expect_err("refused");
+    let err = declare(
+        &mut c,
+        "bad",
+        json!({"x-queue-type": "stream", "x-max-age": "7 days"}),
+    )
+    .expect_err("refused");
     assert!(err.to_string().contains("x-max-age"), "{err}");
 }
 
@@ -250,17 +266,28 @@ fn retention_by_size_truncates_whole_chunks_and_refuses_lost_offsets() {
     let q = c.queue("s").expect("queue");
     let st = q.partitions[0].stream.as_ref().expect("a stream").stats();
     assert_eq!(st.head, 100);
-    assert!(st.first > 0 && st.first % 5 == 0, "whole chunks dropped: {st:?}");
+    assert!(
+        st.first > 0 && st.first % 5 == 0,
+        "whole chunks dropped: {st:?}"
+    );
     assert!(st.bytes <= 2_000 + 500, "{st:?}");
     // The store dropped them too (Op::Truncate), nothing was copied.
-    let kept = store.recover_partition(q.partitions[0].id).expect("recover");
+    let kept = store
+        .recover_partition(q.partitions[0].id)
+        .expect("recover");
     assert_eq!(kept.len() as u64, 100 - st.first);
     // An offset before the first kept is refused, never skipped.
     match c.subscribe_at("s", opts("old", 10), Some(OffsetSpec::Offset(3))) {
         Err(ClientError::Engine(EngineError::PreconditionFailed(t))) => {
             assert!(t.starts_with("offset out of range"), "{t}");
-            assert!(t.contains(&format!("oldest available offset is {}", st.first)), "{t}");
-            assert!(t.contains(&format!("{} events were lost to retention", st.first - 3)), "{t}");
+            assert!(
+                t.contains(&format!("oldest available offset is {}", st.first)),
+                "{t}"
+            );
+            assert!(
+                t.contains(&format!("{} events were lost to retention", st.first - 3)),
+                "{t}"
+            );
         }
         other => panic!("refused, got {:?}", other.map(|_| ())),
     }
@@ -322,8 +349,10 @@ fn retention_by_age_and_a_reader_overtaken_is_cancelled_not_moved() {
         .map(|_| ())
         .expect_err("refused");
     assert!(
-        err.to_string()
-            .contains(&format!("{} events were lost to retention", st.first - next)),
+        err.to_string().contains(&format!(
+            "{} events were lost to retention",
+            st.first - next
+        )),
         "{err}"
     );
     // A time older than retention is refused too.
@@ -360,12 +389,19 @@ fn offsets_and_retention_survive_a_restart_and_a_crash() {
             .as_ref()
             .expect("stream")
             .stats();
-        assert_eq!((st.first, st.head), (first, head), "offsets kept (round {round})");
+        assert_eq!(
+            (st.first, st.head),
+            (first, head),
+            "offsets kept (round {round})"
+        );
         // Read back from the store (the hot tail is gone with the process).
         c.subscribe_at("s", opts("r", 1000), Some(OffsetSpec::Offset(first + 2)))
             .expect("subscribe");
         let got = Reader { tag: 0 }.take(&e, &mut c);
-        assert_eq!(offsets(&got), ((first + 2) as i64..head as i64).collect::<Vec<_>>());
+        assert_eq!(
+            offsets(&got),
+            ((first + 2) as i64..head as i64).collect::<Vec<_>>()
+        );
         if round == 0 {
             publish(&mut c, "s", "after");
             let got = Reader { tag: 1000 }.take(&e, &mut c);

@@ -23,10 +23,7 @@ impl LogStore {
     ) -> Result<Vec<RangeMessage>, StoreError> {
         let p = first.partition;
         let mut out = Vec::new();
-        let (mut seg, mut off) = (
-            first.location.segment(),
-            u64::from(first.location.offset()),
-        );
+        let (mut seg, mut off) = (first.location.segment(), u64::from(first.location.offset()));
         let mut flushed = false;
         let mut sealed_len: Option<(SegmentId, u64)> = None;
         let seg_size = self.shared.opts.segment_size;
@@ -39,7 +36,9 @@ impl LogStore {
                     Some((s, len)) if s == seg => len,
                     _ => {
                         let path = segment::segment_path(&self.shared.log_dir, seg);
-                        let len = std::fs::metadata(&path).map_or(0, |m| m.len()).min(seg_size);
+                        let len = std::fs::metadata(&path)
+                            .map_or(0, |m| m.len())
+                            .min(seg_size);
                         sealed_len = Some((seg, len));
                         len
                     }
@@ -91,7 +90,8 @@ impl LogStore {
                                 && m.id >= first.id
                                 && m.partitions().any(|q| q == p)
                             {
-                                let loc = Location::log(seg, (off as usize + pos) as u32, total as u32);
+                                let loc =
+                                    Location::log(seg, (off as usize + pos) as u32, total as u32);
                                 let message = self.read_stored(loc)?;
                                 out.push(RangeMessage {
                                     at: MessageRef::new(p, m.id, loc),
@@ -115,24 +115,23 @@ impl LogStore {
                                 segment_done = true;
                             } else {
                                 let loc = Location::log(seg, off as u32, want as u32);
-                                let message = match record::split_frame(
-                                    &self.shared.reads.read(loc)?,
-                                ) {
-                                    Ok((payload, _)) => match record::decode_payload(payload) {
-                                        Ok(Record::Message(m))
-                                            if m.kind != MessageKind::Page
-                                                && m.id >= first.id
-                                                && m.partitions().any(|q| q == p) =>
-                                        {
-                                            Some((m.id, self.read_stored(loc)?))
+                                let message =
+                                    match record::split_frame(&self.shared.reads.read(loc)?) {
+                                        Ok((payload, _)) => match record::decode_payload(payload) {
+                                            Ok(Record::Message(m))
+                                                if m.kind != MessageKind::Page
+                                                    && m.id >= first.id
+                                                    && m.partitions().any(|q| q == p) =>
+                                            {
+                                                Some((m.id, self.read_stored(loc)?))
+                                            }
+                                            _ => None,
+                                        },
+                                        Err(_) => {
+                                            segment_done = true;
+                                            None
                                         }
-                                        _ => None,
-                                    },
-                                    Err(_) => {
-                                        segment_done = true;
-                                        None
-                                    }
-                                };
+                                    };
                                 if let Some((id, message)) = message {
                                     out.push(RangeMessage {
                                         at: MessageRef::new(p, id, loc),
@@ -169,9 +168,6 @@ impl LogStore {
     /// The retained segment after `seg`, if any.
     fn next_segment(&self, seg: SegmentId) -> Option<SegmentId> {
         let st = self.shared.state.lock();
-        st.segments
-            .range(seg + 1..)
-            .next()
-            .map(|(s, _)| *s)
+        st.segments.range(seg + 1..).next().map(|(s, _)| *s)
     }
 }

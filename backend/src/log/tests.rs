@@ -2194,10 +2194,13 @@ fn read_from_reads_one_partition_forward_across_segments_and_unwritten_records()
     assert!(seg_files(dir.path()).len() > 3, "the test spans segments");
     for start in [0, 1, 17, ours.len() - 3] {
         let (id, at) = ours[start];
-        let got =
-            crate::block_on(store.read_from(MessageRef::new(P1, id, at), 1000)).unwrap();
+        let got = crate::block_on(store.read_from(MessageRef::new(P1, id, at), 1000)).unwrap();
         let want: Vec<MessageId> = ours[start..].iter().map(|(id, _)| *id).collect();
-        assert_eq!(got.iter().map(|m| m.at.id).collect::<Vec<_>>(), want, "from {start}");
+        assert_eq!(
+            got.iter().map(|m| m.at.id).collect::<Vec<_>>(),
+            want,
+            "from {start}"
+        );
         for (m, (id, loc)) in got.iter().zip(&ours[start..]) {
             assert_eq!((m.at.id, m.at.location), (*id, *loc));
             assert_eq!(m.message.id, *id);

@@ -98,8 +98,10 @@ impl Client {
             },
         );
         if let Some(starts) = stream_starts {
-            self.streams
-                .push(crate::stream::reader::StreamSub::new(consumer.clone(), starts));
+            self.streams.push(crate::stream::reader::StreamSub::new(
+                consumer.clone(),
+                starts,
+            ));
         }
         Ok(consumer)
     }

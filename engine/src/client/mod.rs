@@ -49,8 +49,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_backend::{
     Location, MessageAttrs, MessageData, MessageId, MessageRef, Op, PartitionId, ShareTag, Store,
-    StoreError,
-    Waiter,
+    StoreError, Waiter,
 };
 
 mod admin;

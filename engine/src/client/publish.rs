@@ -162,11 +162,12 @@ impl Client {
         };
         // A stream's events carry their publish time in the record (a
         // stream never delays): its index is rebuilt from it at restart.
-        let deliver_at_ms = if deliver_at_ms == 0 && targets.iter().any(|(p, _, _)| p.stream.is_some()) {
-            now
-        } else {
-            deliver_at_ms
-        };
+        let deliver_at_ms =
+            if deliver_at_ms == 0 && targets.iter().any(|(p, _, _)| p.stream.is_some()) {
+                now
+            } else {
+                deliver_at_ms
+            };
         let data = MessageData {
             exchange: route.exchange,
             routing_key: route.routing_key,

@@ -77,9 +77,12 @@ impl Client {
         self.streams.retain(|s| !s.consumer.is_dead());
         let mut lost = Vec::new();
         for (i, s) in self.streams.iter_mut().enumerate() {
-            if let Pumped::Lost(r) =
-                s.pump(&*self.store, &self.codecs, &self.read_waker, &mut self.pending)
-            {
+            if let Pumped::Lost(r) = s.pump(
+                &*self.store,
+                &self.codecs,
+                &self.read_waker,
+                &mut self.pending,
+            ) {
                 lost.push((i, r));
             }
         }

@@ -386,9 +386,15 @@ mod tests {
             ("1h", OffsetSpec::Ago(3_600_000)),
             ("30m", OffsetSpec::Ago(1_800_000)),
         ] {
-            assert_eq!(off(AMQPValue::LongString(LongString::from(text))), Ok(Some(want)));
+            assert_eq!(
+                off(AMQPValue::LongString(LongString::from(text))),
+                Ok(Some(want))
+            );
         }
-        assert_eq!(off(AMQPValue::LongLongInt(42)), Ok(Some(OffsetSpec::Offset(42))));
+        assert_eq!(
+            off(AMQPValue::LongLongInt(42)),
+            Ok(Some(OffsetSpec::Offset(42)))
+        );
         assert_eq!(off(AMQPValue::ShortInt(7)), Ok(Some(OffsetSpec::Offset(7))));
         assert_eq!(off(AMQPValue::LongLongInt(-1)), Ok(Some(OffsetSpec::First)));
         assert_eq!(
