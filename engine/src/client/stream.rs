@@ -14,7 +14,7 @@ impl Client {
         q: &Arc<Queue>,
         opts: &SubscribeOptions,
         offset: Option<OffsetSpec>,
-    ) -> Result<Vec<(Arc<Partition>, (u64, u64))>, ClientError> {
+    ) -> Result<Vec<crate::stream::reader::Start>, ClientError> {
         let rs = format!("queue '{}' in vhost '{}'", q.name(), self.tenant.name);
         if opts.no_ack {
             return Err(EngineError::NotImplemented(format!(

@@ -18,6 +18,10 @@ type RangeRead = ReadFuture<Result<Vec<RangeMessage>, StoreError>>;
 /// Events read from the store per read.
 const READ_BATCH: usize = 256;
 
+/// Where a consumer starts in one partition: (offset, earliest publish time
+/// delivered in ms; 0 = any).
+pub(crate) type Start = (Arc<Partition>, (u64, u64));
+
 /// One stream subscription: a cursor per partition of its queue.
 pub(crate) struct StreamSub {
     pub(crate) consumer: Arc<Consumer>,
@@ -51,7 +55,7 @@ pub(crate) enum Pumped {
 impl StreamSub {
     /// A subscription of `consumer` reading each partition from its
     /// `(offset, min_ms)` start.
-    pub(crate) fn new(consumer: Arc<Consumer>, starts: Vec<(Arc<Partition>, (u64, u64))>) -> Self {
+    pub(crate) fn new(consumer: Arc<Consumer>, starts: Vec<Start>) -> Self {
         StreamSub {
             consumer,
             parts: starts
