@@ -18,7 +18,14 @@ fn main() -> ExitCode {
         Some(Command::CheckConfig { file }) => return check_config(file),
         Some(Command::Completions { shell }) => {
             let mut cmd = Cli::clap_command();
-            clap_complete::generate(shell, &mut cmd, "weir", &mut std::io::stdout());
+            // Into a buffer first: clap_complete panics on a write error
+            // (a closed pipe), a plain write just fails.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "weir", &mut script);
+            use std::io::Write as _;
+            if std::io::stdout().write_all(&script).is_err() {
+                return ExitCode::FAILURE;
+            }
             return ExitCode::SUCCESS;
         }
         Some(Command::Man) => return man_page(),
@@ -179,7 +186,7 @@ fn check_config(file: std::path::PathBuf) -> ExitCode {
         println!("warning: {w}");
     }
     println!(
-        "weir check-config: {} is valid: AMQP {}, MQTT {}, HTTP {}, data in {}, {} user(s), {} tenant(s), {} polic(ies)",
+        "weir check-config: {} is valid: AMQP {}, MQTT {}, HTTP {}, data in {}, {} user(s), {} tenant(s), {} policies",
         file.display(),
         cfg.amqp.listen,
         cfg.mqtt.listen,

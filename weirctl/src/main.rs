@@ -74,6 +74,14 @@ enum Command {
     /// All definitions (vhosts, users, permissions, queues, exchanges, bindings, policies).
     #[command(subcommand)]
     Definitions(Definitions),
+    /// Print a shell completion script for `weirctl` (bash, zsh, fish,
+    /// elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the `weirctl(1)` man page (roff) to stdout.
+    Man,
 }
 
 /// Where an object lives.
@@ -288,6 +296,33 @@ enum Definitions {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Local commands: no API call.
+    match &cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            let mut cmd = Cli::command();
+            // Into a buffer first: clap_complete panics on a write error
+            // (a closed pipe), a plain write just fails.
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "weirctl", &mut script);
+            use std::io::Write as _;
+            if std::io::stdout().write_all(&script).is_err() {
+                return ExitCode::FAILURE;
+            }
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            return match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weirctl man: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
     let client = Client::new(&cli.url, &cli.user, &cli.password);
     match run(&cli, &client) {
         Ok(()) => ExitCode::SUCCESS,
@@ -575,6 +610,8 @@ fn run(cli: &Cli, c: &Client) -> Result<(), Error> {
                 out.done("definitions imported");
             }
         },
+        // Answered in main without a client.
+        Command::Completions { .. } | Command::Man => {}
     }
     Ok(())
 }
