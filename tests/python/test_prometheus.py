@@ -169,3 +169,25 @@ def test_alerting_rules_pass_promtool():
         r = subprocess.run([PROMTOOL, *args], cwd=DEPLOY / "prometheus",
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_grafana_dashboard_queries_run_on_prometheus(weir, prometheus):
+    """Every query of deploy/grafana/weir.json is valid PromQL over weir's
+    series (its variables set to "all"), and the depth panel sees a queue."""
+    conn = pika.BlockingConnection(pika.URLParameters(weir.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("dash", durable=True)
+    ch.basic_publish("", "dash", b"x", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    dash = json.loads((DEPLOY / "grafana" / "weir.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for e in exprs:
+        e = (e.replace("$instance", ".*").replace("$vhost", ".*").replace("$queue", ".*")
+             .replace("$__rate_interval", "1m"))
+        query(prometheus, e)  # asserts status success: parses and evaluates
+    depth = next(t["expr"] for p in dash["panels"] if p["title"] == "Queue depth (ready)"
+                 for t in p["targets"])
+    wait_for(prometheus, depth.replace("$instance", ".*").replace("$vhost", ".*")
+             .replace("$queue", "dash"), 1)
