@@ -11,22 +11,13 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-PROFILE=${WEIR_DEB_PROFILE:-release}
-case $PROFILE in dev | test) DIR=debug ;; *) DIR=$PROFILE ;; esac
-TARGET=${CARGO_TARGET_DIR:-target}
 log() { echo "deb-test: $*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 
 [[ $(id -u) == 0 ]] || fail "needs root (dpkg -i)"
-command -v cargo-deb >/dev/null || cargo install cargo-deb --locked --version 3.8.0
 if dpkg -s weir >/dev/null 2>&1; then fail "a weir package is already installed; not touching it"; fi
 
-log "building ($PROFILE)"
-cargo build --profile "$PROFILE" -p weir-gateway -p weirctl
-bash scripts/deb-assets.sh "$TARGET/$DIR"
-mkdir -p "$TARGET/debian"
-DEB="$TARGET/debian/weir-test.deb"
-cargo deb -p weir-gateway --no-build --profile "$PROFILE" --no-strip -o "$DEB"
+DEB=$(WEIR_DEB_OUT="${CARGO_TARGET_DIR:-target}/debian/weir-test.deb" bash scripts/deb-build.sh)
 dpkg-deb --info "$DEB" | sed -n '/Package:/,$p' >&2
 
 cleanup() { dpkg -P weir >/dev/null 2>&1 || true; }

@@ -27,6 +27,9 @@ PACKAGES=(
     prometheus        # tests/python/test_prometheus.py: scrapes weir; promtool tests deploy/prometheus/alerts.yml
     systemd           # systemd-analyze verify of the packaged unit (scripts/deb-test.sh)
     adduser           # the package's weir user (scripts/deb-test.sh)
+    curl              # README commands (scripts/readme-test.sh)
+    jq                # README commands (scripts/readme-test.sh)
+    iproute2          # `ip link set lo up` in the README test's network namespace
 )
 
 log() { echo "install-deps: $*" >&2; }
