@@ -39,6 +39,11 @@ struct Cli {
         hide_env_values = true
     )]
     password: String,
+    /// PEM file of the certificates an `https` URL's server is verified
+    /// against (a private CA or the server's self-signed certificate);
+    /// default: the Mozilla root certificates.
+    #[arg(long, global = true, env = "WEIRCTL_CACERT", value_name = "FILE")]
+    cacert: Option<std::path::PathBuf>,
     /// Print the API's JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -323,7 +328,23 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    let client = Client::new(&cli.url, &cli.user, &cli.password);
+    let ca = match &cli.cacert {
+        None => None,
+        Some(path) => match std::fs::read(path) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                eprintln!("weirctl: --cacert {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let client = match Client::new(&cli.url, &cli.user, &cli.password, ca.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("weirctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     match run(&cli, &client) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
