@@ -87,13 +87,25 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        // SIGTERM's handler is installed before READY=1: a stop that comes
+        // right after readiness (systemd, a test) must be a graceful one,
+        // not the default action (shutdown_signal installs its own only
+        // when first polled, inside run).
+        let term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         // systemd's Type=notify: started once every listener is bound.
         if let Err(e) = weir_gateway::readiness::ready() {
             tracing::warn!(error = %e, "readiness not reported");
         }
         broker
-            .run(async {
-                shutdown_signal().await;
+            .run(async move {
+                match term {
+                    Some(mut term) => tokio::select! {
+                        _ = term.recv() => {}
+                        _ = shutdown_signal() => {}
+                    },
+                    None => shutdown_signal().await,
+                }
                 let _ = weir_gateway::readiness::stopping();
             })
             .await;
