@@ -35,7 +35,12 @@ pub mod tls;
 /// `weir --version`: the crate version and the commit it was built from
 /// (`build.rs`: `git rev-parse`, or `WEIR_COMMIT` where there is no `.git`,
 /// as in a container build).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("WEIR_COMMIT"), ")");
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("WEIR_COMMIT"),
+    ")"
+);
 
 /// The engine lives in its own crate (`weir-engine`); re-exported for the sessions.
 pub use weir_engine as engine;

@@ -91,8 +91,7 @@ fn main() -> ExitCode {
         // right after readiness (systemd, a test) must be a graceful one,
         // not the default action (shutdown_signal installs its own only
         // when first polled, inside run).
-        let term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         // systemd's Type=notify: started once every listener is bound.
         if let Err(e) = weir_gateway::readiness::ready() {
             tracing::warn!(error = %e, "readiness not reported");

@@ -27,7 +27,10 @@ pub enum NotifyError {
 
 /// Sends `READY=1`: the broker accepts connections.
 pub fn ready() -> Result<(), NotifyError> {
-    notify(&format!("READY=1\nMAINPID={}\nSTATUS=accepting connections", std::process::id()))
+    notify(&format!(
+        "READY=1\nMAINPID={}\nSTATUS=accepting connections",
+        std::process::id()
+    ))
 }
 
 /// Sends `STOPPING=1`: the broker is closing its connections.

@@ -113,8 +113,7 @@ fn readiness_is_reported_to_notify_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sock_path = dir.path().join("notify");
     let sock = UnixDatagram::bind(&sock_path).expect("bind notify socket");
-    sock.set_read_timeout(Some(START_TIMEOUT))
-        .expect("timeout");
+    sock.set_read_timeout(Some(START_TIMEOUT)).expect("timeout");
     let amqp = free_port();
     let mut child = Command::new(weir_bin())
         .args([
@@ -136,7 +135,9 @@ fn readiness_is_reported_to_notify_socket() {
         .spawn()
         .expect("spawn weir");
     let mut buf = [0u8; 512];
-    let n = sock.recv(&mut buf).expect("READY=1 within the start timeout");
+    let n = sock
+        .recv(&mut buf)
+        .expect("READY=1 within the start timeout");
     let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
     assert!(msg.lines().any(|l| l == "READY=1"), "{msg}");
     assert!(msg.contains(&format!("MAINPID={}", child.id())), "{msg}");

@@ -79,7 +79,9 @@ impl Client {
                 }
             }
             if roots.is_empty() {
-                return Err(Error::Usage("--cacert: no PEM certificate in the file".into()));
+                return Err(Error::Usage(
+                    "--cacert: no PEM certificate in the file".into(),
+                ));
             }
             tls = tls.root_certs(ureq::tls::RootCerts::from(roots));
         }

@@ -103,9 +103,15 @@ fn https_url_verifies_the_certificate() {
     let (port, _pem) = tls_front(backend);
     // Not trusted: the Mozilla roots do not include our self-signed certificate.
     let out = ctl(&format!("https://localhost:{port}"), None, &["status"]);
-    assert!(!out.status.success(), "an untrusted certificate was accepted");
+    assert!(
+        !out.status.success(),
+        "an untrusted certificate was accepted"
+    );
     let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
-    assert!(err.contains("certificate") || err.contains("issuer"), "{err}");
+    assert!(
+        err.contains("certificate") || err.contains("issuer"),
+        "{err}"
+    );
 }
 
 #[test]
