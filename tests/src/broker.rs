@@ -255,10 +255,7 @@ impl Broker {
             .split_once(&needle)
             .unwrap_or_else(|| panic!("no `{name} listener ready` in the log:\n{logs}"))
             .1;
-        let addr: String = rest
-            .chars()
-            .take_while(|c| !c.is_whitespace())
-            .collect();
+        let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
         addr.parse::<SocketAddr>()
             .unwrap_or_else(|e| panic!("`{addr}` logged for {name}: {e}"))
             .port()
@@ -420,6 +417,9 @@ pub const WEIR_SETTING_VARS: &[&str] = &[
     "WEIR_TLS_CA_FILE",
     "WEIR_TLS_FAIL_IF_NO_PEER_CERT",
     "WEIR_TLS_RELOAD_INTERVAL",
+    "WEIR_LOG_FORMAT",
+    "WEIR_MQTT_ALLOW_ANONYMOUS",
+    "WEIR_MQTT_DEFAULT_USER",
 ];
 
 /// A `weir` command with no arguments, inherited settings cleared (see

@@ -94,17 +94,31 @@ impl Session {
                 // A username naming someone else than the certificate.
                 None => (String::new(), cn, Err(None)),
             }
-        } else {
-            let Some(username) = c.username.clone() else {
-                self.refuse(ConnectRefusal::NotAuthorized, "a username is required");
-                return;
-            };
+        } else if let Some(username) = c.username.clone() {
             let (tenant, user) = match username.split_once(':') {
                 Some((t, u)) if !t.is_empty() => (t.to_string(), u.to_string()),
                 _ => (DEFAULT_TENANT.to_string(), username.clone()),
             };
             let r = self.shared.login(&user, password, self.peer).await;
             (tenant, user, r.map(drop).map_err(Some))
+        } else if let Some(user) = self.shared.mqtt.anonymous_user.clone() {
+            // Anonymous (`mqtt.allow_anonymous`, as RabbitMQ's MQTT
+            // plugin): the default user, on the default tenant, without a
+            // password but with the user's own rules: it must exist, and
+            // `guest` is accepted from loopback only, so an anonymous
+            // client from another machine is refused as guest would be.
+            let r = self.shared.login_certificate(&user, self.peer);
+            (
+                DEFAULT_TENANT.to_string(),
+                user,
+                r.map(drop).map_err(|_| None),
+            )
+        } else {
+            self.refuse(
+                ConnectRefusal::NotAuthorized,
+                "anonymous clients are not allowed (mqtt.allow_anonymous = false)",
+            );
+            return;
         };
         // A certificate refused costs no hash, but counts against the source.
         let verdict =
@@ -417,10 +431,23 @@ impl Session {
                 return;
             }
         };
+        let mut shared = Vec::new();
         for (k, v) in state {
             let Some((dir, id)) = k.split_once('\0') else {
                 continue;
             };
+            if dir == super::subscriptions::SHARED_STATE {
+                // A shared subscription of the session: joined again below.
+                if let Some((group, filter)) = id.split_once('\0') {
+                    let sub = serde_json::from_slice::<Value>(&v)
+                        .ok()
+                        .as_ref()
+                        .and_then(subscription_of)
+                        .filter(|s| s.filter == filter);
+                    shared.push((group.to_string(), filter.to_string(), sub));
+                }
+                continue;
+            }
             let Ok(packet_id) = id.parse::<u16>() else {
                 continue;
             };
@@ -450,6 +477,21 @@ impl Session {
                     self.conn.pubrel(packet_id);
                 }
                 _ => {}
+            }
+        }
+        for (group, filter, sub) in shared {
+            let r = match sub {
+                Some(sub) => self.subscribe_shared(&group, sub, false),
+                None => Err(EngineError::CommandInvalid("unreadable options".into())),
+            };
+            if let Err(e) = r {
+                // Its permission revoked, say: the session goes on without
+                // it, and forgets it.
+                tracing::info!(client_id = %self.client_id, %group, %filter, error = %e, "MQTT shared subscription not resumed");
+                self.state_changes.push((
+                    super::subscriptions::shared_state_key(&group, &filter),
+                    None,
+                ));
             }
         }
     }

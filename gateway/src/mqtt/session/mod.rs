@@ -566,6 +566,13 @@ impl Adapter for Session {
         }
         if fired {
             self.conn.handle_timeout(now);
+            // A keep-alive timeout finishes the connection inside the
+            // adapter, and its `Event::Closed` (which publishes the will)
+            // waits for a poll; the driver polls no more once the
+            // connection is finished, so take it here.
+            while let Some(ev) = self.conn.poll(&mut BytesMut::new()) {
+                let _ = self.handle_event(ev);
+            }
         }
     }
 
