@@ -405,6 +405,20 @@ impl Session {
         }
     }
 
+    /// A DISCONNECT changed the session expiry (MQTT 5 3.14.2.2.2): the
+    /// session queue expires after the new interval (stored with the
+    /// queue's definition, so a restart keeps it).
+    pub(super) fn set_session_queue_expiry(&mut self) {
+        let name = self.queue();
+        let secs = self.session_expiry_secs;
+        let ms = (secs != u32::MAX).then(|| u64::from(secs) * 1000);
+        if let Some(c) = self.client.as_mut() {
+            if let Err(e) = c.set_queue_expires(&name, ms) {
+                tracing::warn!(client_id = %self.client_id, error = %e, "MQTT session expiry not changed");
+            }
+        }
+    }
+
     /// Forgets the QoS 2 ids of the session (a new or ended session).
     pub(super) fn clear_session_state(&mut self) {
         let Some(c) = self.client.as_ref() else {
