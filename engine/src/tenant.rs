@@ -287,10 +287,13 @@ impl Tenant {
 
     /// Sets `q`'s effective arguments: its own over its policy's.
     fn apply_policy(&self, q: &Arc<Queue>) {
-        let declared = self.declared_arguments(q);
+        // No copy of the arguments unless they were changed (a restart
+        // applies this to every queue).
+        let changed = self.changed_arguments_of(q);
+        let declared = changed.as_ref().unwrap_or(&q.def.arguments);
         let merged = {
             let policies = self.policies.read();
-            policy::effective_arguments(&declared, policy::select(&policies, q.name()))
+            policy::effective_arguments(declared, policy::select(&policies, q.name()))
         };
         match QueueArgs::parse(&merged) {
             Ok(args) => q.set_args(args),
@@ -303,12 +306,20 @@ impl Tenant {
     /// The arguments `q` was declared with, as changed since
     /// ([`Tenant::set_queue_expires`]).
     pub fn declared_arguments(&self, q: &Queue) -> Value {
-        if let Some((owner, args)) = self.changed_arguments.read().get(q.name()) {
-            if std::ptr::eq(owner.as_ptr(), q) {
-                return args.clone();
-            }
+        self.changed_arguments_of(q)
+            .unwrap_or_else(|| q.def.arguments.clone())
+    }
+
+    /// `q`'s arguments if they were changed after its declare.
+    fn changed_arguments_of(&self, q: &Queue) -> Option<Value> {
+        let changed = self.changed_arguments.read();
+        if changed.is_empty() {
+            return None;
         }
-        q.def.arguments.clone()
+        changed
+            .get(q.name())
+            .filter(|(owner, _)| std::ptr::eq(owner.as_ptr(), q))
+            .map(|(_, args)| args.clone())
     }
 
     /// Sets (`Some`, ms) or removes (`None`) the `x-expires` of queue
@@ -780,7 +791,9 @@ impl Tenant {
             &req.auto_delete,
             &q.def.auto_delete,
         )?;
-        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &self.declared_arguments(q)) {
+        let changed = self.changed_arguments_of(q);
+        let declared = changed.as_ref().unwrap_or(&q.def.arguments);
+        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, declared) {
             return Err(inequivalent(&k, "queue", name, &self.name, recv, cur));
         }
         Ok(())
