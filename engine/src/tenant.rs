@@ -110,6 +110,12 @@ pub struct Tenant {
     pub(crate) replies: crate::reply_to::ReplyRoutes,
     /// Limits and usage (`[[tenants]]` quotas).
     quota: Arc<TenantQuota>,
+    /// Declared arguments changed after the declare
+    /// ([`Tenant::set_queue_expires`]), by queue name, with the queue they
+    /// were changed for (a queue of the same name declared later is not
+    /// it). Empty for nearly every tenant: a queue's `def` stays as
+    /// declared, and a restart reads the rewritten definition.
+    changed_arguments: RwLock<HashMap<String, (Weak<Queue>, Value)>>,
 }
 
 fn not_found_queue(name: &str, tenant: &str) -> EngineError {
@@ -164,6 +170,7 @@ impl Tenant {
             retained: Default::default(),
             session_state: Default::default(),
             replies: Default::default(),
+            changed_arguments: Default::default(),
             quota: TenantQuota::new(),
         })
     }
@@ -280,9 +287,13 @@ impl Tenant {
 
     /// Sets `q`'s effective arguments: its own over its policy's.
     fn apply_policy(&self, q: &Arc<Queue>) {
+        // No copy of the arguments unless they were changed (a restart
+        // applies this to every queue).
+        let changed = self.changed_arguments_of(q);
+        let declared = changed.as_ref().unwrap_or(&q.def.arguments);
         let merged = {
             let policies = self.policies.read();
-            policy::effective_arguments(&q.def.arguments, policy::select(&policies, q.name()))
+            policy::effective_arguments(declared, policy::select(&policies, q.name()))
         };
         match QueueArgs::parse(&merged) {
             Ok(args) => q.set_args(args),
@@ -290,6 +301,81 @@ impl Tenant {
                 tracing::warn!(queue = %q.name(), tenant = %self.name, error = %e, "policy not applied")
             }
         }
+    }
+
+    /// The arguments `q` was declared with, as changed since
+    /// ([`Tenant::set_queue_expires`]).
+    pub fn declared_arguments(&self, q: &Queue) -> Value {
+        self.changed_arguments_of(q)
+            .unwrap_or_else(|| q.def.arguments.clone())
+    }
+
+    /// `q`'s arguments if they were changed after its declare.
+    fn changed_arguments_of(&self, q: &Queue) -> Option<Value> {
+        let changed = self.changed_arguments.read();
+        if changed.is_empty() {
+            return None;
+        }
+        changed
+            .get(q.name())
+            .filter(|(owner, _)| std::ptr::eq(owner.as_ptr(), q))
+            .map(|(_, args)| args.clone())
+    }
+
+    /// Sets (`Some`, ms) or removes (`None`) the `x-expires` of queue
+    /// `name` after its declare: an MQTT 5 session's expiry set again by
+    /// its DISCONNECT (3.14.2.2.2). Its declared arguments change in memory
+    /// and, for a durable queue, in its stored definition (one metadata
+    /// record; the wait resolves once it is durable), so a restart keeps
+    /// the new value; the idle time counts from now. The caller checked
+    /// permissions ([`crate::Client::set_queue_expires`]).
+    pub fn set_queue_expires(
+        &self,
+        name: &str,
+        expires_ms: Option<u64>,
+    ) -> Result<Option<DurableWait>> {
+        let engine = self.engine()?;
+        let q = self
+            .queues
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found_queue(name, &self.name))?;
+        let mut arguments = match self.declared_arguments(&q) {
+            Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        match expires_ms {
+            Some(ms) => arguments.insert("x-expires".into(), Value::from(ms)),
+            None => arguments.remove("x-expires"),
+        };
+        let arguments = Value::Object(arguments);
+        QueueArgs::parse(&arguments)
+            .map_err(|e| EngineError::PreconditionFailed(e.message(name, &self.name)))?;
+        let wait = if q.def.durable && q.exclusive_owner().is_none() {
+            let def = QueueDef {
+                arguments: arguments.clone(),
+                ..q.def.clone()
+            };
+            let value =
+                serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+            let key = meta::queue_key(&self.name, name);
+            Some(engine.persist(&[Op::PutMeta {
+                key: &key,
+                value: &value,
+            }])?)
+        } else {
+            None
+        };
+        self.changed_arguments
+            .write()
+            .insert(name.to_string(), (Arc::downgrade(&q), arguments));
+        if q.is_deleted() {
+            // Deleted meanwhile: its removal may have run before the insert.
+            self.changed_arguments.write().remove(name);
+        }
+        self.apply_policy(&q);
+        Ok(wait)
     }
 
     pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
@@ -705,7 +791,9 @@ impl Tenant {
             &req.auto_delete,
             &q.def.auto_delete,
         )?;
-        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
+        let changed = self.changed_arguments_of(q);
+        let declared = changed.as_ref().unwrap_or(&q.def.arguments);
+        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, declared) {
             return Err(inequivalent(&k, "queue", name, &self.name, recv, cur));
         }
         Ok(())
@@ -809,6 +897,7 @@ impl Tenant {
                 _ => return Ok((0, None)),
             }
         }
+        self.changed_arguments.write().remove(q.name());
         q.mark_deleted();
         let dest = Destination::Queue(q.clone());
         let mut keys: Vec<Vec<u8>> = Vec::new();
@@ -1228,6 +1317,7 @@ impl Tenant {
         let Some(q) = self.queues.write().remove(name) else {
             return;
         };
+        self.changed_arguments.write().remove(name);
         q.mark_deleted();
         let dest = Destination::Queue(q.clone());
         for x in dest.sources().list() {
