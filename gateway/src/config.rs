@@ -136,7 +136,17 @@ settings! {
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
         "Native protocol listen address (reserved: not served yet)";
     "store.kind", "store", "WEIR_STORE", Str, None,
-        "Store: log (embedded) or fdb (not built yet) [default: log]";
+        "Store: log (embedded) or fdb (FoundationDB; needs a weir built with the `fdb` \
+         feature) [default: log]";
+    "store.fdb.cluster_file", "fdb-cluster-file", "WEIR_FDB_CLUSTER_FILE", Str, None,
+        "FoundationDB store: the cluster file [default: FoundationDB's own default, \
+         /etc/foundationdb/fdb.cluster]";
+    "store.fdb.node_id", "node-id", "WEIR_NODE_ID", Str, None,
+        "FoundationDB store: this gateway's name, unique among the gateways of one store \
+         (ownership of partitions is held by name) [required with store = fdb]";
+    "store.fdb.namespace", "fdb-namespace", "WEIR_FDB_NAMESPACE", Str, None,
+        "FoundationDB store: the key prefix weir/<namespace>/ shared by the gateways of one \
+         cluster [default: default]";
     "store.log.data_dir", "data-dir", "WEIR_DATA_DIR", Str, Some("data_dir"),
         "Directory of the embedded store [default: ./weir-data]";
     "store.log.segment_mb", "segment-mb", "WEIR_SEGMENT_MB", Uint, Some("segment_mb"),
@@ -509,7 +519,8 @@ pub enum StoreKind {
     /// The embedded, group-committed log (`[store.log]`).
     #[default]
     Log,
-    /// FoundationDB: not built yet; refused at load.
+    /// FoundationDB (`[store.fdb]`); refused at load by a `weir` built
+    /// without the `fdb` feature.
     Fdb,
 }
 
@@ -521,6 +532,30 @@ pub struct StoreConfig {
     pub kind: StoreKind,
     /// `[store.log]`.
     pub log: LogStoreConfig,
+    /// `[store.fdb]`.
+    pub fdb: FdbStoreSection,
+}
+
+/// `[store.fdb]`: the FoundationDB store.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FdbStoreSection {
+    /// The cluster file; `None`: FoundationDB's default.
+    pub cluster_file: Option<PathBuf>,
+    /// This gateway's name (required).
+    pub node_id: String,
+    /// Keys live under `weir/<namespace>/`.
+    pub namespace: String,
+}
+
+impl Default for FdbStoreSection {
+    fn default() -> Self {
+        FdbStoreSection {
+            cluster_file: None,
+            node_id: String::new(),
+            namespace: "default".into(),
+        }
+    }
 }
 
 /// `[store.log]`: the embedded log.
@@ -1334,9 +1369,14 @@ fn validate(amqp: &AmqpConfig, store: &StoreConfig, auth: &AuthConfig) -> Result
             "amqp.channel_max must be at least 1".into(),
         ));
     }
-    if store.kind == StoreKind::Fdb {
+    if store.kind == StoreKind::Fdb && !cfg!(feature = "fdb") {
         return Err(ConfigError::Invalid(
-            "store.kind = \"fdb\": this weir was not built with the fdb feature (FoundationDB is not available yet)".into(),
+            "store.kind = \"fdb\": this weir was not built with the fdb feature (cargo build --features fdb)".into(),
+        ));
+    }
+    if store.kind == StoreKind::Fdb && store.fdb.node_id.is_empty() {
+        return Err(ConfigError::Invalid(
+            "store.kind = \"fdb\" needs store.fdb.node_id (--node-id, WEIR_NODE_ID): a name unique among the gateways".into(),
         ));
     }
     if store.log.segment_mb == 0 || store.log.segment_bytes() > u32::MAX as u64 {

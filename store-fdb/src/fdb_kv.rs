@@ -17,13 +17,13 @@ static NETWORK: OnceLock<Result<(), String>> = OnceLock::new();
 fn boot() -> Result<(), KvError> {
     NETWORK
         .get_or_init(|| {
-            // SAFETY: called once per process (OnceLock), and the guard is
-            // leaked so the network is never stopped while a handle may
-            // still use it (the contract of `foundationdb::boot`).
-            let guard = unsafe { foundationdb::api::FdbApiBuilder::default().build() }
+            let guard = foundationdb::api::FdbApiBuilder::default()
+                .build()
                 .map_err(|e| format!("FoundationDB API: {e}"))
                 .and_then(|b| {
-                    // SAFETY: as above: once per process.
+                    // SAFETY: called once per process (OnceLock), and the
+                    // guard is leaked so the network is never stopped while
+                    // a handle may still use it (what `boot` requires).
                     unsafe { b.boot() }.map_err(|e| format!("FoundationDB network: {e}"))
                 })?;
             Box::leak(Box::new(guard));
@@ -53,11 +53,16 @@ pub struct FdbKv {
 }
 
 impl FdbKv {
-    /// Opens the cluster named by `cluster_file` (starting the client's
-    /// network thread on first use).
+    /// Opens the cluster named by `cluster_file` (empty: FoundationDB's
+    /// default cluster file), starting the client's network thread on
+    /// first use.
     pub fn open(cluster_file: &str) -> Result<Self, KvError> {
+        if cluster_file.contains('\0') {
+            return Err(KvError::fatal("a cluster file path with a NUL byte"));
+        }
         boot()?;
-        let db = Database::from_path(cluster_file).map_err(kv_error)?;
+        let path = (!cluster_file.is_empty()).then_some(cluster_file);
+        let db = Database::new(path).map_err(kv_error)?;
         Ok(FdbKv { db })
     }
 }

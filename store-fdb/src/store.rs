@@ -110,6 +110,50 @@ struct Inner {
     reader: Reader,
     /// Serializes reclamation within the handle (`compact` runs one at a time).
     compacting: Mutex<()>,
+    /// Chunks this handle wrote, recent first out: chunks never change, so
+    /// reading one back (a delivery soon after its publish) needs no
+    /// round trip. Evicted when reclaimed here; a chunk another gateway
+    /// reclaimed may still be read from it (only settled messages lived
+    /// there).
+    cache: Mutex<ChunkCache>,
+}
+
+/// Bytes of chunks kept by [`ChunkCache`].
+const CACHE_BYTES: usize = 32 << 20;
+
+#[derive(Default)]
+struct ChunkCache {
+    chunks: HashMap<u64, Arc<Vec<u8>>>,
+    order: std::collections::VecDeque<u64>,
+    bytes: usize,
+}
+
+impl ChunkCache {
+    fn insert(&mut self, chunk: u64, blob: Arc<Vec<u8>>) {
+        if blob.len() > CACHE_BYTES / 4 {
+            return;
+        }
+        self.bytes += blob.len();
+        self.chunks.insert(chunk, blob);
+        self.order.push_back(chunk);
+        while self.bytes > CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(b) = self.chunks.remove(&old) {
+                self.bytes -= b.len();
+            }
+        }
+    }
+
+    fn remove(&mut self, chunk: u64) {
+        if let Some(b) = self.chunks.remove(&chunk) {
+            self.bytes -= b.len();
+        }
+    }
+
+    fn read(&self, chunk: u64, offset: u32) -> Option<StoredMessage> {
+        let blob = self.chunks.get(&chunk)?;
+        codec::decode_record(blob.get(offset as usize..)?)
+    }
 }
 
 impl FdbStore {
@@ -131,6 +175,7 @@ impl FdbStore {
             reclaimed: AtomicU64::new(0),
             reader: Reader::new(config.reader_threads.max(1)),
             compacting: Mutex::new(()),
+            cache: Mutex::new(ChunkCache::default()),
         });
         // Reachable now, not at the first publish.
         inner.run(None, |t| Ok(t.get(&inner.keys.key(b'G', &[]))?))?;
@@ -253,34 +298,6 @@ impl Inner {
         first
     }
 
-    /// Fails with `Fenced` when another node holds one of `parts`.
-    fn fence(&self, t: &mut dyn KvTxn, parts: &BTreeSet<PartitionId>) -> Result<(), Abort> {
-        let keys: Vec<Vec<u8>> = parts.iter().map(|p| self.keys.num(b'O', p.0)).collect();
-        for (p, v) in parts.iter().zip(t.get_many(&keys)?) {
-            if let Some(v) = v {
-                match codec::unowner(&v) {
-                    Some((_, node)) if node == self.node.as_slice() => {}
-                    _ => return Err(StoreError::Fenced(*p).into()),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// (generation, truncation point) of each of `parts`.
-    fn states(
-        &self,
-        t: &mut dyn KvTxn,
-        parts: &BTreeSet<PartitionId>,
-    ) -> Result<HashMap<PartitionId, (u64, u64)>, Abort> {
-        let keys: Vec<Vec<u8>> = parts.iter().map(|p| self.keys.num(b'P', p.0)).collect();
-        Ok(parts
-            .iter()
-            .zip(t.get_many(&keys)?)
-            .map(|(p, v)| (*p, codec::unpair(v.as_deref())))
-            .collect())
-    }
-
     fn meta_version(&self, t: &mut dyn KvTxn) -> Result<u64, KvError> {
         Ok(t.get(&self.keys.key(b'G', &[]))?.map_or(0, |v| le_u64(&v)))
     }
@@ -400,8 +417,42 @@ impl Inner {
                 _ => {}
             }
         }
-        self.fence(t, &parts)?;
-        let mut states = self.states(t, &parts)?;
+        // Owners and partition states in one round trip.
+        let mut keys: Vec<Vec<u8>> = parts.iter().map(|p| self.keys.num(b'O', p.0)).collect();
+        keys.extend(parts.iter().map(|p| self.keys.num(b'P', p.0)));
+        let got = t.get_many(&keys)?;
+        let (owners, pstates) = got.split_at(parts.len());
+        for (p, v) in parts.iter().zip(owners) {
+            if let Some(v) = v {
+                match codec::unowner(v) {
+                    Some((_, node)) if node == self.node.as_slice() => {}
+                    _ => return Err(StoreError::Fenced(*p).into()),
+                }
+            }
+        }
+        let mut states: HashMap<PartitionId, (u64, u64)> = parts
+            .iter()
+            .zip(pstates)
+            .map(|(p, v)| (*p, codec::unpair(v.as_deref())))
+            .collect();
+        // The live entries this batch settles, requeues or moves, read in
+        // one round trip: the reads in `kill` then hit the transaction's
+        // own cache.
+        let touched: Vec<Vec<u8>> = ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Settle { partition, id, .. } | Op::Requeue { partition, id, .. } => Some((partition, id)),
+                Op::Move { from, from_id, .. } => Some((from, from_id)),
+                _ => None,
+            })
+            .map(|(p, id)| {
+                let (gen, _) = states.get(&p).copied().unwrap_or_default();
+                self.keys.live(p.0, gen, id)
+            })
+            .collect();
+        if !touched.is_empty() {
+            t.get_many(&touched)?;
+        }
         let mut refs = 0i64;
         let mut dec: BTreeMap<u64, i64> = BTreeMap::new();
         if !blob.is_empty() {
@@ -535,6 +586,9 @@ impl Inner {
         chunk: u64,
         offset: u32,
     ) -> Result<Option<StoredMessage>, KvError> {
+        if let Some(m) = self.cache.lock().read(chunk, offset) {
+            return Ok(Some(m));
+        }
         let off = offset as usize;
         let first = (off / PART) as u32;
         let end = prefix_end(&self.keys.num(b'C', chunk));
@@ -664,6 +718,7 @@ impl Inner {
                         t.clear_range(&cp, &prefix_end(&cp));
                         t.clear(&self.keys.num(b'R', c));
                         t.clear(&self.keys.num(b'Z', c));
+                        self.cache.lock().remove(c);
                         t.add(&self.keys.key(b'B', &[&self.node]), -(size as i64));
                         freed += 1;
                     }
@@ -736,6 +791,10 @@ impl Store for FdbStore {
             // Markers are unique per transaction: the ticket and the group.
             let marker = (ticket << 8) | (gi as u64 & 0xff);
             me.run(Some(marker), |t| me.apply(t, group, chunk, &blob, &offsets))?;
+            let blob_len = blob.len();
+            if !blob.is_empty() {
+                me.cache.lock().insert(chunk, Arc::new(blob));
+            }
             out.extend(offsets.iter().map(|&o| codec::location(chunk, o)));
             // Ids chosen by the caller past this handle's lease: later
             // allocations start after them (the counter got a `max`).
@@ -753,7 +812,7 @@ impl Store for FdbStore {
                 }
             }
             let small = group.len().saturating_sub(offsets.len()) as u64 * 16;
-            me.appended.fetch_add(blob.len() as u64 + small, Ordering::Relaxed);
+            me.appended.fetch_add(blob_len as u64 + small, Ordering::Relaxed);
         }
         locations.extend(out);
         Ok(Ticket::new(ticket))
