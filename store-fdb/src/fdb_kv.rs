@@ -8,7 +8,9 @@ use crate::kv::{Kv, KvError, KvErrorKind, KvTxn, KvWake};
 use foundationdb::options::MutationType;
 use foundationdb::{Database, FdbError, RangeOption, Transaction};
 use futures_executor::block_on;
-use std::sync::OnceLock;
+use parking_lot::Mutex;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// The client's network thread: started once per process and kept for its
 /// life (FoundationDB cannot start it again after stopping it).
@@ -47,9 +49,15 @@ fn kv_error(e: FdbError) -> KvError {
     }
 }
 
+/// A read version younger than this is reused by [`Kv::begin_recent`]
+/// (FoundationDB keeps versions readable for five seconds).
+const RECENT: std::time::Duration = std::time::Duration::from_millis(1000);
+
 /// A FoundationDB database as a [`Kv`].
 pub struct FdbKv {
     db: Database,
+    /// The newest version this handle read at or committed, and when.
+    seen: Arc<Mutex<(i64, Instant)>>,
 }
 
 impl FdbKv {
@@ -63,7 +71,10 @@ impl FdbKv {
         boot()?;
         let path = (!cluster_file.is_empty()).then_some(cluster_file);
         let db = Database::new(path).map_err(kv_error)?;
-        Ok(FdbKv { db })
+        Ok(FdbKv {
+            db,
+            seen: Arc::new(Mutex::new((0, Instant::now()))),
+        })
     }
 }
 
@@ -73,6 +84,20 @@ impl Kv for FdbKv {
         Ok(Box::new(FdbTxn {
             trx,
             watches: Vec::new(),
+            seen: self.seen.clone(),
+        }))
+    }
+
+    fn begin_recent(&self) -> Result<Box<dyn KvTxn>, KvError> {
+        let trx = self.db.create_trx().map_err(kv_error)?;
+        let (version, at) = *self.seen.lock();
+        if version > 0 && at.elapsed() < RECENT {
+            trx.set_read_version(version);
+        }
+        Ok(Box::new(FdbTxn {
+            trx,
+            watches: Vec::new(),
+            seen: self.seen.clone(),
         }))
     }
 }
@@ -82,6 +107,15 @@ type WatchFuture = Box<dyn std::future::Future<Output = foundationdb::FdbResult<
 struct FdbTxn {
     trx: Transaction,
     watches: Vec<(WatchFuture, KvWake)>,
+    seen: Arc<Mutex<(i64, Instant)>>,
+}
+
+/// Records `version` as seen now, if newer.
+fn saw(seen: &Mutex<(i64, Instant)>, version: i64) {
+    let mut s = seen.lock();
+    if version > s.0 {
+        *s = (version, Instant::now());
+    }
 }
 
 impl KvTxn for FdbTxn {
@@ -156,8 +190,15 @@ impl KvTxn for FdbTxn {
     }
 
     fn commit(self: Box<Self>) -> Result<(), KvError> {
-        let FdbTxn { trx, watches } = *self;
-        block_on(trx.commit()).map_err(|e| kv_error(*e))?;
+        let FdbTxn { trx, watches, seen } = *self;
+        // Every transaction of the store reads first, so this is known.
+        if let Ok(v) = block_on(trx.get_read_version()) {
+            saw(&seen, v);
+        }
+        let committed = block_on(trx.commit()).map_err(|e| kv_error(*e))?;
+        if let Ok(v) = committed.committed_version() {
+            saw(&seen, v);
+        }
         for (fut, wake) in watches {
             // One thread per armed watch: the store keeps at most one armed
             // per handle (its change feed), so this is bounded.

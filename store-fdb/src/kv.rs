@@ -56,6 +56,15 @@ pub type KvWake = Box<dyn FnOnce() + Send + 'static>;
 pub trait Kv: Send + Sync + 'static {
     /// Starts a transaction.
     fn begin(&self) -> Result<Box<dyn KvTxn>, KvError>;
+
+    /// Starts a transaction that may read at a recent version this
+    /// handle already saw (its own commits and reads included) instead of
+    /// asking the cluster for a new one: for keys that never change once
+    /// written (chunks), read right after what named them. The default is
+    /// [`Kv::begin`].
+    fn begin_recent(&self) -> Result<Box<dyn KvTxn>, KvError> {
+        self.begin()
+    }
 }
 
 /// One transaction: reads see its own writes; [`KvTxn::commit`] applies all

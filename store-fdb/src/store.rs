@@ -199,6 +199,17 @@ impl Inner {
     fn run<T>(
         &self,
         marker: Option<u64>,
+        body: impl FnMut(&mut dyn KvTxn) -> Result<T, Abort>,
+    ) -> Result<T, StoreError> {
+        self.run_at(false, marker, body)
+    }
+
+    /// [`Inner::run`]; `recent`: the first attempt may read at a version
+    /// this handle already saw ([`Kv::begin_recent`]), for immutable keys.
+    fn run_at<T>(
+        &self,
+        recent: bool,
+        marker: Option<u64>,
         mut body: impl FnMut(&mut dyn KvTxn) -> Result<T, Abort>,
     ) -> Result<T, StoreError> {
         let mut last = None;
@@ -206,7 +217,12 @@ impl Inner {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis((1u64 << attempt.min(7)).min(100)));
             }
-            let mut t = self.kv.begin().map_err(backend)?;
+            let mut t = if recent && attempt == 0 {
+                self.kv.begin_recent()
+            } else {
+                self.kv.begin()
+            }
+            .map_err(backend)?;
             let cleared: Vec<u64> = match marker {
                 Some(m) => {
                     let old = self.markers.lock().clone();
@@ -623,8 +639,17 @@ impl Inner {
         let Some((chunk, offset)) = codec::decode_location(loc) else {
             return Err(StoreError::NotFound(loc));
         };
-        self.run(None, |t| Ok(self.read_record(t, chunk, offset)?))?
-            .ok_or(StoreError::NotFound(loc))
+        if let Some(m) = self.cache.lock().read(chunk, offset) {
+            return Ok(m);
+        }
+        // A chunk never changes: a recent version is enough, and one that
+        // misses it (written by another gateway since) is retried fresh.
+        match self.run_at(true, None, |t| Ok(self.read_record(t, chunk, offset)?))? {
+            Some(m) => Ok(m),
+            None => self
+                .run(None, |t| Ok(self.read_record(t, chunk, offset)?))?
+                .ok_or(StoreError::NotFound(loc)),
+        }
     }
 
     /// Walks the live entries of `p` from id `from` (at most `max`).
@@ -828,25 +853,33 @@ impl Store for FdbStore {
         let inner = self.inner.clone();
         let refs = refs.to_vec();
         self.inner.reader.run(move || {
-            let mut cache: HashMap<Location, StoredMessage> = HashMap::new();
-            let got = inner.run(None, |t| {
-                let mut out = Vec::with_capacity(refs.len());
-                for r in &refs {
-                    if let Some(m) = cache.get(&r.location) {
-                        out.push(Some(m.clone()));
-                        continue;
+            let read_all = |recent: bool| {
+                let mut cache: HashMap<Location, StoredMessage> = HashMap::new();
+                inner.run_at(recent, None, |t| {
+                    let mut out = Vec::with_capacity(refs.len());
+                    for r in &refs {
+                        if let Some(m) = cache.get(&r.location) {
+                            out.push(Some(m.clone()));
+                            continue;
+                        }
+                        let m = match codec::decode_location(r.location) {
+                            Some((c, o)) => inner.read_record(t, c, o)?,
+                            None => None,
+                        };
+                        if let Some(m) = &m {
+                            cache.insert(r.location, m.clone());
+                        }
+                        out.push(m);
                     }
-                    let m = match codec::decode_location(r.location) {
-                        Some((c, o)) => inner.read_record(t, c, o)?,
-                        None => None,
-                    };
-                    if let Some(m) = &m {
-                        cache.insert(r.location, m.clone());
-                    }
-                    out.push(m);
-                }
-                Ok(out)
-            });
+                    Ok(out)
+                })
+            };
+            // Chunks never change: a recent version first, a fresh one if
+            // it missed something (written by another gateway since).
+            let got = match read_all(true) {
+                Ok(ms) if ms.iter().any(Option::is_none) => read_all(false),
+                other => other,
+            };
             match got {
                 Ok(ms) => ms
                     .into_iter()
