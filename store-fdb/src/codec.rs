@@ -11,7 +11,11 @@ pub const MAX_CHUNK: u64 = (1 << 56) - 1;
 
 /// A position: the chunk and the record's byte offset in it.
 pub fn location(chunk: u64, offset: u32) -> Location {
-    Location::from_words([TAG | ((chunk >> 32) as u32 & 0x00ff_ffff), chunk as u32, offset])
+    Location::from_words([
+        TAG | ((chunk >> 32) as u32 & 0x00ff_ffff),
+        chunk as u32,
+        offset,
+    ])
 }
 
 /// The chunk and offset of a position of this store.

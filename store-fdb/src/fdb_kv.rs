@@ -4,7 +4,7 @@
 //! threads (appends from the caller, reads on the reader threads), never
 //! awaiting inside a runtime.
 
-use crate::kv::{Kv, KvError, KvErrorKind, KvTxn, KvWake};
+use crate::kv::{Kv, KvError, KvErrorKind, KvTxn, KvWake, Pairs};
 use foundationdb::options::MutationType;
 use foundationdb::{Database, FdbError, RangeOption, Transaction};
 use futures_executor::block_on;
@@ -102,7 +102,8 @@ impl Kv for FdbKv {
     }
 }
 
-type WatchFuture = Box<dyn std::future::Future<Output = foundationdb::FdbResult<()>> + Send + Unpin>;
+type WatchFuture =
+    Box<dyn std::future::Future<Output = foundationdb::FdbResult<()>> + Send + Unpin>;
 
 struct FdbTxn {
     trx: Transaction,
@@ -134,12 +135,7 @@ impl KvTxn for FdbTxn {
             .collect()
     }
 
-    fn range(
-        &mut self,
-        begin: &[u8],
-        end: &[u8],
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, KvError> {
+    fn range(&mut self, begin: &[u8], end: &[u8], limit: usize) -> Result<Pairs, KvError> {
         let mut out = Vec::new();
         let mut from = begin.to_vec();
         let mut iteration = 1;
@@ -177,11 +173,13 @@ impl KvTxn for FdbTxn {
     }
 
     fn add(&mut self, key: &[u8], delta: i64) {
-        self.trx.atomic_op(key, &delta.to_le_bytes(), MutationType::Add);
+        self.trx
+            .atomic_op(key, &delta.to_le_bytes(), MutationType::Add);
     }
 
     fn max(&mut self, key: &[u8], value: u64) {
-        self.trx.atomic_op(key, &value.to_le_bytes(), MutationType::Max);
+        self.trx
+            .atomic_op(key, &value.to_le_bytes(), MutationType::Max);
     }
 
     fn watch(&mut self, key: &[u8], wake: KvWake) -> Result<(), KvError> {

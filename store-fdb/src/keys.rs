@@ -54,7 +54,8 @@ impl Keys {
 
     /// `root tag parts…`.
     pub fn key(&self, tag: u8, parts: &[&[u8]]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(self.root.len() + 1 + parts.iter().map(|p| p.len()).sum::<usize>());
+        let mut k =
+            Vec::with_capacity(self.root.len() + 1 + parts.iter().map(|p| p.len()).sum::<usize>());
         k.extend_from_slice(&self.root);
         k.push(tag);
         for p in parts {
@@ -77,7 +78,11 @@ impl Keys {
     pub fn live(&self, partition: u64, gen: u64, id: u64) -> Vec<u8> {
         self.key(
             b'L',
-            &[&partition.to_be_bytes(), &gen.to_be_bytes(), &id.to_be_bytes()],
+            &[
+                &partition.to_be_bytes(),
+                &gen.to_be_bytes(),
+                &id.to_be_bytes(),
+            ],
         )
     }
 

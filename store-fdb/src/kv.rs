@@ -49,6 +49,9 @@ impl KvError {
     }
 }
 
+/// Key/value pairs, in key order.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Called once when a watched key changes.
 pub type KvWake = Box<dyn FnOnce() + Send + 'static>;
 
@@ -80,12 +83,7 @@ pub trait KvTxn: Send {
     }
 
     /// Up to `limit` pairs with `begin <= key < end`, in key order.
-    fn range(
-        &mut self,
-        begin: &[u8],
-        end: &[u8],
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, KvError>;
+    fn range(&mut self, begin: &[u8], end: &[u8], limit: usize) -> Result<Pairs, KvError>;
 
     /// Sets `key` to `value`.
     fn set(&mut self, key: &[u8], value: &[u8]);

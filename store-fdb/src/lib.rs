@@ -31,6 +31,7 @@ pub fn open_cluster(
     cluster_file: &str,
     config: FdbStoreConfig,
 ) -> Result<std::sync::Arc<FdbStore>, weir_backend::StoreError> {
-    let kv = FdbKv::open(cluster_file).map_err(|e| weir_backend::StoreError::Backend(Box::new(e)))?;
+    let kv =
+        FdbKv::open(cluster_file).map_err(|e| weir_backend::StoreError::Backend(Box::new(e)))?;
     FdbStore::open(std::sync::Arc::new(kv), config)
 }

@@ -3,7 +3,7 @@
 //! committed transaction wrote after it began fails with a retryable
 //! conflict), so the store's logic runs and is tested without a cluster.
 
-use crate::kv::{le_u64, Kv, KvError, KvTxn, KvWake};
+use crate::kv::{le_u64, Kv, KvError, KvTxn, KvWake, Pairs};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,12 +12,15 @@ use std::sync::Arc;
 /// oldest of them conflicts (as FoundationDB's 5-second window would).
 const HISTORY: usize = 4096;
 
+/// (commit version, keys written, ranges cleared).
+type Commit = (u64, Vec<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>);
+
 #[derive(Default)]
 struct State {
     data: BTreeMap<Vec<u8>, Vec<u8>>,
     version: u64,
-    /// (commit version, keys written, ranges cleared).
-    history: std::collections::VecDeque<(u64, Vec<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>)>,
+    /// What each recent commit wrote.
+    history: std::collections::VecDeque<Commit>,
     watches: Vec<(Vec<u8>, KvWake)>,
 }
 
@@ -75,7 +78,10 @@ fn apply(data: &mut BTreeMap<Vec<u8>, Vec<u8>>, w: &Write) {
             data.remove(k);
         }
         Write::ClearRange(b, e) => {
-            let keys: Vec<Vec<u8>> = data.range(b.clone()..e.clone()).map(|(k, _)| k.clone()).collect();
+            let keys: Vec<Vec<u8>> = data
+                .range(b.clone()..e.clone())
+                .map(|(k, _)| k.clone())
+                .collect();
             for k in keys {
                 data.remove(&k);
             }
@@ -118,12 +124,7 @@ impl KvTxn for MemTxn {
         Ok(self.view(key, &end).remove(key))
     }
 
-    fn range(
-        &mut self,
-        begin: &[u8],
-        end: &[u8],
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, KvError> {
+    fn range(&mut self, begin: &[u8], end: &[u8], limit: usize) -> Result<Pairs, KvError> {
         let out: Vec<(Vec<u8>, Vec<u8>)> = self.view(begin, end).into_iter().take(limit).collect();
         // Conflicts cover what was read: up to the last key returned when
         // the limit cut the range.
@@ -148,7 +149,8 @@ impl KvTxn for MemTxn {
     }
 
     fn clear_range(&mut self, begin: &[u8], end: &[u8]) {
-        self.writes.push(Write::ClearRange(begin.to_vec(), end.to_vec()));
+        self.writes
+            .push(Write::ClearRange(begin.to_vec(), end.to_vec()));
     }
 
     fn add(&mut self, key: &[u8], delta: i64) {
@@ -178,13 +180,20 @@ impl KvTxn for MemTxn {
             let mut st = kv.state.lock();
             let hit = |k: &[u8]| {
                 reads.iter().any(|r| r.as_slice() == k)
-                    || read_ranges.iter().any(|(b, e)| k >= b.as_slice() && k < e.as_slice())
+                    || read_ranges
+                        .iter()
+                        .any(|(b, e)| k >= b.as_slice() && k < e.as_slice())
             };
             let overlaps = |b: &[u8], e: &[u8]| {
                 reads.iter().any(|r| r.as_slice() >= b && r.as_slice() < e)
-                    || read_ranges.iter().any(|(rb, re)| rb.as_slice() < e && b < re.as_slice())
+                    || read_ranges
+                        .iter()
+                        .any(|(rb, re)| rb.as_slice() < e && b < re.as_slice())
             };
-            if st.history.front().is_some_and(|(v, _, _)| *v > read_version + 1)
+            if st
+                .history
+                .front()
+                .is_some_and(|(v, _, _)| *v > read_version + 1)
                 && st.version > read_version
             {
                 return Err(KvError::retryable("transaction too old"));
@@ -213,10 +222,13 @@ impl KvTxn for MemTxn {
                 let v = st.version;
                 let changed = |k: &[u8]| {
                     keys.iter().any(|w| w.as_slice() == k)
-                        || ranges.iter().any(|(b, e)| k >= b.as_slice() && k < e.as_slice())
+                        || ranges
+                            .iter()
+                            .any(|(b, e)| k >= b.as_slice() && k < e.as_slice())
                 };
-                let (hit_w, keep): (Vec<_>, Vec<_>) =
-                    std::mem::take(&mut st.watches).into_iter().partition(|(k, _)| changed(k));
+                let (hit_w, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut st.watches)
+                    .into_iter()
+                    .partition(|(k, _)| changed(k));
                 st.watches = keep;
                 fired.extend(hit_w.into_iter().map(|(_, w)| w));
                 st.history.push_back((v, keys, ranges));
@@ -230,7 +242,7 @@ impl KvTxn for MemTxn {
                 let stale = st
                     .history
                     .iter()
-                    .any(|(v, keys, _)| *v > read_version && keys.iter().any(|x| *x == k));
+                    .any(|(v, keys, _)| *v > read_version && keys.contains(&k));
                 if stale {
                     fired.push(w);
                 } else {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use weir_backend::{
     Epoch, LiveSet, Location, MessageData, MessageId, MessageRef, MetaChange, MetaEvent, MetaFeed,
     Op, PartitionId, RangeMessage, ReadFuture, Receipt, RecoveredMessage, RecoveredMeta,
-    StateEntry, Store, StoreError, StoreStats, StoredMessage, Ticket, Wake, Waiter,
+    StateEntry, Store, StoreError, StoreStats, StoredMessage, Ticket, Waiter, Wake,
 };
 
 /// Message-record bytes per transaction (FoundationDB refuses
@@ -118,6 +118,17 @@ struct Inner {
     cache: Mutex<ChunkCache>,
 }
 
+/// A watcher's wake, called once by whichever comes first: the writing
+/// thread of a handle in this process, or the FoundationDB watch.
+type WakeSlot = Arc<Mutex<Option<Wake>>>;
+
+/// Watchers per (seam, root) in this process: a metadata change made
+/// through a handle of this process wakes them on the writing thread, at
+/// once; handles in other processes are woken by FoundationDB's watch on
+/// `G`, a little later.
+static LOCAL_WATCHERS: std::sync::LazyLock<Mutex<HashMap<(usize, Vec<u8>), Vec<WakeSlot>>>> =
+    std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
 /// Bytes of chunks kept by [`ChunkCache`].
 const CACHE_BYTES: usize = 32 << 20;
 
@@ -137,7 +148,9 @@ impl ChunkCache {
         self.chunks.insert(chunk, blob);
         self.order.push_back(chunk);
         while self.bytes > CACHE_BYTES {
-            let Some(old) = self.order.pop_front() else { break };
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
             if let Some(b) = self.chunks.remove(&old) {
                 self.bytes -= b.len();
             }
@@ -184,6 +197,28 @@ impl FdbStore {
 }
 
 impl Inner {
+    /// This handle's entry in [`LOCAL_WATCHERS`].
+    fn watch_key(&self) -> (usize, Vec<u8>) {
+        (
+            Arc::as_ptr(&self.kv) as *const () as usize,
+            self.keys.root().to_vec(),
+        )
+    }
+
+    /// Wakes this process's watchers after a metadata change committed.
+    fn wake_local(&self) {
+        let slots = LOCAL_WATCHERS
+            .lock()
+            .remove(&self.watch_key())
+            .unwrap_or_default();
+        for slot in slots {
+            let wake = slot.lock().take();
+            if let Some(w) = wake {
+                w();
+            }
+        }
+    }
+
     fn check_open(&self) -> Result<(), StoreError> {
         if self.closed.load(Ordering::Acquire) {
             Err(StoreError::Closed)
@@ -266,7 +301,10 @@ impl Inner {
                 Err(e) => return Err(backend(e)),
             }
         }
-        Err(last.map_or(StoreError::Retryable("transaction retried too often".into()), backend))
+        Err(last.map_or(
+            StoreError::Retryable("transaction retried too often".into()),
+            backend,
+        ))
     }
 
     fn marker_key(&self, m: u64) -> Vec<u8> {
@@ -457,7 +495,9 @@ impl Inner {
         let touched: Vec<Vec<u8>> = ops
             .iter()
             .filter_map(|op| match *op {
-                Op::Settle { partition, id, .. } | Op::Requeue { partition, id, .. } => Some((partition, id)),
+                Op::Settle { partition, id, .. } | Op::Requeue { partition, id, .. } => {
+                    Some((partition, id))
+                }
                 Op::Move { from, from_id, .. } => Some((from, from_id)),
                 _ => None,
             })
@@ -475,7 +515,10 @@ impl Inner {
             for (i, part) in blob.chunks(PART).enumerate() {
                 t.set(&self.keys.chunk_part(chunk, i as u32), part);
             }
-            t.set(&self.keys.num(b'Z', chunk), &(blob.len() as u64).to_le_bytes());
+            t.set(
+                &self.keys.num(b'Z', chunk),
+                &(blob.len() as u64).to_le_bytes(),
+            );
             t.add(&self.keys.key(b'B', &[&self.node]), blob.len() as i64);
         }
         let mut at = offsets.iter();
@@ -664,8 +707,7 @@ impl Inner {
         let begin = self.keys.live(p.0, gen, from.max(trunc));
         let end = prefix_end(&self.keys.num2(b'L', p.0, gen));
         let root = self.keys.root().len() + 1;
-        Ok(t
-            .range(&begin, &end, max)?
+        Ok(t.range(&begin, &end, max)?
             .into_iter()
             .filter_map(|(k, v)| {
                 let id = u64::from_be_bytes(k.get(root + 16..root + 24)?.try_into().ok()?);
@@ -687,7 +729,9 @@ impl Inner {
         let root = self.keys.root().len() + 1;
         loop {
             let d_begin = self.keys.key(b'D', &[]);
-            let drops = self.run(None, |t| Ok(t.range(&d_begin, &prefix_end(&d_begin), 64)?))?;
+            let drops = self.run(None, |t| {
+                Ok(t.range(&d_begin, &prefix_end(&d_begin), 64)?)
+            })?;
             if drops.is_empty() {
                 break;
             }
@@ -695,8 +739,13 @@ impl Inner {
                 let p = self.keys.field(&dk, 0);
                 loop {
                     let done = self.run(None, |t| {
-                        let (gen, trunc) = codec::unpair(t.get(&self.keys.num(b'P', p))?.as_deref());
-                        let mut dead = t.range(&self.keys.num2(b'L', p, 0), &self.keys.num2(b'L', p, gen), 1000)?;
+                        let (gen, trunc) =
+                            codec::unpair(t.get(&self.keys.num(b'P', p))?.as_deref());
+                        let mut dead = t.range(
+                            &self.keys.num2(b'L', p, 0),
+                            &self.keys.num2(b'L', p, gen),
+                            1000,
+                        )?;
                         if dead.len() < 1000 && trunc > 0 {
                             dead.extend(t.range(
                                 &self.keys.live(p, gen, 0),
@@ -736,7 +785,9 @@ impl Inner {
                 for (qk, _) in &cands {
                     let c = self.keys.field(qk, 0);
                     t.clear(qk);
-                    let live = t.get(&self.keys.num(b'R', c))?.map_or(0, |v| le_u64(&v) as i64);
+                    let live = t
+                        .get(&self.keys.num(b'R', c))?
+                        .map_or(0, |v| le_u64(&v) as i64);
                     if live <= 0 {
                         let size = t.get(&self.keys.num(b'Z', c))?.map_or(0, |v| le_u64(&v));
                         let cp = self.keys.num(b'C', c);
@@ -772,7 +823,9 @@ impl Store for FdbStore {
         }
         for op in ops {
             match op {
-                Op::Publish { partitions, .. } | Op::Move { partitions, .. } if partitions.is_empty() => {
+                Op::Publish { partitions, .. } | Op::Move { partitions, .. }
+                    if partitions.is_empty() =>
+                {
                     return Err(StoreError::Invalid("a publish names no partition".into()))
                 }
                 _ => {}
@@ -837,9 +890,18 @@ impl Store for FdbStore {
                 }
             }
             let small = group.len().saturating_sub(offsets.len()) as u64 * 16;
-            me.appended.fetch_add(blob_len as u64 + small, Ordering::Relaxed);
+            me.appended
+                .fetch_add(blob_len as u64 + small, Ordering::Relaxed);
         }
         locations.extend(out);
+        let meta = ops.iter().any(|op| match op {
+            Op::PutMeta { .. } | Op::DeleteMeta { .. } => true,
+            Op::MetaBatch { changes } => !changes.is_empty(),
+            _ => false,
+        });
+        if meta {
+            me.wake_local();
+        }
         Ok(Ticket::new(ticket))
     }
 
@@ -888,7 +950,9 @@ impl Store for FdbStore {
                     .collect(),
                 Err(e) => {
                     let text = e.to_string();
-                    refs.iter().map(|_| Err(StoreError::Retryable(text.clone()))).collect()
+                    refs.iter()
+                        .map(|_| Err(StoreError::Retryable(text.clone())))
+                        .collect()
                 }
             }
         })
@@ -944,7 +1008,12 @@ impl Store for FdbStore {
         })
     }
 
-    fn put_if(&self, key: &[u8], value: Option<&[u8]>, expected: u64) -> Result<(Ticket, u64), StoreError> {
+    fn put_if(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        expected: u64,
+    ) -> Result<(Ticket, u64), StoreError> {
         let me = &*self.inner;
         me.check_open()?;
         let ticket = me.tickets.fetch_add(1, Ordering::Relaxed) + 1;
@@ -960,23 +1029,37 @@ impl Store for FdbStore {
             };
             me.meta_change(t, &[change])
         })?;
+        me.wake_local();
         Ok((Ticket::new(ticket), v))
     }
 
     fn watch(&self, since: u64, wake: Wake) -> Result<MetaFeed, StoreError> {
         let me = &*self.inner;
         me.check_open()?;
-        let mut wake = Some(wake);
+        let slot: WakeSlot = Arc::new(Mutex::new(Some(wake)));
         let g = me.keys.key(b'G', &[]);
         let feed = me.run(None, |t| {
             let version = me.meta_version(t)?;
             if version <= since {
-                if let Some(w) = wake.take() {
-                    t.watch(&g, w)?;
-                }
+                // Armed by the attempt that commits (a seam arms watches
+                // at commit).
+                let fdb_slot = slot.clone();
+                t.watch(
+                    &g,
+                    Box::new(move || {
+                        let wake = fdb_slot.lock().take();
+                        if let Some(w) = wake {
+                            w();
+                        }
+                    }),
+                )?;
                 return Ok(MetaFeed::Changes(Vec::new()));
             }
-            let rows = t.range(&me.keys.num(b'F', since + 1), &me.keys.num(b'F', version + 1), usize::MAX)?;
+            let rows = t.range(
+                &me.keys.num(b'F', since + 1),
+                &me.keys.num(b'F', version + 1),
+                usize::MAX,
+            )?;
             if rows.first().map(|(k, _)| me.keys.field(k, 0)) != Some(since + 1) {
                 return Ok(MetaFeed::Reload);
             }
@@ -988,13 +1071,24 @@ impl Store for FdbStore {
                     let n = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
                     let Some(ev) = rest.get(4..4 + n) else { break };
                     if let Some((key, value)) = codec::unfeed(ev) {
-                        events.push(MetaEvent { version, key, value });
+                        events.push(MetaEvent {
+                            version,
+                            key,
+                            value,
+                        });
                     }
                     rest = &rest[4 + n..];
                 }
             }
             Ok(MetaFeed::Changes(events))
         })?;
+        if matches!(&feed, MetaFeed::Changes(c) if c.is_empty()) {
+            LOCAL_WATCHERS
+                .lock()
+                .entry(me.watch_key())
+                .or_default()
+                .push(slot);
+        }
         Ok(feed)
     }
 
@@ -1003,7 +1097,12 @@ impl Store for FdbStore {
         me.check_open()?;
         let key = me.keys.num(b'O', partition.0);
         me.run(None, |t| {
-            let epoch = t.get(&key)?.as_deref().and_then(codec::unowner).map_or(0, |(e, _)| e) + 1;
+            let epoch = t
+                .get(&key)?
+                .as_deref()
+                .and_then(codec::unowner)
+                .map_or(0, |(e, _)| e)
+                + 1;
             t.set(&key, &codec::owner(epoch, &me.node));
             Ok(Epoch(epoch))
         })
@@ -1059,7 +1158,10 @@ impl Store for FdbStore {
         }
     }
 
-    fn recover_partition(&self, partition: PartitionId) -> Result<Vec<RecoveredMessage>, StoreError> {
+    fn recover_partition(
+        &self,
+        partition: PartitionId,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
         let me = &*self.inner;
         let mut out: Vec<RecoveredMessage> = Vec::new();
         let mut from = 0;
@@ -1097,8 +1199,7 @@ impl Store for FdbStore {
             if me.owner_is_other(t, partition)? {
                 return Err(StoreError::Fenced(partition).into());
             }
-            Ok(t
-                .range(&prefix, &prefix_end(&prefix), usize::MAX)?
+            Ok(t.range(&prefix, &prefix_end(&prefix), usize::MAX)?
                 .iter()
                 .map(|(k, v)| Receipt {
                     key_hash: me.keys.field(k, 8),
@@ -1153,7 +1254,9 @@ impl Store for FdbStore {
             for (k, v) in rows {
                 let key = k[skip..].to_vec();
                 let version = le_u64(&v[..v.len().min(8)]);
-                let parts = v.get(8..12).map_or(1, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let parts = v
+                    .get(8..12)
+                    .map_or(1, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
                 let mut value = v.get(12..).unwrap_or_default().to_vec();
                 if parts > 1 {
                     let pp = me.keys.state_parts(&key);
@@ -1161,7 +1264,11 @@ impl Store for FdbStore {
                         value.extend_from_slice(&p);
                     }
                 }
-                out.push(StateEntry { key, value, version });
+                out.push(StateEntry {
+                    key,
+                    value,
+                    version,
+                });
             }
             Ok(out)
         })

@@ -93,5 +93,7 @@ fn contract_against_a_foundationdb_cluster() {
 #[cfg(not(feature = "fdb"))]
 #[test]
 fn contract_against_a_foundationdb_cluster() {
-    println!("skipped: built without the `fdb` feature (cargo test -p weir-store-fdb --features fdb)");
+    println!(
+        "skipped: built without the `fdb` feature (cargo test -p weir-store-fdb --features fdb)"
+    );
 }

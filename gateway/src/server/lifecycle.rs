@@ -465,7 +465,9 @@ fn open_fdb_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
 fn open_fdb_store(_cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
     Err(ServerError::Store {
         dir: "FoundationDB".into(),
-        source: weir_backend::StoreError::Invalid("this weir was built without the fdb feature".into()),
+        source: weir_backend::StoreError::Invalid(
+            "this weir was built without the fdb feature".into(),
+        ),
     })
 }
 
