@@ -126,8 +126,11 @@ type WakeSlot = Arc<Mutex<Option<Wake>>>;
 /// through a handle of this process wakes them on the writing thread, at
 /// once; handles in other processes are woken by FoundationDB's watch on
 /// `G`, a little later.
-static LOCAL_WATCHERS: std::sync::LazyLock<Mutex<HashMap<(usize, Vec<u8>), Vec<WakeSlot>>>> =
+static LOCAL_WATCHERS: std::sync::LazyLock<Mutex<Watchers>> =
     std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Wakes by (seam address, root).
+type Watchers = HashMap<(usize, Vec<u8>), Vec<WakeSlot>>;
 
 /// Bytes of chunks kept by [`ChunkCache`].
 const CACHE_BYTES: usize = 32 << 20;
