@@ -24,6 +24,7 @@ PACKAGES=(
     ca-certificates
     chromium          # headless browser of tests/python/test_dashboard.py
     chromium-driver   # chromedriver, which Selenium drives it through
+    libclang-dev      # bindgen of the foundationdb crate (weir-store-fdb, cargo feature fdb)
 )
 
 log() { echo "install-deps: $*" >&2; }
