@@ -739,7 +739,10 @@ impl Tenant {
                 self.name
             )));
         }
-        if args.queue_type == crate::args::QueueType::Quorum {
+        if matches!(
+            args.queue_type,
+            crate::args::QueueType::Quorum | crate::args::QueueType::Stream
+        ) {
             // RabbitMQ's checks, in its order: a quorum queue is replicated
             // and durable by nature.
             let bad = if req.auto_delete {
@@ -830,8 +833,13 @@ impl Tenant {
                 });
             }
             count += entries.len() as u64;
-            // Leased entries are not among `entries`: their records go too.
-            if p.has_leases() || entries.iter().any(|e| e.location.is_some()) {
+            if let Some(log) = &p.stream {
+                log.close();
+            }
+            // Leased entries are not among `entries`: their records go too
+            // (and a stream's events, which are never entries).
+            if p.stream.is_some() || p.has_leases() || entries.iter().any(|e| e.location.is_some())
+            {
                 dropped.push(p);
             }
         }
@@ -841,6 +849,13 @@ impl Tenant {
             .filter(|p| p.durable)
             .map(|p| Op::DropPartition { partition: p.id })
             .collect();
+        let stream_keys: Vec<Vec<u8>> = q
+            .partitions
+            .iter()
+            .filter(|p| p.stream.is_some() && p.durable)
+            .map(|p| crate::stream::state_key(p.id))
+            .collect();
+        ops.extend(stream_keys.iter().map(|k| Op::DeleteState { key: k }));
         let qkey = meta::queue_key(&self.name, q.name());
         if q.def.durable && q.exclusive_owner().is_none() {
             ops.push(Op::DeleteMeta { key: &qkey });
@@ -1295,6 +1310,8 @@ fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String,
         "x-dead-letter-strategy",
         "x-max-in-memory-length",
         "x-max-in-memory-bytes",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
         // Weir's own: RabbitMQ does not know them, so checking them breaks
         // no RabbitMQ client, and a silently ignored difference (another
         // partition count) would surprise.
