@@ -2000,7 +2000,15 @@ mod tests {
     #[test]
     fn fdb_store_is_refused_clearly() {
         let msg = load(&["--store", "fdb"], &[]).unwrap_err().to_string();
-        assert!(msg.contains("fdb feature"), "{msg}");
+        if cfg!(feature = "fdb") {
+            // Built with the store: a node name is still required.
+            assert!(msg.contains("node_id"), "{msg}");
+            let cfg = load(&["--store", "fdb", "--node-id", "gw-1"], &[]).expect("fdb config");
+            assert_eq!(cfg.store.fdb.node_id, "gw-1");
+            assert_eq!(cfg.store.fdb.namespace, "default");
+        } else {
+            assert!(msg.contains("fdb feature"), "{msg}");
+        }
         let path = file("store-kind", "[store]\nkind = \"tape\"\n");
         assert!(load(&["--config", path.to_str().expect("utf-8")], &[]).is_err());
     }
