@@ -24,6 +24,7 @@ PACKAGES=(
     ca-certificates
     chromium          # headless browser of tests/python/test_dashboard.py
     chromium-driver   # chromedriver, which Selenium drives it through
+    libclang-dev      # bindgen of the foundationdb crate (weir-store-fdb, cargo feature fdb)
     prometheus        # tests/python/test_prometheus.py: scrapes weir; promtool tests deploy/prometheus/alerts.yml
     systemd           # systemd-analyze verify of the packaged unit (scripts/deb-test.sh)
     adduser           # the package's weir user (scripts/deb-test.sh)

@@ -144,7 +144,17 @@ settings! {
     "native.listen", "native-listen", "WEIR_NATIVE_LISTEN", Str, None,
         "Native protocol listen address (reserved: not served yet)";
     "store.kind", "store", "WEIR_STORE", Str, None,
-        "Store: log (embedded) or fdb (not built yet) [default: log]";
+        "Store: log (embedded) or fdb (FoundationDB; needs a weir built with the `fdb` \
+         feature) [default: log]";
+    "store.fdb.cluster_file", "fdb-cluster-file", "WEIR_FDB_CLUSTER_FILE", Str, None,
+        "FoundationDB store: the cluster file [default: FoundationDB's own default, \
+         /etc/foundationdb/fdb.cluster]";
+    "store.fdb.node_id", "node-id", "WEIR_NODE_ID", Str, None,
+        "FoundationDB store: this gateway's name, unique among the gateways of one store \
+         (ownership of partitions is held by name) [required with store = fdb]";
+    "store.fdb.namespace", "fdb-namespace", "WEIR_FDB_NAMESPACE", Str, None,
+        "FoundationDB store: the key prefix weir/<namespace>/ shared by the gateways of one \
+         cluster [default: default]";
     "store.log.data_dir", "data-dir", "WEIR_DATA_DIR", Str, Some("data_dir"),
         "Directory of the embedded store [default: ./weir-data]";
     "store.log.segment_mb", "segment-mb", "WEIR_SEGMENT_MB", Uint, Some("segment_mb"),
@@ -567,7 +577,8 @@ pub enum StoreKind {
     /// The embedded, group-committed log (`[store.log]`).
     #[default]
     Log,
-    /// FoundationDB: not built yet; refused at load.
+    /// FoundationDB (`[store.fdb]`); refused at load by a `weir` built
+    /// without the `fdb` feature.
     Fdb,
 }
 
@@ -579,6 +590,30 @@ pub struct StoreConfig {
     pub kind: StoreKind,
     /// `[store.log]`.
     pub log: LogStoreConfig,
+    /// `[store.fdb]`.
+    pub fdb: FdbStoreSection,
+}
+
+/// `[store.fdb]`: the FoundationDB store.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FdbStoreSection {
+    /// The cluster file; `None`: FoundationDB's default.
+    pub cluster_file: Option<PathBuf>,
+    /// This gateway's name (required).
+    pub node_id: String,
+    /// Keys live under `weir/<namespace>/`.
+    pub namespace: String,
+}
+
+impl Default for FdbStoreSection {
+    fn default() -> Self {
+        FdbStoreSection {
+            cluster_file: None,
+            node_id: String::new(),
+            namespace: "default".into(),
+        }
+    }
 }
 
 /// `[store.log]`: the embedded log.
@@ -1405,9 +1440,14 @@ fn validate(amqp: &AmqpConfig, store: &StoreConfig, auth: &AuthConfig) -> Result
             "amqp.channel_max must be at least 1".into(),
         ));
     }
-    if store.kind == StoreKind::Fdb {
+    if store.kind == StoreKind::Fdb && !cfg!(feature = "fdb") {
         return Err(ConfigError::Invalid(
-            "store.kind = \"fdb\": this weir was not built with the fdb feature (FoundationDB is not available yet)".into(),
+            "store.kind = \"fdb\": this weir was not built with the fdb feature (cargo build --features fdb)".into(),
+        ));
+    }
+    if store.kind == StoreKind::Fdb && store.fdb.node_id.is_empty() {
+        return Err(ConfigError::Invalid(
+            "store.kind = \"fdb\" needs store.fdb.node_id (--node-id, WEIR_NODE_ID): a name unique among the gateways".into(),
         ));
     }
     if store.log.segment_mb == 0 || store.log.segment_bytes() > u32::MAX as u64 {
@@ -2001,7 +2041,15 @@ mod tests {
     #[test]
     fn fdb_store_is_refused_clearly() {
         let msg = load(&["--store", "fdb"], &[]).unwrap_err().to_string();
-        assert!(msg.contains("fdb feature"), "{msg}");
+        if cfg!(feature = "fdb") {
+            // Built with the store: a node name is still required.
+            assert!(msg.contains("node_id"), "{msg}");
+            let cfg = load(&["--store", "fdb", "--node-id", "gw-1"], &[]).expect("fdb config");
+            assert_eq!(cfg.store.fdb.node_id, "gw-1");
+            assert_eq!(cfg.store.fdb.namespace, "default");
+        } else {
+            assert!(msg.contains("fdb feature"), "{msg}");
+        }
         let path = file("store-kind", "[store]\nkind = \"tape\"\n");
         assert!(load(&["--config", path.to_str().expect("utf-8")], &[]).is_err());
     }

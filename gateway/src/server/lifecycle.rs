@@ -74,7 +74,10 @@ impl Broker {
     /// Opens the store, recovers the engine and binds the listeners.
     pub async fn start(cfg: &Config) -> Result<Self, ServerError> {
         let users = configured_users(cfg).await?;
-        let store = open_log_store(cfg)?;
+        let store = match cfg.store.kind {
+            crate::config::StoreKind::Log => open_log_store(cfg)?,
+            crate::config::StoreKind::Fdb => open_fdb_store(cfg)?,
+        };
         Self::start_on(cfg, users, store).await
     }
 
@@ -433,6 +436,40 @@ fn open_log_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
         source,
     })?;
     Ok(store)
+}
+
+/// Opens the FoundationDB store (`[store.fdb]`).
+#[cfg(feature = "fdb")]
+fn open_fdb_store(cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
+    let fdb = &cfg.store.fdb;
+    let file = fdb
+        .cluster_file
+        .as_ref()
+        .map_or_else(String::new, |p| p.display().to_string());
+    let dir = if file.is_empty() {
+        "the default FoundationDB cluster".to_string()
+    } else {
+        file.clone()
+    };
+    // The disk monitor still watches the data directory (the spill and
+    // nothing else of the store lives there).
+    let _ = std::fs::create_dir_all(&cfg.store.log.data_dir);
+    let config = weir_store_fdb::FdbStoreConfig::new(&fdb.namespace, &fdb.node_id);
+    let store = weir_store_fdb::open_cluster(&file, config)
+        .map_err(|source| ServerError::Store { dir, source })?;
+    tracing::info!(cluster_file = %file, node = %fdb.node_id, namespace = %fdb.namespace, "FoundationDB store opened");
+    Ok(store)
+}
+
+/// Refused at configuration load already; kept for the match.
+#[cfg(not(feature = "fdb"))]
+fn open_fdb_store(_cfg: &Config) -> Result<Arc<dyn Store>, ServerError> {
+    Err(ServerError::Store {
+        dir: "FoundationDB".into(),
+        source: weir_backend::StoreError::Invalid(
+            "this weir was built without the fdb feature".into(),
+        ),
+    })
 }
 
 /// Resolves on SIGTERM or SIGINT.
