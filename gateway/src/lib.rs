@@ -27,6 +27,7 @@ pub mod mqtt;
 pub mod otel;
 pub mod server;
 pub mod session;
+pub mod shovel;
 pub mod tenant_gate;
 pub mod tls;
 
