@@ -138,6 +138,13 @@ impl Broker {
                 .await
                 .map_err(|e| ServerError::Policy(e.to_string()))?;
         }
+        let shovels = crate::shovel::Shovels::load(Some(&log_cfg.data_dir))
+            .map_err(|e| ServerError::Policy(e.to_string()))?;
+        for s in &cfg.shovels {
+            shovels
+                .put(&s.vhost, &s.name, serde_json::Value::Object(s.value.clone()), &s.user, true)
+                .map_err(|e| ServerError::Policy(format!("shovel '{}': {e}", s.name)))?;
+        }
         monitors::release_recovery_memory();
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %log_cfg.data_dir.display(), "store opened");
         let defaults = ServerConfig::default();
@@ -215,10 +222,7 @@ impl Broker {
                 logins: LoginGate::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
                 trim_wanted: AtomicBool::new(false),
                 connections: Default::default(),
-                shovels: Arc::new(
-                    crate::shovel::Shovels::load(Some(&log_cfg.data_dir))
-                        .map_err(|e| ServerError::Policy(e.to_string()))?,
-                ),
+                shovels: Arc::new(shovels),
             }),
             store,
             listeners,
