@@ -163,8 +163,8 @@ const LEGACY_TABLES: &[(&str, &str)] = &[("users", "auth.users")];
 
 /// The top-level keys of the file: the sections and `log`.
 const SECTIONS: &[&str] = &[
-    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies", "tenants", "tls",
-    "shovels",
+    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies", "tenants",
+    "tls", "shovels",
 ];
 
 // ---------------------------------------------------------------------------

@@ -1,24 +1,25 @@
 //! Shovels (issue 27) against real brokers the tests start for
-//! themselves (`weir_tests::external`): a RabbitMQ node of its own and a
-//! Mosquitto instance. A test that cannot start one says "skipped" and why.
+//! themselves (`weir_tests::external`): a RabbitMQ node of its own, a
+//! Mosquitto instance and a nats-server with JetStream. A test that cannot start one says "skipped" and why.
 //!
 //! * RabbitMQ queue of persistent messages → Weir queue, with RabbitMQ
-//!   restarted and then Weir restarted mid-way: every message arrives
+//!   killed and restarted, then Weir restarted, mid-way: every message arrives
 //!   (duplicates are counted and printed: at-least-once allows them).
 //! * Mosquitto → Weir and Weir → Mosquitto, each with a restart of
 //!   Mosquitto mid-way: every message arrives.
+//! * NATS JetStream → Weir and Weir → JetStream, each with a restart of
+//!   nats-server mid-way: every message arrives.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
 use serde_json::json;
-use weir_tests::external::{Mosquitto, RabbitNode};
+use weir_tests::external::{Mosquitto, NatsClient, NatsServer, RabbitNode};
 use weir_tests::http::Http;
 use weir_tests::*;
 
@@ -172,8 +173,42 @@ async fn until_running(http: &Http, name: &str) {
     }
 }
 
+/// Messages ready in `queue` on `url` (a passive declare).
+async fn ready(url: &str, queue: &str) -> u32 {
+    let conn = connect(url).await;
+    let ch = conn.create_channel().await.expect("channel");
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("queue.declare passive");
+    let _ = conn.close(200, "done".into()).await;
+    q.message_count()
+}
+
+/// Waits until the shovel reports at least `n` messages moved.
+async fn until_transferred(http: &Http, name: &str, n: u64) {
+    let deadline = Instant::now() + TRANSFER_TIMEOUT;
+    loop {
+        let s = status(http, name);
+        if s["transferred"].as_u64().unwrap_or(0) >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "shovel stuck: {s}");
+        // Nothing to await: progress is only observable through the API.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_queue_moves_into_weir_across_restarts_of_both() {
+    let t0 = Instant::now();
     let rabbit = match blocking(RabbitNode::start).await {
         Ok(r) => r,
         Err(why) => {
@@ -182,7 +217,9 @@ async fn rabbitmq_queue_moves_into_weir_across_restarts_of_both() {
         }
     };
     let n = messages();
+    eprintln!("{:?}: RabbitMQ node up", t0.elapsed());
     fill(&rabbit.url(), "orders", n).await;
+    eprintln!("{:?}: {n} persistent messages in RabbitMQ", t0.elapsed());
 
     let mut weir = blocking(Broker::start).await;
     declare_durable(&weir.url(), "orders").await;
@@ -201,15 +238,23 @@ async fn rabbitmq_queue_moves_into_weir_across_restarts_of_both() {
     assert_eq!(p["component"], "shovel");
     assert_eq!(p["value"]["src-queue"], "orders");
 
-    let mut seen = Seen::default();
-    consume_until(&weir.url(), "orders", &mut seen, n / 3).await;
+    // RabbitMQ killed and restarted once a tenth has moved.
+    until_transferred(&http, "from-rabbit", n as u64 / 10).await;
     let (rabbit, restarted) = blocking(move || {
-        let r = rabbit.restart();
+        let r = rabbit.kill_and_restart();
         (rabbit, r)
     })
     .await;
     restarted.expect("RabbitMQ restart");
-    consume_until(&weir.url(), "orders", &mut seen, 2 * n / 3).await;
+    let left = ready(&rabbit.url(), "orders").await;
+    eprintln!(
+        "{:?}: RabbitMQ restarted with {left} messages left",
+        t0.elapsed()
+    );
+    assert!(left > 0, "RabbitMQ was not restarted mid-way");
+
+    // Weir restarted once half has moved.
+    until_transferred(&http, "from-rabbit", n as u64 / 2).await;
     let s = status(&http, "from-rabbit");
     assert!(
         s["failures"].as_u64().unwrap_or(0) >= 1,
@@ -217,21 +262,33 @@ async fn rabbitmq_queue_moves_into_weir_across_restarts_of_both() {
     );
     weir = blocking(move || {
         weir.stop();
+        weir
+    })
+    .await;
+    // While Weir is down nothing moves: what is left at RabbitMQ now.
+    let left = ready(&rabbit.url(), "orders").await;
+    eprintln!(
+        "{:?}: Weir stopped with {left} messages left at RabbitMQ",
+        t0.elapsed()
+    );
+    assert!(left > 0, "Weir was not restarted mid-way");
+    weir = blocking(move || {
         weir.restart();
         weir
     })
     .await;
     let http = Http::new(weir.http_port(), "guest", "guest");
+    let mut seen = Seen::default();
     consume_until(&weir.url(), "orders", &mut seen, n).await;
     assert_eq!(seen.ids.len(), n);
     eprintln!(
-        "moved {n} persistent messages across a RabbitMQ and a Weir restart: {} duplicates",
+        "{:?}: moved {n} persistent messages across a RabbitMQ and a Weir restart: {} duplicates",
+        t0.elapsed(),
         seen.duplicates
     );
-    // Restored from the data directory and running again.
+    // Restored from the data directory, and exported with the definitions.
     let s = status(&http, "from-rabbit");
     assert_eq!(s["src_queue"], "orders", "{s}");
-    // And the parameter goes with a definitions export.
     let defs = http.get_json("/api/definitions");
     assert!(
         defs["parameters"]
@@ -391,4 +448,153 @@ async fn weir_queue_to_mqtt_broker_across_a_mosquitto_restart() {
     }
     eprintln!("Weir → MQTT: {n} messages, {} duplicates", seen.duplicates);
     let _ = sub;
+}
+
+fn js_create(c: &mut NatsClient, subject: &str, payload: serde_json::Value) {
+    let a = c
+        .request(subject, payload.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    let v: serde_json::Value = serde_json::from_slice(&a).expect("JSON answer");
+    assert!(v.get("error").is_none(), "{subject}: {v}");
+}
+
+fn js_publish_range(port: u16, subject: &str, from: usize, n: usize) {
+    let mut c = NatsClient::connect(port).expect("NATS connect");
+    let msgs: Vec<(String, Vec<u8>)> = (from..from + n)
+        .map(|i| (subject.to_string(), format!("{i}").into_bytes()))
+        .collect();
+    for chunk in msgs.chunks(500) {
+        c.js_publish(chunk).expect("JetStream publish");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_jetstream_to_weir_across_a_nats_restart() {
+    let mut nats = match blocking(NatsServer::start).await {
+        Ok(n) => n,
+        Err(why) => {
+            eprintln!("skipped: no NATS server: {why}");
+            return;
+        }
+    };
+    let port = nats.port();
+    let n = 2000;
+    blocking(move || {
+        let mut c = NatsClient::connect(port).expect("NATS connect");
+        js_create(
+            &mut c,
+            "$JS.API.STREAM.CREATE.ORDERS",
+            json!({"name": "ORDERS", "subjects": ["orders.>"], "storage": "file"}),
+        );
+        js_publish_range(port, "orders.new", 0, n / 2);
+    })
+    .await;
+    let weir = blocking(Broker::start).await;
+    declare_durable(&weir.url(), "from-nats").await;
+    let http = Http::new(weir.http_port(), "guest", "guest");
+    let r = http.put(
+        "/api/parameters/shovel/%2F/from-nats",
+        json!({"value": {
+            "src-protocol": "nats", "src-uri": nats.url(), "src-subject": "orders.>",
+            "src-stream": "ORDERS", "src-consumer": "weir",
+            "dest-protocol": "amqp091", "dest-uri": "amqp://", "dest-queue": "from-nats",
+            "src-prefetch-count": 200, "reconnect-delay": 1
+        }}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    let mut seen = Seen::default();
+    consume_until(&weir.url(), "from-nats", &mut seen, n / 4).await;
+    nats = blocking(move || {
+        nats.restart().expect("nats-server restart");
+        nats
+    })
+    .await;
+    blocking(move || js_publish_range(port, "orders.new", n / 2, n / 2)).await;
+    consume_until(&weir.url(), "from-nats", &mut seen, n).await;
+    assert_eq!(seen.ids.len(), n);
+    eprintln!("NATS → Weir: {n} messages, {} duplicates", seen.duplicates);
+    drop(nats);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weir_queue_to_nats_jetstream_across_a_nats_restart() {
+    let mut nats = match blocking(NatsServer::start).await {
+        Ok(n) => n,
+        Err(why) => {
+            eprintln!("skipped: no NATS server: {why}");
+            return;
+        }
+    };
+    let port = nats.port();
+    let n = 2000;
+    blocking(move || {
+        let mut c = NatsClient::connect(port).expect("NATS connect");
+        js_create(
+            &mut c,
+            "$JS.API.STREAM.CREATE.OUT",
+            json!({"name": "OUT", "subjects": ["out.>"], "storage": "file"}),
+        );
+        js_create(
+            &mut c,
+            "$JS.API.CONSUMER.DURABLE.CREATE.OUT.check",
+            json!({"stream_name": "OUT", "config": {"durable_name": "check", "ack_policy": "none"}}),
+        );
+    })
+    .await;
+    let weir = blocking(Broker::start).await;
+    fill(&weir.url(), "to-nats", n / 2).await;
+    let http = Http::new(weir.http_port(), "guest", "guest");
+    let r = http.put(
+        "/api/parameters/shovel/%2F/to-nats",
+        json!({"value": {
+            "src-protocol": "amqp091", "src-uri": "amqp://", "src-queue": "to-nats",
+            "dest-protocol": "nats", "dest-uri": nats.url(), "dest-subject": "out.weir",
+            "dest-stream": "OUT", "src-prefetch-count": 200, "reconnect-delay": 1
+        }}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text);
+    until_transferred(&http, "to-nats", n as u64 / 4).await;
+    nats = blocking(move || {
+        nats.restart().expect("nats-server restart");
+        nats
+    })
+    .await;
+    {
+        let conn = connect(&weir.url()).await;
+        let ch = confirm_channel(&conn).await;
+        for i in n / 2..n {
+            publish_confirmed(
+                &ch,
+                "",
+                "to-nats",
+                format!("{i}").as_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await;
+        }
+        let _ = conn.close(200, "done".into()).await;
+    }
+    let seen = blocking(move || {
+        let mut c = NatsClient::connect(port).expect("NATS connect");
+        let mut seen = Seen::default();
+        let deadline = Instant::now() + TRANSFER_TIMEOUT;
+        while seen.ids.len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} reached NATS",
+                seen.ids.len()
+            );
+            for m in c
+                .pull("OUT", "check", 500, Duration::from_secs(2))
+                .expect("pull")
+            {
+                seen.add(&m.payload);
+            }
+        }
+        seen
+    })
+    .await;
+    assert_eq!(seen.ids.len(), n);
+    eprintln!("Weir → NATS: {n} messages, {} duplicates", seen.duplicates);
+    drop(nats);
 }

@@ -142,7 +142,13 @@ impl Broker {
             .map_err(|e| ServerError::Policy(e.to_string()))?;
         for s in &cfg.shovels {
             shovels
-                .put(&s.vhost, &s.name, serde_json::Value::Object(s.value.clone()), &s.user, true)
+                .put(
+                    &s.vhost,
+                    &s.name,
+                    serde_json::Value::Object(s.value.clone()),
+                    &s.user,
+                    true,
+                )
                 .map_err(|e| ServerError::Policy(format!("shovel '{}': {e}", s.name)))?;
         }
         monitors::release_recovery_memory();

@@ -16,6 +16,47 @@ use super::def::Target;
 use super::{Msg, ShovelError};
 use crate::amqp::headers::AMQP_091;
 
+/// A queue the shovel names is declared durable when missing, as
+/// RabbitMQ's shovel does: a passive declare first (an existing queue of
+/// another type or with arguments must not be redeclared), and on 404 a
+/// new channel (the failed one is closed) declaring it. Returns its ready
+/// messages and the channel to use.
+async fn ensure_queue(
+    conn: &Connection,
+    ch: Channel,
+    queue: &str,
+) -> Result<(Channel, u64), ShovelError> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    match ch
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+    {
+        Ok(q) => Ok((ch, u64::from(q.message_count()))),
+        Err(e) if is_not_found(&e) => {
+            let ch = conn.create_channel().await?;
+            let q = ch
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok((ch, u64::from(q.message_count())))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn is_not_found(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(p) if p.get_id() == 404)
+}
+
 async fn connect(uri: &str) -> Result<(Connection, Channel), ShovelError> {
     let props = ConnectionProperties::default().with_connection_name("weir-shovel".into());
     let conn = Connection::connect(uri, props).await?;
@@ -42,20 +83,10 @@ impl AmqpSource {
         no_ack: bool,
     ) -> Result<Self, ShovelError> {
         let (conn, ch) = connect(uri).await?;
-        ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
-        let (queue, queue_length) = match target {
+        let (ch, queue, queue_length) = match target {
             Target::Queue(q) => {
-                let d = ch
-                    .queue_declare(
-                        q.as_str().into(),
-                        QueueDeclareOptions {
-                            passive: true,
-                            ..Default::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await?;
-                (q.clone(), u64::from(d.message_count()))
+                let (ch, len) = ensure_queue(&conn, ch, q).await?;
+                (ch, q.clone(), len)
             }
             Target::Exchange { name, key } => {
                 let d = ch
@@ -78,9 +109,10 @@ impl AmqpSource {
                     FieldTable::default(),
                 )
                 .await?;
-                (q, 0)
+                (ch, q, 0)
             }
         };
+        ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
         let consumer = ch
             .basic_consume(
                 queue.as_str().into(),
@@ -123,7 +155,11 @@ impl AmqpSource {
     /// up to `max`.
     pub async fn recv(&mut self, max: usize, out: &mut Vec<Msg>) -> Result<(), ShovelError> {
         match self.consumer.next().await {
-            None => return Err(ShovelError::Closed("the source consumer was cancelled".into())),
+            None => {
+                return Err(ShovelError::Closed(
+                    "the source consumer was cancelled".into(),
+                ))
+            }
             Some(d) => Self::push(d?, out)?,
         }
         while out.len() < max {
@@ -166,6 +202,10 @@ impl AmqpDest {
     /// Connects and selects confirm mode.
     pub async fn open(uri: &str, target: &Target) -> Result<Self, ShovelError> {
         let (conn, ch) = connect(uri).await?;
+        let ch = match target {
+            Target::Queue(q) => ensure_queue(&conn, ch, q).await?.0,
+            Target::Exchange { .. } => ch,
+        };
         ch.confirm_select(ConfirmSelectOptions::default()).await?;
         Ok(AmqpDest {
             conn,
@@ -230,13 +270,15 @@ fn properties_bytes(p: &BasicProperties) -> Result<bytes::Bytes, ShovelError> {
 /// A message's header as lapin's properties (converted through the codec
 /// registry when it was not published over AMQP).
 fn amqp_properties(m: &Msg, codecs: &HeaderCodecs) -> BasicProperties {
-    let persistent = || BasicProperties::default().with_delivery_mode(if m.persistent { 2 } else { 1 });
+    let persistent =
+        || BasicProperties::default().with_delivery_mode(if m.persistent { 2 } else { 1 });
     let Some((format, raw)) = &m.header else {
         return persistent();
     };
     match codecs.convert(*format, raw, AMQP_091) {
-        Ok(block) => weir_protocols::amqp::connection::parse_properties(&block)
-            .unwrap_or_else(persistent),
+        Ok(block) => {
+            weir_protocols::amqp::connection::parse_properties(&block).unwrap_or_else(persistent)
+        }
         Err(_) => persistent(),
     }
 }

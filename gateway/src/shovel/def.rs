@@ -12,7 +12,8 @@
 //! is RabbitMQ's direct connection to the local node: here, a Weir queue or
 //! exchange reached through an engine client. Weir adds two protocols:
 //! `mqtt` (`src-topic`: a topic filter, `dest-topic`, `src-qos`/`dest-qos`)
-//! and `nats` (`src-subject`, `dest-subject`).
+//! and `nats` (`src-subject`, or a JetStream `src-stream` + `src-consumer`;
+//! `dest-subject`, and `dest-stream` to have each publish acknowledged).
 
 use std::time::Duration;
 
@@ -89,9 +90,17 @@ pub enum Endpoint {
     Nats {
         /// `nats://[user:password@]host[:port]`.
         uri: String,
-        /// Source: the subject subscribed to; destination: the subject
-        /// (None: the message's routing key).
+        /// Source: the subject subscribed to (JetStream: the consumer's
+        /// filter); destination: the subject (None: the message's routing
+        /// key).
         subject: Option<String>,
+        /// JetStream: source, the stream of `consumer`; destination, given
+        /// when the subject belongs to a stream (each publish is then
+        /// acknowledged by the stream).
+        stream: Option<String>,
+        /// JetStream source: the durable pull consumer (created when
+        /// missing).
+        consumer: Option<String>,
     },
 }
 
@@ -333,10 +342,28 @@ fn endpoint(v: &Value, side: Side, own_vhost: &str) -> Result<Endpoint, DefError
                 });
             }
             let subject = str_of(v, k("src-subject", "dest-subject"))?;
-            if side == Side::Src && subject.is_none() {
-                return Err(DefError::Missing("src-subject"));
+            let stream = str_of(v, k("src-stream", "dest-stream"))?;
+            let consumer = if side == Side::Src {
+                str_of(v, "src-consumer")?
+            } else {
+                None
+            };
+            if side == Side::Src {
+                match (&stream, &consumer) {
+                    (None, None) if subject.is_none() => {
+                        return Err(DefError::Missing("src-subject"))
+                    }
+                    (Some(_), None) => return Err(DefError::Missing("src-consumer")),
+                    (None, Some(_)) => return Err(DefError::Missing("src-stream")),
+                    _ => {}
+                }
             }
-            Ok(Endpoint::Nats { uri, subject })
+            Ok(Endpoint::Nats {
+                uri,
+                subject,
+                stream,
+                consumer,
+            })
         }
         other => Err(DefError::Unsupported(format!("protocol '{other}'"))),
     }

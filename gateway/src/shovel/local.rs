@@ -18,6 +18,30 @@ use super::{Msg, ShovelError};
 /// The scope the shovel's subscription and leases live in.
 const SCOPE: u32 = 1;
 
+/// A queue the shovel names that does not exist is declared durable,
+/// without arguments, as RabbitMQ's shovel declares its `src-queue` and
+/// `dest-queue` (with the shovel user's configure permission).
+async fn ensure_queue(engine: &Engine, client: &mut Client, name: &str) -> Result<(), ShovelError> {
+    if client.queue_exists(name) {
+        return Ok(());
+    }
+    let connection = client.id();
+    let (_, wait) = client
+        .declare_queue(weir_engine::tenant::QueueDeclare {
+            name: name.to_string(),
+            passive: false,
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            arguments: serde_json::json!({}),
+            connection,
+        })
+        .map_err(ShovelError::engine)?;
+    crate::session::durable::settled(engine, wait)
+        .await
+        .map_err(|_| ShovelError::Engine("the store failed".into()))
+}
+
 /// A Weir queue the shovel consumes.
 pub struct LocalSource {
     client: Client,
@@ -28,7 +52,7 @@ pub struct LocalSource {
 
 impl LocalSource {
     /// Subscribes to `queue` of `vhost` as `user`.
-    pub fn open(
+    pub async fn open(
         engine: &Arc<Engine>,
         vhost: &str,
         user: &str,
@@ -37,6 +61,7 @@ impl LocalSource {
         no_ack: bool,
     ) -> Result<Self, ShovelError> {
         let mut client = Client::open(engine, vhost, user).map_err(ShovelError::engine)?;
+        ensure_queue(engine, &mut client, queue).await?;
         client
             .subscribe(
                 queue,
@@ -59,7 +84,10 @@ impl LocalSource {
 
     /// Messages in the queue now (for `src-delete-after: queue-length`).
     pub fn queue_length(&self) -> Result<u64, ShovelError> {
-        let q = self.client.queue(&self.queue).map_err(ShovelError::engine)?;
+        let q = self
+            .client
+            .queue(&self.queue)
+            .map_err(ShovelError::engine)?;
         Ok(q.message_count() as u64)
     }
 
@@ -143,14 +171,17 @@ pub struct LocalDest {
 
 impl LocalDest {
     /// An engine client of `vhost` as `user`.
-    pub fn open(
+    pub async fn open(
         engine: &Arc<Engine>,
         alarms: tokio::sync::watch::Receiver<crate::server::Alarms>,
         vhost: &str,
         user: &str,
         target: Target,
     ) -> Result<Self, ShovelError> {
-        let client = Client::open(engine, vhost, user).map_err(ShovelError::engine)?;
+        let mut client = Client::open(engine, vhost, user).map_err(ShovelError::engine)?;
+        if let Target::Queue(q) = &target {
+            ensure_queue(engine, &mut client, q).await?;
+        }
         Ok(LocalDest {
             client,
             target,

@@ -11,7 +11,7 @@
 //! source), waits `reconnect-delay` (doubled per failure in a row, up to a
 //! minute) and starts again. Ends on this broker are engine clients acting
 //! as the shovel's user ([`local`]), ends elsewhere are lapin ([`amqp`]) or
-//! rumqttc ([`mqtt`]) clients.
+//! rumqttc ([`mqtt`]) clients, or a NATS client of its own ([`nats`]).
 //!
 //! Definitions made through the API or an import are kept in
 //! `shovels.json` in the data directory (written whole, atomically), with
@@ -22,6 +22,7 @@ pub mod amqp;
 pub mod def;
 pub mod local;
 pub mod mqtt;
+pub mod nats;
 pub mod run;
 
 use std::collections::BTreeMap;

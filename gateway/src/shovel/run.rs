@@ -10,6 +10,7 @@ use super::amqp::{AmqpDest, AmqpSource};
 use super::def::{AckMode, DeleteAfter, Endpoint, Target, MAX_RECONNECT_DELAY};
 use super::local::{LocalDest, LocalSource};
 use super::mqtt::{MqttDest, MqttSource};
+use super::nats::{NatsDest, NatsSource};
 use super::{Entry, Msg, ShovelDef, ShovelError, State, Status};
 use crate::server::Services;
 
@@ -46,12 +47,14 @@ enum Source {
     Local(LocalSource),
     Amqp(AmqpSource),
     Mqtt(MqttSource),
+    Nats(NatsSource),
 }
 
 enum Dest {
     Local(LocalDest),
     Amqp(AmqpDest),
     Mqtt(MqttDest),
+    Nats(NatsDest),
 }
 
 /// How a session of the shovel ended without failing.
@@ -62,10 +65,7 @@ enum Ended {
 
 impl Task {
     async fn run(self) {
-        let labels = [
-            ("vhost", self.vhost.clone()),
-            ("shovel", self.name.clone()),
-        ];
+        let labels = [("vhost", self.vhost.clone()), ("shovel", self.name.clone())];
         let running = metrics::gauge!(RUNNING, &labels);
         let failures = metrics::counter!(FAILURES, &labels);
         let mut delay = self.def.reconnect_delay;
@@ -83,7 +83,9 @@ impl Task {
                 Ok(Ended::Done) => {
                     self.status.set(State::Terminated, Some("finished".into()));
                     tracing::info!(vhost = %self.vhost, shovel = %self.name, "shovel finished (src-delete-after)");
-                    self.services.shovels.finished(&self.vhost, &self.name, &self.status);
+                    self.services
+                        .shovels
+                        .finished(&self.vhost, &self.name, &self.status);
                     return;
                 }
                 Err(e) => {
@@ -110,7 +112,13 @@ impl Task {
         // session is resumed after a reconnect.
         let raw = format!("weir-shovel-{side}-{}-{}", self.vhost, self.name);
         raw.chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(128)
             .collect()
     }
@@ -130,7 +138,8 @@ impl Task {
                     q,
                     d.prefetch,
                     no_ack,
-                )?;
+                )
+                .await?;
                 let len = s.queue_length()?;
                 (Source::Local(s), Some(len))
             }
@@ -141,13 +150,26 @@ impl Task {
             }
             Endpoint::Mqtt { uri, topic, qos } => {
                 let filter = topic.as_deref().unwrap_or("#");
-                let s =
-                    MqttSource::open(uri, &self.client_id("src"), filter, *qos, d.prefetch, no_ack)
-                        .await?;
+                let s = MqttSource::open(
+                    uri,
+                    &self.client_id("src"),
+                    filter,
+                    *qos,
+                    d.prefetch,
+                    no_ack,
+                )
+                .await?;
                 (Source::Mqtt(s), None)
             }
-            Endpoint::Nats { .. } => {
-                return Err(ShovelError::Closed("NATS is not supported yet".into()))
+            Endpoint::Nats {
+                uri,
+                subject,
+                stream,
+                consumer,
+            } => {
+                let js = stream.clone().zip(consumer.clone());
+                let s = NatsSource::open(uri, subject.as_deref().unwrap_or(""), js).await?;
+                (Source::Nats(s), None)
             }
         })
     }
@@ -155,21 +177,33 @@ impl Task {
     async fn open_dest(&self) -> Result<Dest, ShovelError> {
         let d = &self.def;
         Ok(match &d.dest {
-            Endpoint::Local { vhost, target } => Dest::Local(LocalDest::open(
-                &self.services.engine,
-                self.services.alarms.subscribe(),
-                vhost,
-                &self.user,
-                target.clone(),
-            )?),
+            Endpoint::Local { vhost, target } => Dest::Local(
+                LocalDest::open(
+                    &self.services.engine,
+                    self.services.alarms.subscribe(),
+                    vhost,
+                    &self.user,
+                    target.clone(),
+                )
+                .await?,
+            ),
             Endpoint::Amqp { uri, target } => Dest::Amqp(AmqpDest::open(uri, target).await?),
             Endpoint::Mqtt { uri, topic, qos } => Dest::Mqtt(
-                MqttDest::open(uri, &self.client_id("dest"), topic.clone(), *qos, d.prefetch)
-                    .await?,
+                MqttDest::open(
+                    uri,
+                    &self.client_id("dest"),
+                    topic.clone(),
+                    *qos,
+                    d.prefetch,
+                )
+                .await?,
             ),
-            Endpoint::Nats { .. } => {
-                return Err(ShovelError::Closed("NATS is not supported yet".into()))
-            }
+            Endpoint::Nats {
+                uri,
+                subject,
+                stream,
+                ..
+            } => Dest::Nats(NatsDest::open(uri, subject.clone(), stream.is_some()).await?),
         })
     }
 
@@ -187,10 +221,7 @@ impl Task {
         }
         self.status.set(State::Running, None);
         running.set(1.0);
-        let labels = [
-            ("vhost", self.vhost.clone()),
-            ("shovel", self.name.clone()),
-        ];
+        let labels = [("vhost", self.vhost.clone()), ("shovel", self.name.clone())];
         let transferred = metrics::counter!(super::run::TRANSFERRED, &labels);
         let codecs = self.services.engine.codecs();
         let prefetch = usize::from(self.def.prefetch);
@@ -207,17 +238,20 @@ impl Task {
                     Source::Local(s) => s.recv(max, &mut batch).await?,
                     Source::Amqp(s) => s.recv(max, &mut batch).await?,
                     Source::Mqtt(s) => s.recv(max, &mut batch).await?,
+                    Source::Nats(s) => s.recv(max, &mut batch).await?,
                 }
                 let confirm = self.def.ack_mode == AckMode::OnConfirm;
                 match &mut dest {
                     Dest::Local(d) => d.send(&batch, confirm).await?,
                     Dest::Amqp(d) => d.send(&batch, confirm, &codecs).await?,
                     Dest::Mqtt(d) => d.send(&batch, confirm).await?,
+                    Dest::Nats(d) => d.send(&batch, confirm).await?,
                 }
                 match &mut src {
                     Source::Local(s) => s.ack(&batch)?,
                     Source::Amqp(s) => s.ack(&batch).await?,
                     Source::Mqtt(s) => s.ack(&batch).await?,
+                    Source::Nats(s) => s.ack(&batch).await?,
                 }
                 let n = batch.len() as u64;
                 self.status.transferred.fetch_add(n, Ordering::Relaxed);

@@ -31,10 +31,7 @@ pub fn router() -> Router<crate::http::State> {
         .route("/api/shovels", get(list_status))
         .route("/api/shovels/{vhost}", get(list_status))
         .route("/api/shovels/vhost/{vhost}/{name}", get(show_status))
-        .route(
-            "/api/shovels/vhost/{vhost}/{name}/restart",
-            delete(restart),
-        )
+        .route("/api/shovels/vhost/{vhost}/{name}/restart", delete(restart))
 }
 
 /// A shovel as a runtime parameter.
@@ -65,7 +62,11 @@ fn end_fields(out: &mut serde_json::Map<String, Value>, side: &str, e: &Endpoint
     out.insert(format!("{side}_protocol"), json!(e.protocol()));
     let (uri, target) = match e {
         Endpoint::Local { vhost, target } => {
-            let v = if vhost == "/" { "%2F".to_string() } else { vhost.clone() };
+            let v = if vhost == "/" {
+                "%2F".to_string()
+            } else {
+                vhost.clone()
+            };
             (format!("amqp:///{v}"), Some(target))
         }
         Endpoint::Amqp { uri, target } => (redact(uri), Some(target)),
@@ -75,9 +76,20 @@ fn end_fields(out: &mut serde_json::Map<String, Value>, side: &str, e: &Endpoint
             }
             (redact(uri), None)
         }
-        Endpoint::Nats { uri, subject } => {
+        Endpoint::Nats {
+            uri,
+            subject,
+            stream,
+            consumer,
+        } => {
             if let Some(s) = subject {
                 out.insert(format!("{side}_subject"), json!(s));
+            }
+            if let Some(s) = stream {
+                out.insert(format!("{side}_stream"), json!(s));
+            }
+            if let Some(c) = consumer {
+                out.insert(format!("{side}_consumer"), json!(c));
             }
             (redact(uri), None)
         }
@@ -122,7 +134,10 @@ pub(crate) fn status_json(s: &Listed) -> Value {
     m.insert("ack_mode".into(), json!(s.def.ack_mode.name()));
     m.insert(
         "transferred".into(),
-        json!(s.status.transferred.load(std::sync::atomic::Ordering::Relaxed)),
+        json!(s
+            .status
+            .transferred
+            .load(std::sync::atomic::Ordering::Relaxed)),
     );
     m.insert(
         "rate".into(),
