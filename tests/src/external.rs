@@ -408,7 +408,7 @@ impl NatsClient {
         )
         .into_bytes();
         out.extend_from_slice(payload);
-        out.extend_from_slice(format!("\r\nUNSUB 9\r\n").as_bytes());
+        out.extend_from_slice(b"\r\nUNSUB 9\r\n");
         self.wr.write_all(&out)?;
         loop {
             if let Op::Msg(m) = self.op()? {

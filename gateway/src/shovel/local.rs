@@ -88,7 +88,7 @@ impl LocalSource {
             .client
             .queue(&self.queue)
             .map_err(ShovelError::engine)?;
-        Ok(q.message_count() as u64)
+        Ok(q.message_count())
     }
 
     /// Waits for at least one delivery, then takes what is there, up to `max`.

@@ -67,12 +67,10 @@ pub enum ShovelError {
     /// The AMQP broker at one end.
     #[error("AMQP: {0}")]
     Amqp(#[from] lapin::Error),
-    /// The MQTT broker at one end (connection).
+    /// The MQTT broker at one end (its error as text: rumqttc's error
+    /// types are large, and this one is returned on every path).
     #[error("MQTT: {0}")]
-    MqttConnection(#[from] rumqttc::ConnectionError),
-    /// The MQTT broker at one end (client request).
-    #[error("MQTT: {0}")]
-    MqttClient(#[from] rumqttc::ClientError),
+    Mqtt(String),
     /// This broker refused (permissions, a missing queue, limits).
     #[error("{0}")]
     Engine(String),
@@ -82,6 +80,18 @@ pub enum ShovelError {
     /// An end closed.
     #[error("{0}")]
     Closed(String),
+}
+
+impl From<rumqttc::ConnectionError> for ShovelError {
+    fn from(e: rumqttc::ConnectionError) -> Self {
+        ShovelError::Mqtt(e.to_string())
+    }
+}
+
+impl From<rumqttc::ClientError> for ShovelError {
+    fn from(e: rumqttc::ClientError) -> Self {
+        ShovelError::Mqtt(e.to_string())
+    }
 }
 
 impl ShovelError {
@@ -386,7 +396,7 @@ impl Shovels {
         self.entries
             .lock()
             .values()
-            .filter(|e| vhosts.is_none_or(|v| v.iter().any(|x| *x == e.vhost)))
+            .filter(|e| vhosts.is_none_or(|v| v.contains(&e.vhost)))
             .map(|e| Listed {
                 vhost: e.vhost.clone(),
                 name: e.name.clone(),
