@@ -403,12 +403,14 @@ impl NatsClient {
         use std::io::Write;
         let inbox = self.inbox();
         let mut out = format!(
-            "SUB {inbox} 9\r\nPUB {subject} {inbox} {}\r\n",
+            // Unsubscribed by the server after the one answer (an UNSUB
+            // after the PUB could be processed before the answer arrives).
+            "SUB {inbox} 9\r\nUNSUB 9 1\r\nPUB {subject} {inbox} {}\r\n",
             payload.len()
         )
         .into_bytes();
         out.extend_from_slice(payload);
-        out.extend_from_slice(b"\r\nUNSUB 9\r\n");
+        out.extend_from_slice(b"\r\n");
         self.wr.write_all(&out)?;
         loop {
             if let Op::Msg(m) = self.op()? {
