@@ -25,6 +25,12 @@ PACKAGES=(
     ca-certificates
     chromium          # headless browser of tests/python/test_dashboard.py
     chromium-driver   # chromedriver, which Selenium drives it through
+    prometheus        # tests/python/test_prometheus.py: scrapes weir; promtool tests deploy/prometheus/alerts.yml
+    systemd           # systemd-analyze verify of the packaged unit (scripts/deb-test.sh)
+    adduser           # the package's weir user (scripts/deb-test.sh)
+    curl              # README commands (scripts/readme-test.sh)
+    jq                # README commands (scripts/readme-test.sh)
+    iproute2          # `ip link set lo up` in the README test's network namespace
 )
 
 log() { echo "install-deps: $*" >&2; }

@@ -174,7 +174,7 @@ const SECTIONS: &[&str] = &[
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "weir",
-    version,
+    version = crate::VERSION,
     about = "Weir: a multi-protocol message broker (AMQP 0-9-1 today)"
 )]
 struct Args {
@@ -219,9 +219,39 @@ pub enum Command {
     /// Read a password from stdin and print its argon2id hash (a PHC
     /// string) for `password_hash` in `[[auth.users]]`.
     HashPassword,
+    /// Validate a configuration file (every key, value, policy, tenant
+    /// limit and TLS file) without starting: exit 0 and a summary when it
+    /// would start, 2 and the reason when it would not. The environment and
+    /// flags are not applied: the file alone is checked.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+    /// Print a shell completion script for `weir` (bash, zsh, fish,
+    /// elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the `weir(1)` man page (roff) to stdout.
+    Man,
 }
 
 impl Cli {
+    /// The clap command with every flag, for completions and man pages.
+    pub fn clap_command() -> clap::Command {
+        Self::command()
+    }
+
+    /// The command line of `weir --config FILE` with no flags (what
+    /// `weir check-config FILE` loads).
+    pub fn for_file(file: PathBuf) -> Self {
+        Cli {
+            config: Some(file),
+            ..Cli::default()
+        }
+    }
+
     /// The clap command: [`Args`] plus one flag per row of [`SETTINGS`].
     fn command() -> clap::Command {
         let mut cmd = Args::command();

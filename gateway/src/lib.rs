@@ -14,6 +14,7 @@
 //!   store opening, graceful shutdown.
 //! * [`tenant_gate`]: a session's view of its tenant's block and publish rate.
 //! * `otel` (cargo feature `otel`): OpenTelemetry export of the spans.
+//! * [`readiness`]: `READY=1` to systemd (`Type=notify`) once listening.
 //! * [`tls`]: TLS for the AMQPS and MQTTS listeners, certificate reload.
 
 pub mod amqp;
@@ -25,11 +26,22 @@ pub mod metrics;
 pub mod mqtt;
 #[cfg(feature = "otel")]
 pub mod otel;
+pub mod readiness;
 pub mod server;
 pub mod session;
 pub mod shovel;
 pub mod tenant_gate;
 pub mod tls;
+
+/// `weir --version`: the crate version and the commit it was built from
+/// (`build.rs`: `git rev-parse`, or `WEIR_COMMIT` where there is no `.git`,
+/// as in a container build).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("WEIR_COMMIT"),
+    ")"
+);
 
 /// The engine lives in its own crate (`weir-engine`); re-exported for the sessions.
 pub use weir_engine as engine;

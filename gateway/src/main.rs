@@ -14,6 +14,23 @@ fn main() -> ExitCode {
         // Needs no configuration: a fresh machine can prepare its file.
         return hash_password();
     }
+    match command {
+        Some(Command::CheckConfig { file }) => return check_config(file),
+        Some(Command::Completions { shell }) => {
+            let mut cmd = Cli::clap_command();
+            // Into a buffer first: clap_complete panics on a write error
+            // (a closed pipe), a plain write just fails.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "weir", &mut script);
+            use std::io::Write as _;
+            if std::io::stdout().write_all(&script).is_err() {
+                return ExitCode::FAILURE;
+            }
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Man) => return man_page(),
+        _ => {}
+    }
     let cfg = match Config::load(cli) {
         Ok(c) => c,
         Err(e) => {
@@ -70,7 +87,27 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        broker.run(shutdown_signal()).await;
+        // SIGTERM's handler is installed before READY=1: a stop that comes
+        // right after readiness (systemd, a test) must be a graceful one,
+        // not the default action (shutdown_signal installs its own only
+        // when first polled, inside run).
+        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        // systemd's Type=notify: started once every listener is bound.
+        if let Err(e) = weir_gateway::readiness::ready() {
+            tracing::warn!(error = %e, "readiness not reported");
+        }
+        broker
+            .run(async move {
+                match term {
+                    Some(mut term) => tokio::select! {
+                        _ = term.recv() => {}
+                        _ = shutdown_signal() => {}
+                    },
+                    None => shutdown_signal().await,
+                }
+                let _ = weir_gateway::readiness::stopping();
+            })
+            .await;
         tracing::info!("weir stopped");
         ExitCode::SUCCESS
     })
@@ -135,6 +172,51 @@ fn hash_password() -> ExitCode {
         }
         Err(e) => {
             eprintln!("weir hash-password: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `weir check-config FILE`: loads FILE as a start would (keys, values,
+/// policies, limits) and its TLS files, without opening the store or a port.
+fn check_config(file: std::path::PathBuf) -> ExitCode {
+    let cfg = match Config::load_with_env(Cli::for_file(file.clone()), |_| None) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("weir check-config: {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(tls) = &cfg.tls {
+        if let Err(e) = weir_gateway::tls::Tls::load(tls) {
+            eprintln!("weir check-config: {}: [tls]: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    }
+    for w in &cfg.warnings {
+        println!("warning: {w}");
+    }
+    println!(
+        "weir check-config: {} is valid: AMQP {}, MQTT {}, HTTP {}, data in {}, {} user(s), {} tenant(s), {} policies",
+        file.display(),
+        cfg.amqp.listen,
+        cfg.mqtt.listen,
+        cfg.http.listen,
+        cfg.store.log.data_dir.display(),
+        cfg.auth.users.len(),
+        cfg.tenants.len(),
+        cfg.policies.len()
+    );
+    ExitCode::SUCCESS
+}
+
+/// `weir man`: the man page of `weir` and its flags, in roff.
+fn man_page() -> ExitCode {
+    let man = clap_mangen::Man::new(Cli::clap_command());
+    match man.render(&mut std::io::stdout()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir man: {e}");
             ExitCode::FAILURE
         }
     }

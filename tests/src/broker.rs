@@ -255,10 +255,7 @@ impl Broker {
             .split_once(&needle)
             .unwrap_or_else(|| panic!("no `{name} listener ready` in the log:\n{logs}"))
             .1;
-        let addr: String = rest
-            .chars()
-            .take_while(|c| !c.is_whitespace())
-            .collect();
+        let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
         addr.parse::<SocketAddr>()
             .unwrap_or_else(|e| panic!("`{addr}` logged for {name}: {e}"))
             .port()

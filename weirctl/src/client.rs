@@ -63,19 +63,41 @@ pub fn seg(s: &str) -> String {
 
 impl Client {
     /// A client of the API at `base` (e.g. `http://127.0.0.1:15672`).
-    pub fn new(base: &str, user: &str, password: &str) -> Client {
+    ///
+    /// An `https` URL is verified against `ca` (PEM certificates: a private
+    /// CA, or a self-signed server's own certificate) if given, else against
+    /// the Mozilla roots; a plain `http` URL never uses TLS.
+    pub fn new(base: &str, user: &str, password: &str, ca: Option<&[u8]>) -> Result<Client, Error> {
+        let mut tls = ureq::tls::TlsConfig::builder().provider(ureq::tls::TlsProvider::Rustls);
+        if let Some(pem) = ca {
+            let mut roots = Vec::new();
+            for item in ureq::tls::parse_pem(pem) {
+                match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => roots.push(c),
+                    Ok(_) => {}
+                    Err(e) => return Err(Error::Usage(format!("--cacert: {e}"))),
+                }
+            }
+            if roots.is_empty() {
+                return Err(Error::Usage(
+                    "--cacert: no PEM certificate in the file".into(),
+                ));
+            }
+            tls = tls.root_certs(ureq::tls::RootCerts::from(roots));
+        }
         let agent = ureq::Agent::config_builder()
             // Error statuses carry the reason in the body: read it ourselves.
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(60)))
+            .tls_config(tls.build())
             .build()
             .into();
         let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-        Client {
+        Ok(Client {
             agent,
             base: base.trim_end_matches('/').to_string(),
             auth: format!("Basic {token}"),
-        }
+        })
     }
 
     fn url(&self, path: &str) -> String {

@@ -39,6 +39,11 @@ struct Cli {
         hide_env_values = true
     )]
     password: String,
+    /// PEM file of the certificates an `https` URL's server is verified
+    /// against (a private CA or the server's self-signed certificate);
+    /// default: the Mozilla root certificates.
+    #[arg(long, global = true, env = "WEIRCTL_CACERT", value_name = "FILE")]
+    cacert: Option<std::path::PathBuf>,
     /// Print the API's JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -74,6 +79,14 @@ enum Command {
     /// All definitions (vhosts, users, permissions, queues, exchanges, bindings, policies).
     #[command(subcommand)]
     Definitions(Definitions),
+    /// Print a shell completion script for `weirctl` (bash, zsh, fish,
+    /// elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the `weirctl(1)` man page (roff) to stdout.
+    Man,
 }
 
 /// Where an object lives.
@@ -288,7 +301,50 @@ enum Definitions {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let client = Client::new(&cli.url, &cli.user, &cli.password);
+    // Local commands: no API call.
+    match &cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            let mut cmd = Cli::command();
+            // Into a buffer first: clap_complete panics on a write error
+            // (a closed pipe), a plain write just fails.
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "weirctl", &mut script);
+            use std::io::Write as _;
+            if std::io::stdout().write_all(&script).is_err() {
+                return ExitCode::FAILURE;
+            }
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            return match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weirctl man: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
+    let ca = match &cli.cacert {
+        None => None,
+        Some(path) => match std::fs::read(path) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                eprintln!("weirctl: --cacert {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let client = match Client::new(&cli.url, &cli.user, &cli.password, ca.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("weirctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     match run(&cli, &client) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -575,6 +631,8 @@ fn run(cli: &Cli, c: &Client) -> Result<(), Error> {
                 out.done("definitions imported");
             }
         },
+        // Answered in main without a client.
+        Command::Completions { .. } | Command::Man => {}
     }
     Ok(())
 }

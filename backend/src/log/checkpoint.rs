@@ -53,17 +53,17 @@ fn corrupt(reason: impl Into<String>) -> StoreError {
 }
 
 /// Encodes a checkpoint.
-pub(crate) fn encode(
+pub(crate) fn encode<'a>(
     version: u64,
     next_id: u64,
-    meta: &BTreeMap<Vec<u8>, Vec<u8>>,
+    meta: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
     state_seq: u64,
     state: &BTreeMap<Vec<u8>, (u64, Vec<u8>)>,
 ) -> Vec<u8> {
-    let size: usize = meta
-        .iter()
-        .map(|(k, v)| 8 + k.len() + v.len())
-        .sum::<usize>()
+    let (count, meta_size) = meta.clone().fold((0u64, 0usize), |(n, b), (k, v)| {
+        (n + 1, b + 8 + k.len() + v.len())
+    });
+    let size: usize = meta_size
         + state
             .iter()
             .map(|(k, (_, v))| 16 + k.len() + v.len())
@@ -72,7 +72,7 @@ pub(crate) fn encode(
     buf.extend_from_slice(MAGIC);
     buf.extend_from_slice(&version.to_le_bytes());
     buf.extend_from_slice(&next_id.to_le_bytes());
-    buf.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    buf.extend_from_slice(&count.to_le_bytes());
     for (k, v) in meta {
         buf.extend_from_slice(&(k.len() as u32).to_le_bytes());
         buf.extend_from_slice(k);
@@ -200,7 +200,13 @@ mod tests {
         let mut state = BTreeMap::new();
         state.insert(b"s1".to_vec(), (3, b"x".to_vec()));
         state.insert(b"s2".to_vec(), (1, Vec::new()));
-        let enc = encode(9, 1234, &meta, 17, &state);
+        let enc = encode(
+            9,
+            1234,
+            meta.iter().map(|(k, v)| (&k[..], &v[..])),
+            17,
+            &state,
+        );
         store(dir.path(), &enc, true).unwrap();
         let c = load(dir.path()).unwrap();
         assert_eq!(

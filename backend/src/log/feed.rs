@@ -90,12 +90,10 @@ impl State {
     pub(crate) fn apply_meta(&mut self, version: u64, key: &[u8], value: Option<&[u8]>) {
         match value {
             Some(v) => {
-                self.meta.insert(key.to_vec(), v.to_vec());
-                self.key_versions.insert(key.to_vec(), version);
+                self.meta.insert(key.to_vec(), (version, v.to_vec()));
             }
             None => {
                 self.meta.remove(key);
-                self.key_versions.remove(key);
             }
         }
         self.feed.push(version, key, value);
@@ -103,6 +101,6 @@ impl State {
 
     /// The version of `key` now (0: absent).
     pub(crate) fn key_version(&self, key: &[u8]) -> u64 {
-        self.key_versions.get(key).copied().unwrap_or(0)
+        self.meta.get(key).map_or(0, |(version, _)| *version)
     }
 }

@@ -450,7 +450,7 @@ fn next_round(shared: &Shared, dirty: bool, unrecorded: bool) -> Option<Round> {
                 checkpoint::encode(
                     st.meta_version,
                     next_id,
-                    &st.meta,
+                    st.meta.iter().map(|(k, (_, v))| (&k[..], &v[..])),
                     st.state_seq,
                     &st.state_map,
                 ),
