@@ -365,6 +365,17 @@ async fn mqtt_broker_to_weir_across_a_mosquitto_restart() {
     consume_until(&weir.url(), "readings", &mut seen, n).await;
     assert_eq!(seen.ids.len(), n);
     eprintln!("MQTT → Weir: {n} messages, {} duplicates", seen.duplicates);
+    // A definition Weir cannot run is refused, and changes nothing.
+    let r = http.put(
+        "/api/parameters/shovel/%2F/bad",
+        json!({"value": {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://", "ack-mode": "sometimes"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert_eq!(http.get("/api/parameters/shovel/%2F/bad").status, 404);
+    // Deleted: gone from the listings.
+    assert_eq!(http.delete("/api/parameters/shovel/%2F/from-mqtt").status, 204);
+    assert_eq!(http.get("/api/shovels/vhost/%2F/from-mqtt").status, 404);
+    assert_eq!(http.get_json("/api/shovels"), json!([]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
