@@ -54,8 +54,23 @@ impl RabbitNode {
         }
         let n = RabbitNode { node, port, dir };
         n.server()?;
-        n.ctl(&["await_startup", "--timeout", "120"])?;
+        n.await_boot()?;
         Ok(n)
+    }
+
+    /// Waits until the node has booted. Right after `-detached` the node
+    /// may not be registered yet, and `await_startup` then fails at once
+    /// ("not running at all"): tried again within the budget, as
+    /// scripts/start-rabbitmq.sh does.
+    fn await_boot(&self) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            match self.ctl(&["await_startup", "--timeout", "120"]) {
+                Ok(_) => return Ok(()),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_secs(1)),
+            }
+        }
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -131,8 +146,7 @@ impl RabbitNode {
             std::thread::sleep(Duration::from_millis(20));
         }
         self.server()?;
-        self.ctl(&["await_startup", "--timeout", "120"])?;
-        Ok(())
+        self.await_boot()
     }
 }
 

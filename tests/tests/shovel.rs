@@ -373,7 +373,10 @@ async fn mqtt_broker_to_weir_across_a_mosquitto_restart() {
     assert_eq!(r.status, 400, "{}", r.text);
     assert_eq!(http.get("/api/parameters/shovel/%2F/bad").status, 404);
     // Deleted: gone from the listings.
-    assert_eq!(http.delete("/api/parameters/shovel/%2F/from-mqtt").status, 204);
+    assert_eq!(
+        http.delete("/api/parameters/shovel/%2F/from-mqtt").status,
+        204
+    );
     assert_eq!(http.get("/api/shovels/vhost/%2F/from-mqtt").status, 404);
     assert_eq!(http.get_json("/api/shovels"), json!([]));
 }
