@@ -135,6 +135,21 @@ pub trait Store: Send + Sync + 'static {
         max: usize,
     ) -> ReadFuture<Result<Vec<RangeMessage>, StoreError>>;
 
+    /// Up to `max` live stored messages of `partition` from the message
+    /// `first` names on (included), in id order, with their positions: a
+    /// stream consumer reading a partition as a sequence, resuming at a
+    /// position it kept (a stream's sparse index keeps one per chunk). A
+    /// store that can seek to a position (the embedded log reads forward
+    /// from it) answers without looking at anything before it; the default
+    /// is [`Store::read_range`] from `first`'s id.
+    fn read_from(
+        &self,
+        first: MessageRef,
+        max: usize,
+    ) -> ReadFuture<Result<Vec<RangeMessage>, StoreError>> {
+        self.read_range(first.partition, first.id, max)
+    }
+
     /// Reads one message by position, blocking the calling thread: for
     /// tools and tests. The engine reads through [`Store::read_many`].
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError>;

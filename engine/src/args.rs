@@ -74,6 +74,8 @@ pub enum QueueType {
     Classic,
     /// `quorum`: same engine; differs only in defaults (delivery limit 20).
     Quorum,
+    /// `stream`: an append-only log read by offset (`crate::stream`).
+    Stream,
 }
 
 /// A queue's arguments as it acts on them.
@@ -116,6 +118,12 @@ pub struct QueueArgs {
     /// and kept; Weir's dead-lettering is the same for both strategies
     /// (see docs/compatibility.md).
     pub dead_letter_at_least_once: bool,
+    /// `x-max-age` (streams, ms): events older than this are dropped, a
+    /// whole chunk at a time.
+    pub max_age_ms: Option<u64>,
+    /// `x-stream-max-segment-size-bytes` (streams): accepted as RabbitMQ
+    /// accepts it; Weir caps its chunks by it.
+    pub stream_segment_bytes: Option<u64>,
 }
 
 /// Arguments RabbitMQ 3.10 knows for quorum queues only: a classic queue
@@ -135,6 +143,29 @@ pub const CLASSIC_ONLY: &[&str] = &[
     "x-queue-mode",
     "x-queue-master-locator",
     "x-queue-version",
+];
+
+/// Arguments RabbitMQ 3.10 refuses on a stream (every queue argument it
+/// knows outside a stream's capabilities: `x-max-length-bytes`,
+/// `x-max-age`, `x-stream-max-segment-size-bytes`,
+/// `x-initial-cluster-size`, `x-queue-leader-locator`).
+pub const STREAM_REFUSED: &[&str] = &[
+    "x-max-priority",
+    "x-queue-mode",
+    "x-queue-master-locator",
+    "x-queue-version",
+    "x-quorum-initial-group-size",
+    "x-dead-letter-strategy",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-message-ttl",
+    "x-expires",
+    "x-max-length",
+    "x-overflow",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-delivery-limit",
+    "x-single-active-consumer",
 ];
 
 /// Why an argument was refused; the text is RabbitMQ's shape.
@@ -267,6 +298,7 @@ impl QueueArgs {
             a.queue_type = match string("x-queue-type", v)? {
                 "classic" => QueueType::Classic,
                 "quorum" => QueueType::Quorum,
+                "stream" => QueueType::Stream,
                 other => {
                     return Err(ArgError {
                         arg: "x-queue-type",
@@ -400,6 +432,28 @@ impl QueueArgs {
             )?;
             a.dead_letter_at_least_once = v.as_str() == Some("at-least-once");
         }
+        if let Some(v) = get("x-max-age") {
+            let text = string("x-max-age", v)?;
+            a.max_age_ms = Some(
+                crate::stream::parse_age(text)
+                    .filter(|ms| *ms > 0)
+                    .ok_or_else(|| ArgError {
+                        arg: "x-max-age",
+                        reason: format!("{{invalid_max_age,{text}}}"),
+                    })?,
+            );
+        }
+        if let Some(v) = get("x-stream-max-segment-size-bytes") {
+            a.stream_segment_bytes = Some(int(
+                "x-stream-max-segment-size-bytes",
+                v,
+                1,
+                i64::MAX as u64,
+            )?);
+        }
+        if let Some(v) = get("x-initial-cluster-size") {
+            rabbit_int("x-initial-cluster-size", v, false)?;
+        }
         for arg in ["x-max-in-memory-length", "x-max-in-memory-bytes"] {
             if let Some(v) = get(arg) {
                 rabbit_int(arg, v, true)?;
@@ -415,6 +469,7 @@ impl QueueArgs {
         let (refused, type_name) = match queue_type {
             QueueType::Classic => (QUORUM_ONLY, "rabbit_classic_queue"),
             QueueType::Quorum => (CLASSIC_ONLY, "rabbit_quorum_queue"),
+            QueueType::Stream => (STREAM_REFUSED, "rabbit_stream_queue"),
         };
         let map = arguments.as_object()?;
         map.iter()

@@ -48,6 +48,7 @@ pub mod retained;
 pub mod session_state;
 mod spill;
 pub mod stats;
+pub mod stream;
 pub mod tenant;
 pub mod timers;
 pub mod topic;
@@ -167,6 +168,16 @@ impl Engine {
                     .restore(key, e.value);
             }
         }
+        // Streams' retention points: the first offset each partition keeps.
+        let mut stream_points = HashMap::new();
+        for e in store.scan_state(stream::STATE_PREFIX)? {
+            if let (Some(p), Some(t)) = (
+                stream::partition_of_key(&e.key),
+                stream::Truncation::from_state(&e.value),
+            ) {
+                stream_points.insert(p, t);
+            }
+        }
         for e in store.scan_state(retained::KEY_PREFIX)? {
             match retained::decode_entry(&e.key, &e.value) {
                 Some(Ok((t, m))) => engine.tenant_or_create(&t).retained.restore(&engine, m),
@@ -245,6 +256,21 @@ impl Engine {
                 owned.insert(p.id);
                 let msgs = store.recover_partition(p.id)?;
                 restored_messages += msgs.len() as u64;
+                if let Some(log) = &p.stream {
+                    // A stream's events stay in the store: only its sparse
+                    // index is rebuilt (`stream::StreamLog::recover`).
+                    let saved = stream_points.get(&p.id).copied();
+                    if let Some(before) = log.recover(msgs, saved) {
+                        store.append(
+                            &[Op::Truncate {
+                                partition: p.id,
+                                before,
+                            }],
+                            &mut Vec::new(),
+                        )?;
+                    }
+                    continue;
+                }
                 let now = clock.now_ms();
                 p.restore(msgs.into_iter().map(|m| {
                     let e = Entry {

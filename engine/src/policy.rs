@@ -86,6 +86,8 @@ const KEYS: &[(&str, bool)] = &[
     ("overflow", false),
     ("dead-letter-exchange", false),
     ("dead-letter-routing-key", false),
+    // Streams: the queue's own `x-max-age` wins, as RabbitMQ merges it.
+    ("max-age", false),
 ];
 
 /// The keys a policy may set on exchanges (the exchange's own argument

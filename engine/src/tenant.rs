@@ -110,6 +110,12 @@ pub struct Tenant {
     pub(crate) replies: crate::reply_to::ReplyRoutes,
     /// Limits and usage (`[[tenants]]` quotas).
     quota: Arc<TenantQuota>,
+    /// Declared arguments changed after the declare
+    /// ([`Tenant::set_queue_expires`]), by queue name, with the queue they
+    /// were changed for (a queue of the same name declared later is not
+    /// it). Empty for nearly every tenant: a queue's `def` stays as
+    /// declared, and a restart reads the rewritten definition.
+    changed_arguments: RwLock<HashMap<String, (Weak<Queue>, Value)>>,
 }
 
 fn not_found_queue(name: &str, tenant: &str) -> EngineError {
@@ -164,6 +170,7 @@ impl Tenant {
             retained: Default::default(),
             session_state: Default::default(),
             replies: Default::default(),
+            changed_arguments: Default::default(),
             quota: TenantQuota::new(),
         })
     }
@@ -280,9 +287,13 @@ impl Tenant {
 
     /// Sets `q`'s effective arguments: its own over its policy's.
     fn apply_policy(&self, q: &Arc<Queue>) {
+        // No copy of the arguments unless they were changed (a restart
+        // applies this to every queue).
+        let changed = self.changed_arguments_of(q);
+        let declared = changed.as_ref().unwrap_or(&q.def.arguments);
         let merged = {
             let policies = self.policies.read();
-            policy::effective_arguments(&q.def.arguments, policy::select(&policies, q.name()))
+            policy::effective_arguments(declared, policy::select(&policies, q.name()))
         };
         match QueueArgs::parse(&merged) {
             Ok(args) => q.set_args(args),
@@ -290,6 +301,81 @@ impl Tenant {
                 tracing::warn!(queue = %q.name(), tenant = %self.name, error = %e, "policy not applied")
             }
         }
+    }
+
+    /// The arguments `q` was declared with, as changed since
+    /// ([`Tenant::set_queue_expires`]).
+    pub fn declared_arguments(&self, q: &Queue) -> Value {
+        self.changed_arguments_of(q)
+            .unwrap_or_else(|| q.def.arguments.clone())
+    }
+
+    /// `q`'s arguments if they were changed after its declare.
+    fn changed_arguments_of(&self, q: &Queue) -> Option<Value> {
+        let changed = self.changed_arguments.read();
+        if changed.is_empty() {
+            return None;
+        }
+        changed
+            .get(q.name())
+            .filter(|(owner, _)| std::ptr::eq(owner.as_ptr(), q))
+            .map(|(_, args)| args.clone())
+    }
+
+    /// Sets (`Some`, ms) or removes (`None`) the `x-expires` of queue
+    /// `name` after its declare: an MQTT 5 session's expiry set again by
+    /// its DISCONNECT (3.14.2.2.2). Its declared arguments change in memory
+    /// and, for a durable queue, in its stored definition (one metadata
+    /// record; the wait resolves once it is durable), so a restart keeps
+    /// the new value; the idle time counts from now. The caller checked
+    /// permissions ([`crate::Client::set_queue_expires`]).
+    pub fn set_queue_expires(
+        &self,
+        name: &str,
+        expires_ms: Option<u64>,
+    ) -> Result<Option<DurableWait>> {
+        let engine = self.engine()?;
+        let q = self
+            .queues
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found_queue(name, &self.name))?;
+        let mut arguments = match self.declared_arguments(&q) {
+            Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        match expires_ms {
+            Some(ms) => arguments.insert("x-expires".into(), Value::from(ms)),
+            None => arguments.remove("x-expires"),
+        };
+        let arguments = Value::Object(arguments);
+        QueueArgs::parse(&arguments)
+            .map_err(|e| EngineError::PreconditionFailed(e.message(name, &self.name)))?;
+        let wait = if q.def.durable && q.exclusive_owner().is_none() {
+            let def = QueueDef {
+                arguments: arguments.clone(),
+                ..q.def.clone()
+            };
+            let value =
+                serde_json::to_vec(&def).map_err(|e| EngineError::CommandInvalid(e.to_string()))?;
+            let key = meta::queue_key(&self.name, name);
+            Some(engine.persist(&[Op::PutMeta {
+                key: &key,
+                value: &value,
+            }])?)
+        } else {
+            None
+        };
+        self.changed_arguments
+            .write()
+            .insert(name.to_string(), (Arc::downgrade(&q), arguments));
+        if q.is_deleted() {
+            // Deleted meanwhile: its removal may have run before the insert.
+            self.changed_arguments.write().remove(name);
+        }
+        self.apply_policy(&q);
+        Ok(wait)
     }
 
     pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
@@ -705,7 +791,9 @@ impl Tenant {
             &req.auto_delete,
             &q.def.auto_delete,
         )?;
-        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, &q.def.arguments) {
+        let changed = self.changed_arguments_of(q);
+        let declared = changed.as_ref().unwrap_or(&q.def.arguments);
+        if let Some((k, recv, cur)) = differing_x_arg(&req.arguments, declared) {
             return Err(inequivalent(&k, "queue", name, &self.name, recv, cur));
         }
         Ok(())
@@ -739,7 +827,10 @@ impl Tenant {
                 self.name
             )));
         }
-        if args.queue_type == crate::args::QueueType::Quorum {
+        if matches!(
+            args.queue_type,
+            crate::args::QueueType::Quorum | crate::args::QueueType::Stream
+        ) {
             // RabbitMQ's checks, in its order: a quorum queue is replicated
             // and durable by nature.
             let bad = if req.auto_delete {
@@ -806,6 +897,7 @@ impl Tenant {
                 _ => return Ok((0, None)),
             }
         }
+        self.changed_arguments.write().remove(q.name());
         q.mark_deleted();
         let dest = Destination::Queue(q.clone());
         let mut keys: Vec<Vec<u8>> = Vec::new();
@@ -830,8 +922,13 @@ impl Tenant {
                 });
             }
             count += entries.len() as u64;
-            // Leased entries are not among `entries`: their records go too.
-            if p.has_leases() || entries.iter().any(|e| e.location.is_some()) {
+            if let Some(log) = &p.stream {
+                log.close();
+            }
+            // Leased entries are not among `entries`: their records go too
+            // (and a stream's events, which are never entries).
+            if p.stream.is_some() || p.has_leases() || entries.iter().any(|e| e.location.is_some())
+            {
                 dropped.push(p);
             }
         }
@@ -841,6 +938,13 @@ impl Tenant {
             .filter(|p| p.durable)
             .map(|p| Op::DropPartition { partition: p.id })
             .collect();
+        let stream_keys: Vec<Vec<u8>> = q
+            .partitions
+            .iter()
+            .filter(|p| p.stream.is_some() && p.durable)
+            .map(|p| crate::stream::state_key(p.id))
+            .collect();
+        ops.extend(stream_keys.iter().map(|k| Op::DeleteState { key: k }));
         let qkey = meta::queue_key(&self.name, q.name());
         if q.def.durable && q.exclusive_owner().is_none() {
             ops.push(Op::DeleteMeta { key: &qkey });
@@ -1213,6 +1317,7 @@ impl Tenant {
         let Some(q) = self.queues.write().remove(name) else {
             return;
         };
+        self.changed_arguments.write().remove(name);
         q.mark_deleted();
         let dest = Destination::Queue(q.clone());
         for x in dest.sources().list() {
@@ -1295,6 +1400,8 @@ fn differing_x_arg(received: &Value, current: &Value) -> Option<(String, String,
         "x-dead-letter-strategy",
         "x-max-in-memory-length",
         "x-max-in-memory-bytes",
+        "x-max-age",
+        "x-stream-max-segment-size-bytes",
         // Weir's own: RabbitMQ does not know them, so checking them breaks
         // no RabbitMQ client, and a silently ignored difference (another
         // partition count) would surprise.

@@ -75,6 +75,9 @@ macro_rules! settings {
 settings! {
     "log", "log", "WEIR_LOG", Str, None,
         "Log filter, tracing's EnvFilter syntax [default: info]";
+    "log_format", "log-format", "WEIR_LOG_FORMAT", Str, None,
+        "Log lines: text (colours only on a terminal) or json (one JSON object per line) \
+         [default: text]";
     "amqp.listen", "amqp-listen", "WEIR_AMQP_LISTEN", Str, Some("amqp_listen"),
         "AMQP 0-9-1 listen address [default: 0.0.0.0:5672]";
     "amqp.frame_max", "frame-max", "WEIR_FRAME_MAX", Uint, Some("frame_max"),
@@ -103,6 +106,11 @@ settings! {
     "mqtt.ssl_cert_login", "mqtt-ssl-cert-login", "WEIR_MQTT_SSL_CERT_LOGIN", Bool, None,
         "MQTT over TLS: a verified client certificate's subject CN is the user, no password \
          needed [default: false]";
+    "mqtt.allow_anonymous", "mqtt-allow-anonymous", "WEIR_MQTT_ALLOW_ANONYMOUS", Bool, None,
+        "MQTT: a CONNECT without a username logs in as mqtt.default_user (with that user's \
+         loopback-only rule); false refuses it (CONNACK 5 / 0x87) [default: true]";
+    "mqtt.default_user", "mqtt-default-user", "WEIR_MQTT_DEFAULT_USER", Str, None,
+        "MQTT: the user anonymous clients log in as [default: guest]";
     "tls.cert_file", "tls-cert-file", "WEIR_TLS_CERT_FILE", Str, None,
         "TLS: the server's certificate chain (PEM); setting it turns TLS on";
     "tls.key_file", "tls-key-file", "WEIR_TLS_KEY_FILE", Str, None,
@@ -163,8 +171,19 @@ const LEGACY_TABLES: &[(&str, &str)] = &[("users", "auth.users")];
 
 /// The top-level keys of the file: the sections and `log`.
 const SECTIONS: &[&str] = &[
-    "log", "amqp", "mqtt", "http", "native", "store", "quota", "auth", "policies", "tenants",
-    "tls", "shovels",
+    "log",
+    "amqp",
+    "mqtt",
+    "http",
+    "native",
+    "store",
+    "quota",
+    "auth",
+    "policies",
+    "tenants",
+    "tls",
+    "log_format",
+    "shovels",
 ];
 
 // ---------------------------------------------------------------------------
@@ -407,6 +426,13 @@ pub struct MqttConfig {
     /// Over TLS, a verified client certificate's subject CN is the user
     /// and no password is needed (RabbitMQ's `mqtt.ssl_cert_login`).
     pub ssl_cert_login: bool,
+    /// A CONNECT without a username logs in as [`Self::default_user`]
+    /// (RabbitMQ's `mqtt.allow_anonymous`); `false` refuses it (CONNACK
+    /// 0x87, 3.1.1: 5).
+    pub allow_anonymous: bool,
+    /// The user anonymous clients log in as, with its tenant access,
+    /// permissions and loopback-only rule (RabbitMQ's `mqtt.default_user`).
+    pub default_user: String,
 }
 
 impl Default for MqttConfig {
@@ -430,6 +456,8 @@ impl Default for MqttConfig {
             tls_listen: None,
             wss_listen: None,
             ssl_cert_login: false,
+            allow_anonymous: true,
+            default_user: DEFAULT_USER.to_string(),
         }
     }
 }
@@ -1090,6 +1118,8 @@ impl AuthConfig {
 pub struct Config {
     /// Log filter.
     pub log: String,
+    /// `log_format`: text or JSON lines.
+    pub log_format: crate::log_format::LogFormat,
     /// `[amqp]`.
     pub amqp: AmqpConfig,
     /// `[mqtt]`.
@@ -1259,6 +1289,16 @@ impl Config {
                 )))
             }
         };
+        let log_format = match table.remove("log_format") {
+            None => crate::log_format::LogFormat::default(),
+            Some(Value::String(s)) => s.parse().map_err(ConfigError::Invalid)?,
+            Some(other) => {
+                return Err(ConfigError::Invalid(format!(
+                    "log_format must be a string, not {}",
+                    other.type_str()
+                )))
+            }
+        };
         let describe = |section: &'static str| {
             let mut from: Vec<String> = origins
                 .iter()
@@ -1357,6 +1397,7 @@ impl Config {
         let quota = resolve_quota(&quota, store.log.segment_bytes())?;
         Ok(Config {
             log,
+            log_format,
             amqp,
             mqtt,
             http,

@@ -22,6 +22,7 @@ pub mod config;
 pub mod connections;
 pub mod header_codecs;
 pub mod http;
+pub mod log_format;
 pub mod metrics;
 pub mod mqtt;
 #[cfg(feature = "otel")]

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let registry = tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_target(false));
+        .with(weir_gateway::log_format::layer(cfg.log_format));
     // With the `otel` feature and an OTLP endpoint, spans are exported too;
     // the guard flushes them when main returns.
     #[cfg(feature = "otel")]

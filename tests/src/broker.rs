@@ -417,6 +417,9 @@ pub const WEIR_SETTING_VARS: &[&str] = &[
     "WEIR_TLS_CA_FILE",
     "WEIR_TLS_FAIL_IF_NO_PEER_CERT",
     "WEIR_TLS_RELOAD_INTERVAL",
+    "WEIR_LOG_FORMAT",
+    "WEIR_MQTT_ALLOW_ANONYMOUS",
+    "WEIR_MQTT_DEFAULT_USER",
 ];
 
 /// A `weir` command with no arguments, inherited settings cleared (see

@@ -448,7 +448,9 @@ async fn mqtts_certificate_login() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtts_without_ssl_cert_login_needs_a_password() {
     let ca = Ca::new("Weir test CA");
-    let b = TlsBroker::start(&ca, &ca, "", "");
+    // Without anonymous clients (which would be `guest`, not the
+    // certificate's user): the certificate alone logs in as nobody.
+    let b = TlsBroker::start(&ca, &ca, "", "allow_anonymous = false");
     let alice = ca.issue("alice", false);
     let code = mqtts_connack(b.mqtts, &ca, alice.clone(), &mqtt_connect("c1", None, None)).await;
     assert_eq!(code, 5, "certificate login without mqtt.ssl_cert_login");

@@ -36,6 +36,7 @@ mod repair;
 mod scan;
 mod segment;
 mod spares;
+mod stream_read;
 mod writer;
 
 pub use error::{Damage, LogError, LostRecord, SegmentId};
@@ -1441,6 +1442,14 @@ impl Store for LogStore {
         max: usize,
     ) -> ReadFuture<Result<Vec<RangeMessage>, StoreError>> {
         crate::ready(self.read_range_now(partition, from, max))
+    }
+
+    fn read_from(
+        &self,
+        first: crate::MessageRef,
+        max: usize,
+    ) -> ReadFuture<Result<Vec<RangeMessage>, StoreError>> {
+        crate::ready(self.read_from_now(first, max))
     }
 
     fn read(&self, location: Location) -> Result<StoredMessage, StoreError> {

@@ -2156,3 +2156,59 @@ fn rolls_record_the_sealed_end_and_fsync_off_records_nothing() {
         store.close().unwrap();
     }
 }
+
+/// `read_from` (a stream reader's seek): from a known position on, only
+/// that partition's records, in order, across segment rolls, and records
+/// the writer has not written yet (appended without waiting).
+#[test]
+fn read_from_reads_one_partition_forward_across_segments_and_unwritten_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), small()).unwrap();
+    let mut ours = Vec::new();
+    for i in 0..60u32 {
+        let body = format!("p1-{i}").into_bytes();
+        ours.push(publish(&store, &[P1], &body));
+        // Other partitions' records in between (and a shared one).
+        publish(&store, &[P2], &[b'z'; 300]);
+        if i % 7 == 0 {
+            ours.push(publish(&store, &[P1, P3], b"shared"));
+        }
+    }
+    // And some not waited for: still in the writer's buffers.
+    for i in 0..5u32 {
+        let id = store.allocate_ids(1);
+        let body = format!("late-{i}").into_bytes();
+        let mut locs = Vec::new();
+        store
+            .append(
+                &[Op::Publish {
+                    id,
+                    partitions: &[P1],
+                    data: data(&body),
+                }],
+                &mut locs,
+            )
+            .unwrap();
+        ours.push((id, locs[0]));
+    }
+    assert!(seg_files(dir.path()).len() > 3, "the test spans segments");
+    for start in [0, 1, 17, ours.len() - 3] {
+        let (id, at) = ours[start];
+        let got = crate::block_on(store.read_from(MessageRef::new(P1, id, at), 1000)).unwrap();
+        let want: Vec<MessageId> = ours[start..].iter().map(|(id, _)| *id).collect();
+        assert_eq!(
+            got.iter().map(|m| m.at.id).collect::<Vec<_>>(),
+            want,
+            "from {start}"
+        );
+        for (m, (id, loc)) in got.iter().zip(&ours[start..]) {
+            assert_eq!((m.at.id, m.at.location), (*id, *loc));
+            assert_eq!(m.message.id, *id);
+        }
+    }
+    // `max` bounds it.
+    let (id, at) = ours[0];
+    let got = crate::block_on(store.read_from(MessageRef::new(P1, id, at), 4)).unwrap();
+    assert_eq!(got.len(), 4);
+    assert_eq!(&got[3].message.body[..], b"p1-2");
+}

@@ -157,6 +157,20 @@ impl Client {
             .delete_queue(name, if_unused, if_empty, self.handle.id)
     }
 
+    /// Sets or removes a queue's `x-expires` after its declare (an MQTT 5
+    /// session's expiry changed at DISCONNECT): configure on the queue, as
+    /// a declare; another connection's exclusive queue is locked. See
+    /// [`crate::tenant::Tenant::set_queue_expires`].
+    pub fn set_queue_expires(
+        &mut self,
+        name: &str,
+        expires_ms: Option<u64>,
+    ) -> Result<Option<DurableWait>> {
+        self.authorize(Permission::Configure, Resource::Queue(name))?;
+        self.tenant.queue(name, self.handle.id)?;
+        self.tenant.set_queue_expires(name, expires_ms)
+    }
+
     /// queue.purge: read on the queue. Returns the messages removed.
     pub fn purge_queue(&mut self, name: &str) -> Result<u64> {
         self.authorize(Permission::Read, Resource::Queue(name))?;

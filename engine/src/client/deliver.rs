@@ -16,8 +16,27 @@ impl Client {
         queue: &str,
         opts: SubscribeOptions,
     ) -> Result<Arc<Consumer>, ClientError> {
+        self.subscribe_at(queue, opts, None)
+    }
+
+    /// [`Self::subscribe`], starting a stream queue's consumer at `offset`
+    /// (`next` when None; ignored by other queues, as RabbitMQ ignores
+    /// `x-stream-offset` there). A stream consumer must acknowledge and
+    /// have a prefetch count; an offset dropped by retention is refused
+    /// (`crate::stream::Refusal`), never skipped.
+    pub fn subscribe_at(
+        &mut self,
+        queue: &str,
+        opts: SubscribeOptions,
+        offset: Option<crate::stream::OffsetSpec>,
+    ) -> Result<Arc<Consumer>, ClientError> {
         self.authorize(Permission::Read, Resource::Queue(queue))?;
         let q = self.queue(queue)?;
+        let stream_starts = if q.partitions[0].stream.is_some() {
+            Some(self.stream_starts(&q, &opts, offset)?)
+        } else {
+            None
+        };
         if self.tenant.quota().max_consumers().is_some() {
             let count = self.tenant.consumer_count();
             self.tenant
@@ -78,6 +97,12 @@ impl Client {
                 queue: q,
             },
         );
+        if let Some(starts) = stream_starts {
+            self.streams.push(crate::stream::reader::StreamSub::new(
+                consumer.clone(),
+                starts,
+            ));
+        }
         Ok(consumer)
     }
 
@@ -213,6 +238,10 @@ impl Client {
             }
         }
         dedup_partitions(&mut self.to_dispatch);
+        if !self.streams.is_empty() {
+            // Stream cursors are pumped by the next drain.
+            self.handle.wake();
+        }
     }
 
     // ----- pulls -----
@@ -221,6 +250,14 @@ impl Client {
     pub fn get(&mut self, queue: &str, ack: GetAck) -> Result<Option<Got>, ClientError> {
         self.authorize(Permission::Read, Resource::Queue(queue))?;
         let q = self.queue(queue)?;
+        if q.partitions[0].stream.is_some() {
+            return Err(EngineError::NotImplemented(format!(
+                "basic.get not supported by stream queues queue '{}' in vhost '{}'",
+                q.name(),
+                self.tenant.name
+            ))
+            .into());
+        }
         let got = q
             .partitions
             .iter()
@@ -288,6 +325,9 @@ impl Client {
         self.handle
             .drain_into(&mut self.pending, &mut self.raw_notices);
         self.prefetch(before);
+        if !self.streams.is_empty() {
+            self.pump_streams(notices);
+        }
         for n in self.raw_notices.drain(..) {
             match n {
                 Notice::ConsumerCancelled { consumer } => {
@@ -388,6 +428,10 @@ impl Client {
     pub fn unsend(&mut self, d: Delivery) {
         self.prefetched.remove(&(d.partition.id, d.entry.id));
         d.consumer.release(d.entry.size);
+        if d.partition.stream.is_some() {
+            // A stream's events stay where they are: nothing goes back.
+            return;
+        }
         self.unsend.push((d.partition, d.entry));
     }
 
@@ -458,6 +502,9 @@ impl Client {
     pub fn discard(&mut self, d: Delivery) {
         self.prefetched.remove(&(d.partition.id, d.entry.id));
         d.consumer.release(d.entry.size);
+        if d.partition.stream.is_some() {
+            return;
+        }
         if let Some(l) = d.partition.settled(&d.entry, false) {
             self.push_settle(d.partition.id, d.entry.id, l);
         }

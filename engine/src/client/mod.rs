@@ -48,8 +48,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_backend::{
-    Location, MessageAttrs, MessageData, MessageId, Op, PartitionId, ShareTag, Store, StoreError,
-    Waiter,
+    Location, MessageAttrs, MessageData, MessageId, MessageRef, Op, PartitionId, ShareTag, Store,
+    StoreError, Waiter,
 };
 
 mod admin;
@@ -59,6 +59,7 @@ mod durable;
 mod publish;
 mod settle;
 mod state;
+mod stream;
 
 pub use admin::DeadLetterMove;
 
@@ -242,6 +243,8 @@ pub struct Client {
     user_quota: Option<Arc<weir_quota::TenantQuota>>,
     /// Header codecs (headers the engine adds, e.g. `x-delivery-count`).
     codecs: Arc<crate::properties::HeaderCodecs>,
+    /// Stream subscriptions' cursors (`crate::stream::reader`).
+    streams: Vec<crate::stream::reader::StreamSub>,
     /// The principal's permissions in the tenant, with cached decisions.
     authz: Authz,
     /// The tenant, to the store's fairness.
@@ -320,6 +323,7 @@ impl Client {
             principal,
             handle,
             codecs: engine.codecs(),
+            streams: Vec::new(),
             scopes: ScopeMap::default(),
             pending: VecDeque::new(),
             reads: Vec::new(),
@@ -459,9 +463,13 @@ impl Client {
         self.raw_notices.clear();
         self.reads.clear();
         self.prefetched.clear();
+        self.streams.clear();
         while let Some(d) = self.pending.pop_front() {
             self.handle.unsent_done(1);
             d.consumer.release(d.entry.size);
+            if d.partition.stream.is_some() {
+                continue;
+            }
             let refused = d.partition.unsend(std::iter::once(d.entry));
             self.settle_refused(&d.partition, refused);
         }

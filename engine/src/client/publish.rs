@@ -91,7 +91,8 @@ impl Client {
                 continue;
             }
             let part = q.partition_for_publish(route.headers);
-            let kept = if message.persistent && part.durable {
+            // A stream keeps every event it takes, persistent or not.
+            let kept = if (message.persistent || part.stream.is_some()) && part.durable {
                 let ttl = q.message_ttl();
                 shared_ttl = match shared_ttl {
                     None => Some(ttl),
@@ -159,6 +160,14 @@ impl Client {
             }
             None => expires_at_ms,
         };
+        // A stream's events carry their publish time in the record (a
+        // stream never delays): its index is rebuilt from it at restart.
+        let deliver_at_ms =
+            if deliver_at_ms == 0 && targets.iter().any(|(p, _, _)| p.stream.is_some()) {
+                now
+            } else {
+                deliver_at_ms
+            };
         let data = MessageData {
             exchange: route.exchange,
             routing_key: route.routing_key,
@@ -289,7 +298,15 @@ impl Client {
                 expires_at_ms,
                 message: Some(message.clone()),
             };
-            let refused = if delayed {
+            let refused = if let Some(log) = part.stream.as_deref() {
+                if let Some(at) = entry.location {
+                    let (_, cut) = log.append(MessageRef::new(part.id, id, at), now, &message);
+                    if let Some(t) = cut {
+                        self.truncate_stream(part.id, t);
+                    }
+                }
+                Enqueued::Queued
+            } else if delayed {
                 part.enqueue_at(entry, deliver_at_ms)
             } else {
                 part.enqueue(entry)

@@ -71,6 +71,10 @@ impl Client {
         if let Some(c) = &l.consumer {
             c.release(l.entry.size);
         }
+        if l.partition.stream.is_some() {
+            // A stream's acks only give credit back (as RabbitMQ's).
+            return;
+        }
         if how == Settle::Requeue && !l.partition.is_deleted() {
             let refused = l
                 .partition
@@ -97,6 +101,9 @@ impl Client {
         for l in leases {
             if let Some(c) = &l.consumer {
                 c.release(l.entry.size);
+            }
+            if l.partition.stream.is_some() {
+                continue;
             }
             let drop_it = how != Settle::Requeue || l.partition.is_deleted();
             let groups = if drop_it { &mut drop } else { &mut requeue };

@@ -137,6 +137,9 @@ pub struct Partition {
     counts_deliveries: AtomicBool,
     /// Its queue (dead-lettering needs the queue's arguments and tenant).
     queue: std::sync::Weak<super::Queue>,
+    /// A stream queue's partition: its events live here (`crate::stream`),
+    /// never in the ready list.
+    pub stream: Option<Box<crate::stream::StreamLog>>,
 }
 
 /// What [`Partition::enqueue`] did with an entry.
@@ -327,7 +330,10 @@ impl Partition {
         let counts_deliveries = AtomicBool::new(
             args.delivery_limit.is_some() || args.queue_type == crate::args::QueueType::Quorum,
         );
+        let stream = (args.queue_type == crate::args::QueueType::Stream)
+            .then(|| Box::new(crate::stream::StreamLog::new(id, &args)));
         Arc::new(Partition {
+            stream,
             id,
             durable,
             partitioned: args.partitions > 1,
@@ -490,6 +496,9 @@ impl Partition {
 
     /// Applies new queue arguments (see [`super::Queue::set_args`]).
     pub(crate) fn set_args(self: &Arc<Self>, args: Arc<QueueArgs>) {
+        if let Some(s) = &self.stream {
+            s.set_args(&args);
+        }
         self.counts_deliveries.store(
             args.delivery_limit.is_some() || args.queue_type == crate::args::QueueType::Quorum,
             Ordering::Relaxed,

@@ -45,6 +45,9 @@ pub struct MqttShared {
     /// Over TLS, a verified client certificate's CN logs in without a
     /// password (`mqtt.ssl_cert_login`).
     pub ssl_cert_login: bool,
+    /// Anonymous clients log in as this user (`mqtt.allow_anonymous`,
+    /// `mqtt.default_user`); `None`: they are refused.
+    pub anonymous_user: Option<String>,
     /// Most subscriptions of one session (0 = no limit).
     pub max_subscriptions: usize,
 }

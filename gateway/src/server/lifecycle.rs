@@ -211,6 +211,7 @@ impl Broker {
             max_queued_messages: m.max_queued_messages,
             max_session_expiry_secs: m.max_session_expiry,
             ssl_cert_login: m.ssl_cert_login,
+            anonymous_user: m.allow_anonymous.then(|| m.default_user.clone()),
             max_subscriptions: m.max_subscriptions,
         };
         let auth = engine.authenticator().clone();

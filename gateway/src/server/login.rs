@@ -79,8 +79,9 @@ impl Services {
         }
     }
 
-    /// A login by verified client certificate (its subject CN is `user`):
-    /// the user must exist; no password is checked.
+    /// A login by verified client certificate (its subject CN is `user`),
+    /// or an anonymous MQTT client as the default user: the user must
+    /// exist and its loopback-only rule holds; no password is checked.
     pub fn login_certificate(
         &self,
         user: &str,

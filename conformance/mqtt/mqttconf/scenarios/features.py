@@ -324,3 +324,24 @@ def maximum_packet_size_from_client_v5(ctx):
     s.wait_messages(2)
     s.sync()
     return {"limited_client": [m["payload"] for m in s.take()], "unlimited_client": len(big.take())}
+
+
+@scenario
+def shared_subscription_kept_for_offline_member_v5(ctx):
+    """MQTT 5 4.8.2: a shared subscription belongs to its session, so a
+    persistent session's shared subscription keeps taking messages while its
+    client is offline (QoS 1: queued for the session, MQTT 5 4.1), and the
+    client gets them when it resumes the session."""
+    t = ctx.topic("sh3")
+    group = f"g{ctx.run_id}"
+    m = ctx.client("m", V5, clean=False, session_expiry=60)
+    m.subscribe(f"$share/{group}/{t}", qos=1)
+    m.disconnect()
+    pub = ctx.client("p", V5)
+    for i in range(3):
+        pub.publish(t, f"{i}", 1)
+    back = ctx.client("back", V5, client_id=m.id, clean=False, session_expiry=60)
+    back.wait_messages(3)
+    back.sync()
+    return {"session_present": back.connack["session_present"],
+            "received": sorted(x["payload"] for x in back.take())}

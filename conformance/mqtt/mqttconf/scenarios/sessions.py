@@ -99,6 +99,64 @@ def session_expiry_changed_at_disconnect_v5(ctx):
     return {"session_present": s2.connack["session_present"]}
 
 
+@scenario
+def session_expiry_raised_and_lowered_at_disconnect_v5(ctx):
+    """MQTT 5 3.14.2.2.2: a DISCONNECT's Session Expiry Interval replaces
+    CONNECT's: raised from 1 s to 300 s the session is still present after
+    2.5 s (with what was published meanwhile); lowered from 300 s to 1 s it
+    is gone after 2.5 s."""
+    t = ctx.topic("ex")
+    up = ctx.client("up", V5, clean=False, session_expiry=1)
+    up.subscribe(t, qos=1)
+    up.disconnect(props={"session_expiry_interval": 300})
+    down = ctx.client("down", V5, clean=False, session_expiry=300)
+    down.subscribe(ctx.topic("ex2"), qos=1)
+    down.disconnect(props={"session_expiry_interval": 1})
+    ctx.client("p", V5).publish(t, "kept", 1)
+    time.sleep(2.5)  # the time that must pass is what is tested
+    up2 = ctx.client("up2", V5, client_id=up.id, clean=False, session_expiry=300)
+    up2.wait_messages(1)
+    up2.sync()
+    down2 = ctx.client("down2", V5, client_id=down.id, clean=False, session_expiry=300)
+    return {"raised_session_present": up2.connack["session_present"],
+            "raised_received": [m["payload"] for m in up2.take()],
+            "lowered_session_present": down2.connack["session_present"]}
+
+
+@scenario
+def session_expiry_set_at_disconnect_after_zero_v5(ctx):
+    """MQTT 5 3.14.2.2.2 [MQTT-3.14.2-2]: with Session Expiry 0 in CONNECT a
+    non-zero one in DISCONNECT is a Protocol Error: not a valid DISCONNECT
+    (so the will is published, 3.1.2.5) and no session is kept."""
+    from ..raw import disconnect_packet
+
+    t = ctx.topic("zw")
+    obs = ctx.client("o", V5)
+    obs.subscribe(t, qos=1)
+    cid = ctx.session(ctx.client_id("z"), V5)
+    r = ctx.raw(V5)
+    will = {"topic": t, "payload": b"not a valid disconnect", "qos": 1}
+    ack = r.connect(cid, clean=False, username=ctx.username, password=ctx.password, will=will,
+                    properties={"session_expiry_interval": 0})
+    assert ack["rc"] == 0, ack
+    r.send(disconnect_packet(V5, 0, {"session_expiry_interval": 60}))
+    outcome = r.outcome(5)
+    obs.wait_messages(1)
+    obs.sync()
+    again = ctx.client("z2", V5, client_id=cid, clean=False, session_expiry=60)
+    return {"outcome": error_class(outcome), "will": msgs(obs.take()),
+            "session_present": again.connack["session_present"]}
+
+
+def error_class(o: dict) -> str:
+    """A DISCONNECT with a protocol-error reason, or a plain close."""
+    if o.get("disconnect") in (0x81, 0x82):
+        return "protocol error"
+    if o.get("closed") and "disconnect" not in o:
+        return "closed"
+    return f"unexpected {o}"
+
+
 @both
 def unacknowledged_qos1_resent_on_reconnect(ctx, v):
     """MQTT 4.4: a QoS 1 message delivered but not acknowledged when the

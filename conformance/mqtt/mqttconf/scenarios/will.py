@@ -9,7 +9,7 @@ from ..raw import disconnect_packet
 from .util import msgs
 
 
-def _will_client(ctx, v, tag, will_topic, payload, qos=1, retain=False, delay=None, expiry=None):
+def _will_client(ctx, v, tag, will_topic, payload, qos=1, retain=False, delay=None, expiry=None, keepalive=60):
     """A raw client with a will: it can vanish or DISCONNECT exactly when
     the scenario says."""
     r = ctx.raw(v)
@@ -23,7 +23,8 @@ def _will_client(ctx, v, tag, will_topic, payload, qos=1, retain=False, delay=No
     cid = ctx.client_id(tag)
     if expiry:
         ctx.session(cid, v)
-    ack = r.connect(cid, username=ctx.username, password=ctx.password, will=will, properties=props)
+    ack = r.connect(cid, username=ctx.username, password=ctx.password, will=will, properties=props,
+                    keepalive=keepalive)
     assert ack["rc"] == 0, ack
     return r, cid
 
@@ -139,3 +140,35 @@ def will_at_session_end_when_delay_is_longer_v5(ctx):
     obs.wait_messages(1, timeout=15)
     obs.sync()
     return msgs(obs.take())
+
+
+@both
+def will_on_keep_alive_timeout(ctx, v):
+    """MQTT 3.1.2.10 [MQTT-3.1.2-24] and 3.1.2.5: a client that sends
+    nothing for 1.5 times its keep-alive (1 s here) is disconnected by the
+    server, and that is a failure to communicate: its will is published."""
+    t = ctx.topic("will")
+    obs = ctx.client("o", v)
+    obs.subscribe(t, qos=1)
+    r, _ = _will_client(ctx, v, "w", t, "silent", keepalive=1)
+    closed = r.wait_closed(timeout=10)  # silent: the server ends it after 1.5 s
+    obs.wait_messages(1)
+    obs.sync()
+    return {"closed_by_server": closed, "received": msgs(obs.take())}
+
+
+@scenario
+def will_delay_after_keep_alive_timeout_v5(ctx):
+    """MQTT 5 3.1.3.2.2: a will whose connection ended at its keep-alive
+    waits for its Will Delay Interval too (2 s here)."""
+    t = ctx.topic("will")
+    obs = ctx.client("o", V5)
+    obs.subscribe(t, qos=1)
+    r, _ = _will_client(ctx, V5, "w", t, "silent, delayed", delay=2, expiry=60, keepalive=1)
+    closed = r.wait_closed(timeout=10)
+    time.sleep(0.5)  # well inside the delay: the will must not be out yet
+    obs.sync()
+    early = msgs(obs.take())
+    obs.wait_messages(1, timeout=10)
+    obs.sync()
+    return {"closed_by_server": closed, "within_delay": early, "after_delay": msgs(obs.take())}

@@ -7,6 +7,7 @@ use crate::engine::args::ArgError;
 use crate::engine::client::{GetAck, SubscribeOptions};
 use crate::engine::lease::Settle;
 use crate::engine::reply_to::REPLY_TO;
+use crate::engine::stream::OffsetSpec;
 use bytes::Bytes;
 use std::time::Instant;
 use weir_protocols::amqp::methods::{basic, AMQPClass};
@@ -123,7 +124,7 @@ impl Session {
         };
         let (prefetch_count, prefetch_bytes) = (chan.prefetch_count, chan.prefetch_size);
         let client = self.client()?;
-        let priority = match consume_args(&c.arguments) {
+        let (priority, offset) = match consume_args(&c.arguments) {
             Ok(p) => p,
             Err(e) => {
                 // RabbitMQ looks the queue up before it checks the
@@ -142,7 +143,7 @@ impl Session {
         };
         // Attached before answering; deliveries are only written after
         // this event (and after the consume-ok, if that has to queue).
-        client.subscribe(
+        client.subscribe_at(
             &queue,
             SubscribeOptions {
                 scope: scope(ch),
@@ -153,6 +154,7 @@ impl Session {
                 prefetch_bytes,
                 priority,
             },
+            offset,
         )?;
         if !c.nowait {
             let t = String::from_utf8_lossy(&tag).into_owned();
@@ -240,9 +242,12 @@ impl Session {
 /// Checks basic.consume's arguments as RabbitMQ does and returns the
 /// consumer priority: `x-priority` must be an integer type (406
 /// otherwise; any value, clamped to `i32`), `x-cancel-on-ha-failover` a
-/// boolean. Other arguments are ignored.
-fn consume_args(args: &FieldTable) -> Result<i32, ArgError> {
+/// boolean; and where a stream consumer starts (`x-stream-offset`: `first`,
+/// `last`, `next`, an interval such as `1h`, an integer offset or an AMQP
+/// timestamp). Other arguments are ignored.
+fn consume_args(args: &FieldTable) -> Result<(i32, Option<OffsetSpec>), ArgError> {
     let mut priority = 0;
+    let mut offset = None;
     for (k, v) in args.inner() {
         match k.as_str() {
             "x-priority" => {
@@ -263,10 +268,41 @@ fn consume_args(args: &FieldTable) -> Result<i32, ArgError> {
             "x-cancel-on-ha-failover" if !matches!(v, AMQPValue::Boolean(_)) => {
                 return Err(unacceptable("x-cancel-on-ha-failover", v));
             }
+            "x-stream-offset" => offset = Some(stream_offset(v)?),
             _ => {}
         }
     }
-    Ok(priority)
+    Ok((priority, offset))
+}
+
+/// `x-stream-offset`'s value.
+fn stream_offset(v: &AMQPValue) -> Result<OffsetSpec, ArgError> {
+    let n: i64 = match *v {
+        AMQPValue::LongString(ref s) => {
+            let text = String::from_utf8_lossy(s.as_bytes());
+            return OffsetSpec::parse(&text).map_err(|e| ArgError {
+                arg: "x-stream-offset",
+                reason: e.to_string(),
+            });
+        }
+        AMQPValue::ShortString(ref s) => {
+            return OffsetSpec::parse(s.as_str()).map_err(|e| ArgError {
+                arg: "x-stream-offset",
+                reason: e.to_string(),
+            })
+        }
+        AMQPValue::Timestamp(secs) => return Ok(OffsetSpec::Timestamp(secs.saturating_mul(1000))),
+        AMQPValue::ShortShortInt(i) => i.into(),
+        AMQPValue::ShortShortUInt(i) => i.into(),
+        AMQPValue::ShortInt(i) => i.into(),
+        AMQPValue::ShortUInt(i) => i.into(),
+        AMQPValue::LongInt(i) => i.into(),
+        AMQPValue::LongUInt(i) => i.into(),
+        AMQPValue::LongLongInt(i) => i,
+        ref other => return Err(unacceptable("x-stream-offset", other)),
+    };
+    // A negative offset is the first one, as RabbitMQ (osiris) reads it.
+    Ok(u64::try_from(n).map_or(OffsetSpec::First, OffsetSpec::Offset))
 }
 
 /// RabbitMQ's `{unacceptable_type,…}` refusal, with its names of the AMQP
@@ -310,17 +346,17 @@ mod tests {
 
     #[test]
     fn x_priority_takes_any_integer_type_and_refuses_the_rest() {
-        assert_eq!(consume_args(&FieldTable::default()), Ok(0));
+        assert_eq!(consume_args(&FieldTable::default()).map(|a| a.0), Ok(0));
         assert_eq!(
-            consume_args(&args("x-priority", AMQPValue::ShortShortInt(-3))),
+            consume_args(&args("x-priority", AMQPValue::ShortShortInt(-3))).map(|a| a.0),
             Ok(-3)
         );
         assert_eq!(
-            consume_args(&args("x-priority", AMQPValue::LongUInt(7))),
+            consume_args(&args("x-priority", AMQPValue::LongUInt(7))).map(|a| a.0),
             Ok(7)
         );
         assert_eq!(
-            consume_args(&args("x-priority", AMQPValue::LongLongInt(1 << 40))),
+            consume_args(&args("x-priority", AMQPValue::LongLongInt(1 << 40))).map(|a| a.0),
             Ok(i32::MAX)
         );
         let e = consume_args(&args(
@@ -335,8 +371,38 @@ mod tests {
         assert!(consume_args(&args("x-priority", AMQPValue::Double(1.0))).is_err());
         assert!(consume_args(&args("x-cancel-on-ha-failover", AMQPValue::LongInt(1))).is_err());
         assert_eq!(
-            consume_args(&args("x-other", AMQPValue::Double(1.0))),
+            consume_args(&args("x-other", AMQPValue::Double(1.0))).map(|a| a.0),
             Ok(0)
         );
+    }
+
+    #[test]
+    fn x_stream_offset_takes_every_rabbitmq_form() {
+        let off = |v| consume_args(&args("x-stream-offset", v)).map(|a| a.1);
+        for (text, want) in [
+            ("first", OffsetSpec::First),
+            ("last", OffsetSpec::Last),
+            ("next", OffsetSpec::Next),
+            ("1h", OffsetSpec::Ago(3_600_000)),
+            ("30m", OffsetSpec::Ago(1_800_000)),
+        ] {
+            assert_eq!(
+                off(AMQPValue::LongString(LongString::from(text))),
+                Ok(Some(want))
+            );
+        }
+        assert_eq!(
+            off(AMQPValue::LongLongInt(42)),
+            Ok(Some(OffsetSpec::Offset(42)))
+        );
+        assert_eq!(off(AMQPValue::ShortInt(7)), Ok(Some(OffsetSpec::Offset(7))));
+        assert_eq!(off(AMQPValue::LongLongInt(-1)), Ok(Some(OffsetSpec::First)));
+        assert_eq!(
+            off(AMQPValue::Timestamp(1_700_000_000)),
+            Ok(Some(OffsetSpec::Timestamp(1_700_000_000_000)))
+        );
+        assert!(off(AMQPValue::LongString(LongString::from("soon"))).is_err());
+        assert!(off(AMQPValue::Double(1.0)).is_err());
+        assert_eq!(consume_args(&FieldTable::default()).map(|a| a.1), Ok(None));
     }
 }

@@ -59,7 +59,7 @@ fn export(state: &crate::http::State, only: Option<&str>) -> Value {
             queues.push(json!({
                 "name": q.name(), "vhost": v, "durable": q.def.durable,
                 "auto_delete": q.def.auto_delete,
-                "arguments": if q.def.arguments.is_null() { json!({}) } else { q.def.arguments.clone() },
+                "arguments": match t.declared_arguments(&q) { Value::Null => json!({}), a => a },
             }));
         }
         for x in t.exchanges() {

@@ -94,17 +94,31 @@ impl Session {
                 // A username naming someone else than the certificate.
                 None => (String::new(), cn, Err(None)),
             }
-        } else {
-            let Some(username) = c.username.clone() else {
-                self.refuse(ConnectRefusal::NotAuthorized, "a username is required");
-                return;
-            };
+        } else if let Some(username) = c.username.clone() {
             let (tenant, user) = match username.split_once(':') {
                 Some((t, u)) if !t.is_empty() => (t.to_string(), u.to_string()),
                 _ => (DEFAULT_TENANT.to_string(), username.clone()),
             };
             let r = self.shared.login(&user, password, self.peer).await;
             (tenant, user, r.map(drop).map_err(Some))
+        } else if let Some(user) = self.shared.mqtt.anonymous_user.clone() {
+            // Anonymous (`mqtt.allow_anonymous`, as RabbitMQ's MQTT
+            // plugin): the default user, on the default tenant, without a
+            // password but with the user's own rules: it must exist, and
+            // `guest` is accepted from loopback only, so an anonymous
+            // client from another machine is refused as guest would be.
+            let r = self.shared.login_certificate(&user, self.peer);
+            (
+                DEFAULT_TENANT.to_string(),
+                user,
+                r.map(drop).map_err(|_| None),
+            )
+        } else {
+            self.refuse(
+                ConnectRefusal::NotAuthorized,
+                "anonymous clients are not allowed (mqtt.allow_anonymous = false)",
+            );
+            return;
         };
         // A certificate refused costs no hash, but counts against the source.
         let verdict =
@@ -391,6 +405,20 @@ impl Session {
         }
     }
 
+    /// A DISCONNECT changed the session expiry (MQTT 5 3.14.2.2.2): the
+    /// session queue expires after the new interval (stored with the
+    /// queue's definition, so a restart keeps it).
+    pub(super) fn set_session_queue_expiry(&mut self) {
+        let name = self.queue();
+        let secs = self.session_expiry_secs;
+        let ms = (secs != u32::MAX).then(|| u64::from(secs) * 1000);
+        if let Some(c) = self.client.as_mut() {
+            if let Err(e) = c.set_queue_expires(&name, ms) {
+                tracing::warn!(client_id = %self.client_id, error = %e, "MQTT session expiry not changed");
+            }
+        }
+    }
+
     /// Forgets the QoS 2 ids of the session (a new or ended session).
     pub(super) fn clear_session_state(&mut self) {
         let Some(c) = self.client.as_ref() else {
@@ -417,10 +445,23 @@ impl Session {
                 return;
             }
         };
+        let mut shared = Vec::new();
         for (k, v) in state {
             let Some((dir, id)) = k.split_once('\0') else {
                 continue;
             };
+            if dir == super::subscriptions::SHARED_STATE {
+                // A shared subscription of the session: joined again below.
+                if let Some((group, filter)) = id.split_once('\0') {
+                    let sub = serde_json::from_slice::<Value>(&v)
+                        .ok()
+                        .as_ref()
+                        .and_then(subscription_of)
+                        .filter(|s| s.filter == filter);
+                    shared.push((group.to_string(), filter.to_string(), sub));
+                }
+                continue;
+            }
             let Ok(packet_id) = id.parse::<u16>() else {
                 continue;
             };
@@ -450,6 +491,21 @@ impl Session {
                     self.conn.pubrel(packet_id);
                 }
                 _ => {}
+            }
+        }
+        for (group, filter, sub) in shared {
+            let r = match sub {
+                Some(sub) => self.subscribe_shared(&group, sub, false),
+                None => Err(EngineError::CommandInvalid("unreadable options".into())),
+            };
+            if let Err(e) = r {
+                // Its permission revoked, say: the session goes on without
+                // it, and forgets it.
+                tracing::info!(client_id = %self.client_id, %group, %filter, error = %e, "MQTT shared subscription not resumed");
+                self.state_changes.push((
+                    super::subscriptions::shared_state_key(&group, &filter),
+                    None,
+                ));
             }
         }
     }

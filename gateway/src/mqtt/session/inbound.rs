@@ -78,7 +78,9 @@ impl Session {
             // stored or retained. MQTT 5 answers 0x87 (QoS 1, 2); 3.1.1 has
             // no negative ack, so the connection is closed, as RabbitMQ's
             // MQTT plugin does.
-            tracing::info!(peer = %self.peer, topic = %p.topic, error = %text, "MQTT publish refused");
+            // Debug, not info: a client publishing where it may not
+            // would write a log line per message.
+            tracing::debug!(peer = %self.peer, topic = %p.topic, error = %text, "MQTT publish refused");
             match p.packet_id {
                 Some(id) if v5 => {
                     let kind = if p.qos == QoS::ExactlyOnce {

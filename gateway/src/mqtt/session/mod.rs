@@ -179,6 +179,7 @@ pub(crate) async fn serve_on<R: ReadSide, W: WriteSide>(
         listed: None,
         will: None,
         session_expiry_secs: 0,
+        expiry_changed: false,
         subscriptions: Vec::new(),
         shared_subs: HashMap::new(),
         retained_out: VecDeque::new(),
@@ -251,6 +252,9 @@ pub(crate) struct Session {
     /// large, and most connections have none).
     will: Option<Box<Will>>,
     session_expiry_secs: u32,
+    /// The client's DISCONNECT set a new session expiry (MQTT 5): the
+    /// session queue's `x-expires` follows at the end.
+    expiry_changed: bool,
     /// The client's subscriptions on the session queue.
     subscriptions: Vec<Subscription>,
     /// Shared subscriptions: consumer tag → (queue, subscription).
@@ -364,6 +368,10 @@ impl Session {
             } => {
                 self.publish_will = publish_will;
                 if let Some(s) = session_expiry_secs {
+                    // Capped as CONNECT's was (`mqtt.max_session_expiry`).
+                    let max = self.shared.mqtt.max_session_expiry_secs;
+                    let s = if max > 0 { s.min(max) } else { s };
+                    self.expiry_changed = s != self.session_expiry_secs;
                     self.session_expiry_secs = s;
                 }
                 self.end_reason = Some("client disconnected".into());
@@ -453,6 +461,8 @@ impl Session {
         if ended {
             self.delete_session_queue();
             self.clear_session_state();
+        } else if self.expiry_changed {
+            self.set_session_queue_expiry();
         }
         if let Some(mut c) = self.client.take() {
             c.close();
@@ -566,6 +576,13 @@ impl Adapter for Session {
         }
         if fired {
             self.conn.handle_timeout(now);
+            // A keep-alive timeout finishes the connection inside the
+            // adapter, and its `Event::Closed` (which publishes the will)
+            // waits for a poll; the driver polls no more once the
+            // connection is finished, so take it here.
+            while let Some(ev) = self.conn.poll(&mut BytesMut::new()) {
+                let _ = self.handle_event(ev);
+            }
         }
     }
 

@@ -24,6 +24,21 @@ fn shared_queue(group: &str, filter: &str) -> String {
     format!("mqtt-shared-{group}-{filter}")
 }
 
+/// The consumer tag of the session's membership in a group.
+fn shared_tag(group: &str, filter: &str) -> Vec<u8> {
+    format!("share:{group}:{filter}").into_bytes()
+}
+
+/// The session-state key recording a persistent session's membership in a
+/// shared subscription group (NUL separates: MQTT strings hold none), so a
+/// resumed session consumes the group's queue again.
+pub(super) fn shared_state_key(group: &str, filter: &str) -> String {
+    format!("{SHARED_STATE}\0{group}\0{filter}")
+}
+
+/// The first part of [`shared_state_key`].
+pub(super) const SHARED_STATE: &str = "share";
+
 impl Session {
     pub(super) fn on_subscribe(
         &mut self,
@@ -58,7 +73,7 @@ impl Session {
                 subscription_id,
             };
             let r = match &f.shared {
-                Some(s) => self.subscribe_shared(&s.group, sub),
+                Some(s) => self.subscribe_shared(&s.group, sub, true),
                 None => self.subscribe_own(sub, f.retain_handling),
             };
             let v5 = self.conn.version() == Some(weir_protocols::mqtt::Version::V5);
@@ -94,10 +109,9 @@ impl Session {
             return true;
         }
         match &f.shared {
-            Some(s) => {
-                let tag = format!("share:{}:{}", s.group, s.filter).into_bytes();
-                self.shared_subs.contains_key(&tag)
-            }
+            Some(s) => self
+                .shared_subs
+                .contains_key(&shared_tag(&s.group, &s.filter)),
             None => self.subscriptions.iter().any(|s| s.filter == f.filter),
         }
     }
@@ -156,16 +170,44 @@ impl Session {
     }
 
     /// A member of a shared subscription group consumes the group's queue.
-    fn subscribe_shared(
+    ///
+    /// A persistent session's membership is part of the session (MQTT 5
+    /// 4.8.2): recorded in its session state (`record`; a resumed session
+    /// joins again from there), and the group's queue it makes is durable
+    /// and stays without consumers, so messages for the group wait there
+    /// while its members are offline; it expires as the member's session
+    /// does (`x-expires`) and is bounded as a session queue is. A clean
+    /// session's group queue goes with its last consumer. A queue that
+    /// exists already is used as it is (its first member made it).
+    pub(super) fn subscribe_shared(
         &mut self,
         group: &str,
         sub: Subscription,
+        record: bool,
     ) -> Result<(), crate::engine::EngineError> {
         let queue = shared_queue(group, &sub.filter);
-        let tag = format!("share:{group}:{}", sub.filter).into_bytes();
+        let tag = shared_tag(group, &sub.filter);
+        let persistent = self.session_expiry_secs > 0;
+        if persistent && record {
+            let options = binding_arguments(&sub).to_string().into_bytes();
+            self.state_changes
+                .push((shared_state_key(group, &sub.filter), Some(options)));
+        }
         if let Some(existing) = self.shared_subs.get_mut(&tag) {
             *existing = (queue, sub);
             return Ok(());
+        }
+        let mut args = serde_json::Map::new();
+        if persistent && self.session_expiry_secs != u32::MAX {
+            args.insert(
+                "x-expires".into(),
+                serde_json::json!(u64::from(self.session_expiry_secs) * 1000),
+            );
+        }
+        let max_queued = self.shared.mqtt.max_queued_messages;
+        if persistent && max_queued > 0 {
+            args.insert("x-max-length".into(), serde_json::json!(max_queued));
+            args.insert("x-overflow".into(), serde_json::json!("drop-head"));
         }
         let Some(client) = self.client.as_mut() else {
             return Ok(());
@@ -173,15 +215,23 @@ impl Session {
         let key = topic::filter_to_binding_key(&sub.filter);
         // Checked before the group's queue is made for nothing.
         client.authorize_binding(TOPIC_EXCHANGE, DestinationKind::Queue, &queue, &key)?;
-        client.declare_queue(QueueDeclare {
-            name: queue.clone(),
-            passive: false,
-            durable: false,
-            exclusive: false,
-            auto_delete: true,
-            arguments: Value::Object(Default::default()),
-            connection: self.conn_id,
-        })?;
+        if client.queue(&queue).is_err() {
+            let declared = client.declare_queue(QueueDeclare {
+                name: queue.clone(),
+                passive: false,
+                durable: persistent,
+                exclusive: false,
+                auto_delete: !persistent,
+                arguments: Value::Object(args),
+                connection: self.conn_id,
+            });
+            // Another member may have made it meanwhile, its own way.
+            if let Err(e) = declared {
+                if client.queue(&queue).is_err() {
+                    return Err(e);
+                }
+            }
+        }
         client.bind(
             TOPIC_EXCHANGE,
             DestinationKind::Queue,
@@ -212,11 +262,15 @@ impl Session {
         for f in filters {
             let found = match weir_protocols::mqtt::validate_filter(&f, usize::MAX) {
                 Ok(Some(shared)) => {
-                    let tag = format!("share:{}:{}", shared.group, shared.filter).into_bytes();
+                    let tag = shared_tag(&shared.group, &shared.filter);
                     let had = self.shared_subs.remove(&tag).is_some();
                     if had {
                         if let Some(c) = self.client.as_mut() {
                             c.unsubscribe(SCOPE, &tag);
+                        }
+                        if self.session_expiry_secs > 0 {
+                            self.state_changes
+                                .push((shared_state_key(&shared.group, &shared.filter), None));
                         }
                     }
                     had
