@@ -16,6 +16,7 @@ PACKAGES=(
     rabbitmq-server   # the reference broker for conformance/
     amqp-tools        # amqp-publish / amqp-consume for quick manual checks
     mosquitto         # the MQTT reference broker for conformance/mqtt (2.0 on bookworm)
+    nats-server       # NATS with JetStream for the shovel tests (tests/tests/shovel.rs)
     mosquitto-clients # mosquitto_pub / mosquitto_sub: CLI tests against weir (tests/tests/mqtt.rs)
     python3           # Debian's python: the venv is built on it if no other python3 is on PATH
     python3-venv

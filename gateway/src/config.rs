@@ -193,6 +193,7 @@ const SECTIONS: &[&str] = &[
     "tenants",
     "tls",
     "log_format",
+    "shovels",
 ];
 
 // ---------------------------------------------------------------------------
@@ -1034,6 +1035,29 @@ impl PolicyConfig {
     }
 }
 
+/// One `[[shovels]]` entry (issue 27): a shovel defined as RabbitMQ's
+/// dynamic shovels are (`value` holds the same keys as the parameter's
+/// value: `src-uri`, `src-queue`, `dest-uri`, …), acting as `user` on this
+/// broker. Started at every start; not written to the data directory.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShovelConfig {
+    /// The vhost it belongs to (default `/`).
+    #[serde(default = "default_vhost")]
+    pub vhost: String,
+    /// Its name, unique in its vhost.
+    pub name: String,
+    /// The user its local ends act as (default `guest`).
+    #[serde(default = "default_shovel_user")]
+    pub user: String,
+    /// The definition, RabbitMQ's keys.
+    pub value: serde_json::Map<String, serde_json::Value>,
+}
+
+fn default_shovel_user() -> String {
+    DEFAULT_USER.to_string()
+}
+
 /// The name of the default user.
 pub const DEFAULT_USER: &str = "guest";
 
@@ -1149,6 +1173,8 @@ pub struct Config {
     pub policies: Vec<PolicyConfig>,
     /// `[[tenants]]`.
     pub tenants: Vec<TenantConfig>,
+    /// `[[shovels]]`.
+    pub shovels: Vec<ShovelConfig>,
     /// `[[quota.users]]`.
     pub quota_users: Vec<UserQuotaConfig>,
     /// `[[quota.connections]]`.
@@ -1371,6 +1397,17 @@ impl Config {
             weir_engine::policy::Policy::new(p.to_def())
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
+        let shovels: Vec<ShovelConfig> = typed(
+            "shovels",
+            table
+                .remove("shovels")
+                .unwrap_or_else(|| Value::Array(Vec::new())),
+            &describe,
+        )?;
+        for s in &shovels {
+            crate::shovel::ShovelDef::parse(&serde_json::Value::Object(s.value.clone()), &s.vhost)
+                .map_err(|e| ConfigError::Invalid(format!("shovels: '{}': {e}", s.name)))?;
+        }
         debug_assert!(table.is_empty(), "unhandled sections: {table:?}");
 
         validate(&amqp, &store, &auth)?;
@@ -1405,6 +1442,7 @@ impl Config {
             auth,
             policies,
             tenants,
+            shovels,
             quota_users,
             quota_connections,
             tls,

@@ -30,6 +30,7 @@ pub mod otel;
 pub mod readiness;
 pub mod server;
 pub mod session;
+pub mod shovel;
 pub mod tenant_gate;
 pub mod tls;
 

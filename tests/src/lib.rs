@@ -25,6 +25,7 @@ pub use lapin;
 
 pub mod broker;
 pub mod clients;
+pub mod external;
 pub mod hardening;
 pub mod http;
 pub mod raw;

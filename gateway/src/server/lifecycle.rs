@@ -141,6 +141,19 @@ impl Broker {
                 .await
                 .map_err(|e| ServerError::Policy(e.to_string()))?;
         }
+        let shovels = crate::shovel::Shovels::load(Some(&log_cfg.data_dir))
+            .map_err(|e| ServerError::Policy(e.to_string()))?;
+        for s in &cfg.shovels {
+            shovels
+                .put(
+                    &s.vhost,
+                    &s.name,
+                    serde_json::Value::Object(s.value.clone()),
+                    &s.user,
+                    true,
+                )
+                .map_err(|e| ServerError::Policy(format!("shovel '{}': {e}", s.name)))?;
+        }
         monitors::release_recovery_memory();
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, data_dir = %log_cfg.data_dir.display(), "store opened");
         let defaults = ServerConfig::default();
@@ -219,6 +232,7 @@ impl Broker {
                 logins: LoginGate::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
                 trim_wanted: AtomicBool::new(false),
                 connections: Default::default(),
+                shovels: Arc::new(shovels),
             }),
             store,
             listeners,
@@ -287,6 +301,9 @@ impl Broker {
         let monitors_stop = Arc::new(AtomicBool::new(false));
         let monitors = monitors::start(&self.services, &self.limits, &monitors_stop);
         self.listeners.log_ready();
+        // Shovels start once the broker serves (their local ends are
+        // engine clients; their remote ends may take a while).
+        self.services.shovels.start(&self.services);
         if let Ok(addr) = self.http_listener.local_addr() {
             tracing::info!(%addr, "HTTP listener ready");
         }
@@ -326,6 +343,7 @@ impl Broker {
             w.abort();
         }
         let _ = shutdown_tx.send(true);
+        self.services.shovels.stop();
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
             while conns.join_next().await.is_some() {}
         })

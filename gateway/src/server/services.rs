@@ -39,6 +39,8 @@ pub struct Services {
     /// Live client connections, for the management API (see
     /// [`crate::connections`]).
     pub connections: Arc<crate::connections::Connections>,
+    /// Shovels (issue 27): their definitions and tasks.
+    pub shovels: Arc<crate::shovel::Shovels>,
 }
 
 impl Services {

@@ -89,7 +89,13 @@ fn export(state: &crate::http::State, only: Option<&str>) -> Value {
         "rabbitmq_version": "3.13.0",
         "product_name": "Weir",
         "product_version": env!("CARGO_PKG_VERSION"),
-        "parameters": [],
+        "parameters": state
+            .shared
+            .shovels
+            .list(Some(&vhosts))
+            .iter()
+            .map(super::shovels::param_json)
+            .collect::<Vec<_>>(),
         "policies": policies,
         "queues": queues,
         "exchanges": exchanges,
@@ -162,6 +168,7 @@ async fn import(
     state: &crate::http::State,
     d: &Value,
     only: Option<&str>,
+    caller_name: &str,
 ) -> Result<Response, ApiError> {
     let e = engine(state);
     let vhost_of = |v: &Value| -> Result<String, ApiError> {
@@ -300,6 +307,19 @@ async fn import(
             },
         ));
     }
+    let mut shovels = Vec::new();
+    for p in items(d, "parameters") {
+        if p.get("component").and_then(Value::as_str) != Some("shovel") {
+            continue;
+        }
+        let vhost = vhost_of(p)?;
+        let name = s(p, "name")?.to_string();
+        let value = p.get("value").cloned().unwrap_or(Value::Null);
+        // Checked with the rest, before anything is applied.
+        crate::shovel::ShovelDef::parse(&value, &vhost)
+            .map_err(|e| ApiError::bad_request(format!("shovel '{name}': {e}")))?;
+        shovels.push((vhost, name, value));
+    }
     // Checking and applying tens of thousands of items takes a while: not
     // on a runtime worker.
     let e = e.clone();
@@ -307,6 +327,21 @@ async fn import(
         .await
         .map_err(|e| ApiError::internal(format!("import: {e}")))??;
     durable(state, wait).await?;
+    // Shovels (runtime parameters of component `shovel`), once their
+    // vhosts exist; checked before anything else is, below.
+    if !shovels.is_empty() {
+        let reg = state.shared.shovels.clone();
+        let user = caller_name.to_string();
+        tokio::task::spawn_blocking(move || {
+            for (vhost, name, value) in shovels {
+                reg.put(&vhost, &name, value, &user, false)?;
+            }
+            Ok::<_, crate::shovel::ShovelsError>(())
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("import: {e}")))?
+        .map_err(super::shovels::shovels_error)?;
+    }
     if skipped.is_empty() {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
@@ -322,7 +357,7 @@ async fn import_all(
 ) -> Result<Response, ApiError> {
     caller.require_admin()?;
     let d: Value = parse_body(&body)?;
-    import(&state, &d, None).await
+    import(&state, &d, None, &caller.name).await
 }
 
 async fn import_vhost(
@@ -336,5 +371,5 @@ async fn import_vhost(
         return Err(ApiError::not_found());
     }
     let d: Value = parse_body(&body)?;
-    import(&state, &d, Some(&vhost)).await
+    import(&state, &d, Some(&vhost), &caller.name).await
 }

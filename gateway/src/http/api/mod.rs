@@ -18,6 +18,7 @@ pub mod overview;
 pub mod policies;
 pub mod queues;
 pub mod rates;
+pub mod shovels;
 pub mod users;
 pub mod vhosts;
 
@@ -43,6 +44,7 @@ pub fn router() -> Router<super::State> {
         .merge(users::router())
         .merge(policies::router())
         .merge(definitions::router())
+        .merge(shovels::router())
 }
 
 /// The engine behind the state.
